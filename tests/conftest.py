@@ -1,0 +1,33 @@
+"""Shared test setup: `gpu` tests skip (with the reason) where no CUDA GPU or training stack is present."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def _gpu_skip_reason() -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible"
+    for module in ("megatron.core", "transformer_engine"):
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            return f"{module} is not installed (see README: GPU tests)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_skip_reason()
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=f"gpu test: {reason}"))

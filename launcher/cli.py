@@ -1,0 +1,180 @@
+"""What `python main.py ...` does: plan and validate (nothing written on error), write the run directory, then
+submit (cluster=bcm), run here (cluster=local), or stop there (dry_run=true)."""
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from omegaconf import DictConfig
+
+from launcher import sweep
+from launcher.config import to_plain
+from launcher.hardware import LocalGpus, detect_local_gpus
+from launcher.plan import Plan, PlanError, build_plan
+from launcher.rundir import record_jobs, run_dir_of, write_run_dir
+from launcher.stages import StagePlan, plan_stages
+from launcher.submit import SubmitError, run_here, submit_chain
+from launcher.table import format_plan
+
+Say = Callable[[str], None]
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+@dataclass
+class Prepared:
+    cfg: dict[str, Any]
+    plan: Plan
+    run_dir: Path
+    stages: StagePlan
+
+
+def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prepared:
+    """Everything derived and validated, nothing written. Raises PlanError."""
+    cfg = dict(cfg)
+    cfg["results_dir"] = str(Path(cfg["results_dir"]).expanduser().absolute())
+    local = cfg["cluster"]["name"] == "local"
+    if local and local_gpus is None:
+        local_gpus = detect_local_gpus()
+    plan = build_plan(cfg, local_gpus)
+    run_dir = run_dir_of(cfg)
+    stages = plan_stages(cfg, plan, run_dir)
+    plan.command = stages.command
+    if not local and not cfg.get("dry_run") and shutil.which("sbatch") is None:
+        raise PlanError(["cluster=bcm submits with sbatch, which is not on this machine's PATH: run from a Slurm "
+                         "login node, or add dry_run=true to only write the job"])
+    return Prepared(cfg, plan, run_dir, stages)
+
+
+def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say = print) -> int:
+    """Returns the exit status for main.py."""
+    try:
+        prepared = prepare(cfg, local_gpus)
+    except PlanError as err:
+        for problem in err.problems:
+            _err(f"error: {problem}")
+        return 2
+    cfg, plan, run_dir, stages = prepared.cfg, prepared.plan, prepared.run_dir, prepared.stages
+    had_checkpoints = any((run_dir / "checkpoints").glob("*"))
+    scripts = write_run_dir(run_dir, cfg, plan, stages.jobs)
+
+    if "training" in (cfg.get("stages") or []):
+        say(f"Plan for {run_dir.name}")
+        say(format_plan(plan, cfg))
+    say(f"Run directory: {run_dir}")
+    say("  " + "  ".join(["config.yaml", "plan.json", *[p.name for p in scripts]]))
+    if had_checkpoints:
+        say("note: this run directory has checkpoints; training resumes from the latest one")
+    for note in stages.notes:
+        say(f"note: {note}")
+    for warning in stages.warnings:
+        say(f"warning: {warning}")
+
+    if cfg.get("dry_run"):
+        say("dry run: nothing was submitted or run. Job script" + ("s, in order:" if len(scripts) > 1 else ":"))
+        for path in scripts:
+            say(f"  {path}")
+        return 0
+    if not stages.jobs:
+        say("nothing to do for the selected stages")
+        return 0
+    if cfg["cluster"]["name"] == "local":
+        return _run_here(prepared, say)
+    return _submit(prepared, say)
+
+
+def _submit(prepared: Prepared, say: Say) -> int:
+    run_dir = prepared.run_dir
+    try:
+        submitted = submit_chain(prepared.stages.jobs, run_dir)
+    except SubmitError as err:
+        _err(f"error: {err}")
+        return 1
+    record_jobs(run_dir, [s.as_dict() for s in submitted])
+    for job, sub in zip(prepared.stages.jobs, submitted):
+        after = f" (--dependency={sub.dependency})" if sub.dependency else ""
+        logs = f"{run_dir}/logs/{job.stage}_{sub.job_id}" + ("_*" if job.array else "") + ".out"
+        say(f"submitted {job.stage}: job {sub.job_id}{after}; log {logs}")
+    say(f"  follow with: squeue -j {','.join(s.job_id for s in submitted)}   "
+        f"report: python -m launcher.report {run_dir}")
+    return 0
+
+
+def _run_here(prepared: Prepared, say: Say) -> int:
+    plan, run_dir = prepared.plan, prepared.run_dir
+    jobs = prepared.stages.jobs
+    if plan.cannot_train_reason:
+        jobs = [j for j in jobs if j.stage != "training"]
+    code = run_here(jobs, run_dir, say)
+    if code:
+        return code
+    if plan.cannot_train_reason and any(j.stage == "training" for j in prepared.stages.jobs):
+        say(f"did not train: {plan.cannot_train_reason}.")
+        say("  The plan and the launch script are in the run directory above. To train on a Slurm cluster: "
+            "python main.py cluster=bcm cluster.partition=... cluster.account=... (add dry_run=true to write the "
+            "sbatch script without submitting it).")
+        return 0
+    if any(j.stage == "training" for j in jobs):
+        say(f"done: log {run_dir / 'logs' / 'training.log'}, report {run_dir / 'logs' / 'report.txt'}")
+    return 0
+
+
+# --------------------------------------------------------------------------- Hydra entry
+def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[str]:
+    """Plan every point of a sweep (nothing written): problems as lines naming the point, including two points
+    that would share a run directory."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from launcher.config import compose
+
+    keys = sweep.swept_keys(overrides)
+    problems: list[str] = []
+    seen: dict[Path, str] = {}
+    # compose() re-initializes Hydra; the running sweep needs its own state back afterwards.
+    saved_hydra, saved_cfg = GlobalHydra.instance().hydra, HydraConfig.instance().cfg
+    try:
+        for point in sweep.sweep_points(overrides):
+            label = " ".join(o for o in point if o.split("=", 1)[0] in keys) or "(single point)"
+            cfg = compose(point)
+            cfg["run_name"] += sweep.run_name_suffix(point, keys)
+            try:
+                prepared = prepare(cfg, local_gpus)
+            except PlanError as err:
+                problems += [f"sweep point {label}: {p}" for p in err.problems]
+                continue
+            if prepared.run_dir in seen:
+                problems.append(f"sweep points {seen[prepared.run_dir]} and {label} share the run directory "
+                                f"{prepared.run_dir}; set run_name per point")
+            seen[prepared.run_dir] = label
+    finally:
+        GlobalHydra.instance().hydra = saved_hydra
+        HydraConfig.instance().cfg = saved_cfg
+    return problems
+
+
+def run(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    plain = to_plain(cfg)
+    local_gpus = detect_local_gpus() if plain["cluster"]["name"] == "local" else None
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        overrides = sweep.cli_overrides(sys.argv[1:])
+        plain["run_name"] += sweep.run_name_suffix(hydra_cfg.overrides.task, sweep.swept_keys(overrides))
+        if hydra_cfg.job.num == 0:  # check every point before the first one is submitted
+            problems = check_sweep(overrides, local_gpus)
+            if problems:
+                for problem in problems:
+                    _err(f"error: {problem}")
+                _err("error: nothing was written or submitted for any point of this sweep")
+                sys.exit(2)
+    code = launch(plain, local_gpus)
+    if code:
+        sys.exit(code)

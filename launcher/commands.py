@@ -1,0 +1,130 @@
+"""The exact commands each stage runs, and the srun/pyxis flags around them. Strings only: rendering puts them
+into scripts, the plan records the training one."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def python_bin_dir() -> str:
+    """Where the Python running main.py lives (a virtualenv's bin/): local and bare-metal jobs put it first on
+    PATH so `python` and `torchrun` in the job are the ones that planned it."""
+    return str(Path(sys.executable).parent)
+
+
+def in_container(cluster: Mapping[str, Any]) -> bool:
+    return cluster["name"] != "local" and bool(cluster.get("container"))
+
+
+def shell_line(prefix: list[str], command: str) -> str:
+    """`prefix command` with one srun flag per line when long, so a rendered script reads (and diffs) flag by
+    flag; `command` is already shell text."""
+    text = shlex.join(prefix)
+    if len(text) <= 40:
+        return f"{text} {command}"
+    return " \\\n    ".join([shlex.quote(a) for a in prefix] + [command])
+
+
+# --------------------------------------------------------------------------- what runs
+def training_entry(run_dir: Path) -> list[str]:
+    """The training entry every rank runs; it reads config.yaml and plan.json from the run directory."""
+    return ["python", "-m", "recipes.train", "--run-dir", str(run_dir)]
+
+
+def torchrun_command(num_gpus: int, run_dir: Path) -> list[str]:
+    # --standalone: a rendezvous on a free local port, so two local runs never collide.
+    return ["torchrun", "--standalone", "--nproc-per-node", str(num_gpus), *training_entry(run_dir)[1:]]
+
+
+def data_prep_command(run_dir: Path, shard: str | None = None) -> str:
+    cmd = shlex.join(["python", "-m", "data_prep", "run", "--config", str(run_dir / "config.yaml")])
+    return cmd if shard is None else f"{cmd} --shard {shard}"
+
+
+def data_check_command(run_dir: Path) -> list[str]:
+    """data_prep's own check of every shard, reading them as training will (megatron's IndexedDataset)."""
+    return ["python", "-m", "data_prep", "verify", "--config", str(run_dir / "config.yaml"), "--shard", "all"]
+
+
+def report_command(run_dir: Path) -> list[str]:
+    return ["python", "-m", "launcher.report", str(run_dir)]
+
+
+def enroot_import_lines(sqsh: str, source: str) -> list[str]:
+    """Import the image atomically (temporary file, then rename): an interrupted import never leaves a .sqsh
+    that later jobs would take for complete."""
+    path, partial = shlex.quote(sqsh), shlex.quote(sqsh + ".partial")
+    return [
+        f"if [ -f {path} ]; then echo \"container: {sqsh} exists; nothing to import\"; exit 0; fi",
+        f"mkdir -p {shlex.quote(str(Path(sqsh).parent))}",
+        f"rm -f {partial}",
+        shlex.join(["enroot", "import", "--output", sqsh + ".partial", "docker://" + source]),
+        f"mv -f {partial} {path}",
+    ]
+
+
+# --------------------------------------------------------------------------- srun + pyxis
+def _abs_paths(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        if value.startswith("/"):
+            yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _abs_paths(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _abs_paths(v)
+
+
+def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
+    """host:container mounts at identical paths: the repository, results_dir, and the directories of every
+    absolute path the training and data preparation configs name (tokenizer, blend prefixes, data dirs), so
+    paths in config.yaml mean the same thing inside the container."""
+    dirs: list[Path] = [REPO, Path(cfg["results_dir"])]
+    output_dir = (cfg.get("data_preparation") or {}).get("output_dir")
+    if output_dir and str(output_dir).startswith("/"):
+        dirs.append(Path(output_dir))  # created before the data preparation job is submitted
+    for path in _abs_paths([cfg["training"].get("tokenizer"), cfg["training"].get("data"),
+                            cfg.get("data_preparation")]):
+        p = Path(path)
+        # A directory is mounted itself; a file or a prefix (.bin/.idx without extension) through its parent.
+        mount = p if p.is_dir() else p.parent
+        if mount == Path("/"):
+            continue
+        dirs.append(mount)
+    kept: list[Path] = []
+    for d in dirs:
+        if not any(d == k or k in d.parents for k in kept):
+            kept = [k for k in kept if d not in k.parents] + [d]
+    mounts = [f"{d}:{d}" for d in kept]
+    for extra in cfg["cluster"].get("container_mounts") or []:
+        mounts.append(extra if ":" in extra else f"{extra}:{extra}")
+    return mounts
+
+
+def srun_prefix(cfg: Mapping[str, Any], *, env_keys: Iterable[str] = (), mpi: bool = False,
+                extra: Iterable[str] = ()) -> list[str]:
+    """srun with the pyxis flags (when the cluster has a container) and the cluster's own srun_args."""
+    cluster = cfg["cluster"]
+    args = ["srun", *extra]
+    if mpi and cluster.get("mpi"):
+        args.append(f"--mpi={cluster['mpi']}")
+    if in_container(cluster):
+        args += [
+            f"--container-image={cluster['container']}",
+            f"--container-mounts={','.join(container_mounts(cfg))}",
+            f"--container-workdir={REPO}",
+            "--no-container-mount-home",
+        ]
+        if cluster.get("container_writable"):
+            args.append("--container-writable")
+        keys = list(env_keys)
+        if keys:
+            # Values the image also sets would otherwise win over ours inside the container.
+            args.append(f"--container-env={','.join(keys)}")
+    args += [str(a) for a in cluster.get("srun_args") or []]
+    return args

@@ -1,0 +1,32 @@
+"""Resolving the Hydra config into the plain dict the plan and the run directory use."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def to_plain(cfg: DictConfig) -> dict[str, Any]:
+    """Fully resolved plain dict of the job config (without Hydra's own node)."""
+    cfg = cfg.copy()
+    if "hydra" in cfg:
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+
+
+def compose(overrides: Sequence[str] = (), config_dir: Path = CONF_DIR) -> dict[str, Any]:
+    """Compose and resolve the config as `python main.py <overrides>` would, outside of @hydra.main
+    (tests, benchmarks, notebooks)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        return to_plain(cfg)

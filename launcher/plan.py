@@ -1,0 +1,426 @@
+"""The plan: every size the job needs, derived once from the resolved config and validated before anything is
+written. The recipes read plan.json and never re-derive these numbers."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+import math
+import os
+from typing import Any, Mapping
+
+from launcher.hardware import GpuSpec, LocalGpus, gpu_spec
+
+GIB = 1024**3
+
+
+class PlanError(ValueError):
+    """A config that cannot run. str() is one line per problem, each naming the keys and the fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass
+class Plan:
+    model: str
+    dtype: str
+    num_gpus: int
+    num_nodes: int
+    gpus_per_node: int
+    tp: int
+    pp: int
+    cp: int
+    vp: int | None
+    dp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    global_batch_size: int
+    num_microbatches: int
+    seq_length: int
+    layers_per_pipeline_stage: list[int]
+    asymmetric_pipeline: bool
+    fp8: str | None
+    fp8_param_gather: bool
+    tp_comm_overlap: bool
+    model_flops_per_sample: float
+    est_memory_gib_per_gpu: float
+    padded_vocab_size: int
+    num_parameters: int
+    gpu_type: str | None
+    peak_flops_per_gpu: float | None
+    peak_flops_kind: str  # which peak MFU divides by: "bf16" or "fp8"
+    env: dict[str, str] = field(default_factory=dict)
+    command: str = ""
+    # Why this plan will not train here (e.g. cluster=local on a machine with no GPU); None when it can.
+    cannot_train_reason: str | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- formulas
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def model_flops_per_sample(model: Mapping[str, Any], seq_length: int) -> float:
+    """Training FLOPs (fwd + bwd) for one sequence, the formula the public recipes' MFU tables use:
+    seq * (attention + mlp + embedding)."""
+    layers, h = model["num_layers"], model["hidden_size"]
+    heads, groups = model["num_attention_heads"], model["num_query_groups"]
+    attention = 12 * layers * h * h * (1 + groups / heads + seq_length / h)
+    mlp = 18 * layers * model["ffn_hidden_size"] * h
+    embedding = 6 * model["vocab_size"] * h
+    return float(seq_length * (attention + mlp + embedding))
+
+
+def layer_parameters(model: Mapping[str, Any]) -> int:
+    """Parameters of one decoder layer (attention, SwiGLU MLP, two RMSNorm weights, no biases)."""
+    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
+    q = model["num_attention_heads"] * model["kv_channels"]
+    kv = 2 * model["num_query_groups"] * model["kv_channels"]
+    return h * (q + kv) + q * h + 3 * h * ffn + 2 * h
+
+
+def layers_per_pipeline_stage(num_layers: int, pp: int, vp: int | None, asymmetric: bool) -> list[int]:
+    """Decoder layers on each PP rank, in order. With the asymmetric split the embedding takes one layer's slot
+    on the first stage and the loss one on the last. Assumes the split was validated."""
+    if pp == 1:
+        return [num_layers]
+    if not asymmetric:
+        return [num_layers // pp] * pp
+    per_stage = (num_layers + 2) // pp
+    return [per_stage - 1] + [per_stage] * (pp - 2) + [per_stage - 1]
+
+
+def pipeline_split_problems(num_layers: int, pp: int, vp: int | None, asymmetric: bool) -> list[str]:
+    chunks = vp or 1
+    if asymmetric:
+        if pp == 1:
+            return ["parallelism.asymmetric_pipeline=true needs parallelism.pp > 1; set it to false"]
+        slots = num_layers + 2
+        if slots % pp:
+            good = [p for p in range(2, 17) if slots % p == 0]
+            return [f"asymmetric pipeline: training.model.num_layers + 2 = {slots} is not divisible by "
+                    f"parallelism.pp={pp}; use pp in {good}"]
+        per_stage = slots // pp
+        if per_stage % chunks:
+            good = [v for v in range(1, per_stage + 1) if per_stage % v == 0]
+            return [f"asymmetric pipeline: (training.model.num_layers + 2) / parallelism.pp = {per_stage} layers "
+                    f"per stage do not split into parallelism.vp={vp} chunks; use vp in {good}"]
+        return []
+    if num_layers % (pp * chunks):
+        what = f"parallelism.pp={pp}" + (f" x parallelism.vp={vp}" if vp else "")
+        return [f"training.model.num_layers={num_layers} does not split evenly over {what}; choose pp (x vp) "
+                f"dividing {num_layers}, or set parallelism.asymmetric_pipeline=true"]
+    return []
+
+
+def estimate_memory_gib(model: Mapping[str, Any], *, tp: int, pp: int, cp: int, dp: int, vp: int | None,
+                        stage_layers: list[int], padded_vocab: int, seq_length: int, micro_batch_size: int,
+                        distributed_optimizer: bool, grad_fp32: bool, fp8_params: bool,
+                        recompute: str | None) -> float:
+    """Peak memory of the most loaded GPU, roughly: weights, gradient buffer, optimizer shard, activations
+    of the microbatches in flight, logits, and a fixed allowance for the CUDA context and workspaces."""
+    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
+    groups, heads = model["num_query_groups"], model["num_attention_heads"]
+    embed_params = padded_vocab * h
+    layer_params = layer_parameters(model)
+    worst = 0.0
+    for stage, n_layers in enumerate(stage_layers):
+        params = n_layers * layer_params
+        first, last = stage == 0, stage == pp - 1
+        params += embed_params * (first + last)  # untied input and output embeddings
+        params /= tp
+        weight_bytes = params * (1 if fp8_params else 2)
+        grad_bytes = params * (4 if grad_fp32 else 2)
+        shards = dp * cp if distributed_optimizer else 1
+        optim_bytes = params * 12 / shards  # fp32 master weights + Adam m and v
+        # Activations per decoder layer per microbatch (bf16): norm inputs, QKV, attention output,
+        # fc1 input/output and SwiGLU output; the s^2 attention scores are never stored (flash/fused).
+        tokens = seq_length * micro_batch_size / cp
+        per_layer = 2 * tokens * (5 * h + 2 * h * groups / heads + 3 * ffn) / tp
+        if recompute == "full":
+            per_layer = 2 * tokens * h / tp
+        in_flight = 1
+        if pp > 1:  # 1F1B keeps pp - stage microbatches alive; interleaving adds a little more
+            in_flight = pp - stage
+            if vp:
+                in_flight = in_flight + (pp - 1) / vp
+        activation_bytes = per_layer * n_layers * in_flight
+        logits_bytes = tokens * padded_vocab / tp * (2 + 4) if last else 0.0  # bf16 logits + fp32 softmax
+        total = weight_bytes + grad_bytes + optim_bytes + activation_bytes + logits_bytes + 3 * GIB
+        worst = max(worst, total)
+    return round(worst / GIB, 1)
+
+
+# --------------------------------------------------------------------------- environment
+def training_env(parallel: Mapping[str, Any], cluster: Mapping[str, Any]) -> dict[str, str]:
+    """The environment NVIDIA's reference recipes set, only where it applies, then the cluster's own."""
+    tp, pp, cp, vp = parallel["tp"], parallel["pp"], parallel["cp"], parallel["vp"]
+    env = {
+        "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+        "NCCL_NVLS_ENABLE": "0",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if tp > 1 or cp > 1:
+        # Kernels must start in issue order so TP/CP communication overlaps the GEMMs it feeds.
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    if parallel["tp_comm_overlap"] and not cluster.get("nvlink_multicast", True):
+        # Userbuffers fall back to CUDA IPC where NVLink multicast is missing (PCIe, many single nodes).
+        env["UB_SKIPMC"] = "1"
+    if pp > 1:
+        env["NCCL_P2P_NET_CHUNKSIZE"] = "2097152"
+        if vp:
+            # Leave SMs for the pipeline's P2P kernels while LayerNorm kernels run.
+            env["NVTE_FWD_LAYERNORM_SM_MARGIN"] = "16"
+            env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = "16"
+    for key, value in (cluster.get("env") or {}).items():
+        env[str(key)] = str(value)
+    conflicting = sorted(k for k in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN") if k in env)
+    if conflicting:
+        raise PlanError([f"cluster.env sets {', '.join(conflicting)}: choose the attention backend with "
+                         "training.model.attention_backend instead (megatron-core sets these itself)"])
+    return env
+
+
+# --------------------------------------------------------------------------- the plan
+def _is_local_path(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or os.path.exists(path)
+
+
+def _data_problems(cfg: Mapping[str, Any], data_will_be_prepared: bool) -> list[str]:
+    data = cfg["training"]["data"]
+    tokenizer = cfg["training"]["tokenizer"]
+    problems = []
+    if data.get("mock"):
+        return problems
+    blend = data.get("blend")
+    if not blend:
+        return ["training.data.mock=false needs training.data.blend: [weight, prefix, ...] or [prefix, ...] "
+                "from data preparation"]
+    if all(isinstance(x, str) for x in blend):
+        prefixes = list(blend)
+    elif len(blend) % 2 == 0 and all(isinstance(w, (int, float)) and isinstance(p, str)
+                                     for w, p in zip(blend[::2], blend[1::2])):
+        prefixes = list(blend[1::2])
+    else:
+        return [f"training.data.blend must be [weight, prefix, weight, prefix, ...] or [prefix, ...]; got {blend}"]
+    if not data_will_be_prepared:
+        missing = [p for p in prefixes if not (os.path.exists(p + ".bin") and os.path.exists(p + ".idx"))]
+        if missing:
+            problems.append(f"training.data.blend: no .bin/.idx for {', '.join(missing)}; run the "
+                            "data_preparation stage first or fix the prefixes")
+    kind, path = tokenizer.get("type"), tokenizer.get("path")
+    if kind not in ("huggingface", "sentencepiece"):
+        problems.append(f"training.tokenizer.type={kind!r}: use huggingface or sentencepiece")
+    elif not path:
+        problems.append("training.tokenizer.path is empty: a hub id, a local tokenizer directory or a .model file")
+    elif (kind == "sentencepiece" or _is_local_path(path)) and not os.path.exists(os.path.expanduser(path)):
+        problems.append(f"training.tokenizer.path={path} does not exist (run setup.sh to download the tokenizer)")
+    return problems
+
+
+def _cluster_shape(cfg: Mapping[str, Any], num_gpus: int, local_gpus: LocalGpus | None
+                   ) -> tuple[int, int, str | None, str | None, list[str]]:
+    """(gpus_per_node, num_nodes, gpu_type, cannot_train_reason, problems)."""
+    cluster = cfg["cluster"]
+    problems: list[str] = []
+    reason = None
+    gpu_type = cluster.get("gpu_type")
+    if cluster["name"] == "local":
+        local = local_gpus or LocalGpus(0, None, ())
+        available = cluster.get("gpus_per_node") or local.count
+        gpu_type = gpu_type or local.gpu_type
+        if cluster.get("gpus_per_node") and cluster["gpus_per_node"] > local.count:
+            problems.append(f"cluster.gpus_per_node={cluster['gpus_per_node']} but this machine has "
+                            f"{local.count} GPUs; set cluster.gpus_per_node=null to use what nvidia-smi finds")
+            return num_gpus, 1, gpu_type, reason, problems
+        if local.count == 0:
+            reason = ("no NVIDIA GPU is visible on this machine (nvidia-smi found none), so cluster=local "
+                      "cannot train here")
+            return num_gpus, 1, gpu_type, reason, problems
+        if num_gpus > available:
+            problems.append(f"parallelism.num_gpus={num_gpus} but this machine has {available} GPUs; set "
+                            f"parallelism.num_gpus={available} (and a layout that fits) or use cluster=bcm")
+        return num_gpus, 1, gpu_type, reason, problems
+
+    gpus_per_node = cluster.get("gpus_per_node")
+    tasks = cluster.get("ntasks_per_node") or gpus_per_node
+    if not tasks:
+        problems.append("cluster.gpus_per_node is null (no GRES): set cluster.ntasks_per_node to the GPUs per node")
+        return num_gpus, 1, gpu_type, reason, problems
+    if gpus_per_node and tasks > gpus_per_node:
+        problems.append(f"cluster.ntasks_per_node={tasks} asks for more GPUs per node than the nodes have "
+                        f"(cluster.gpus_per_node={gpus_per_node}); set cluster.ntasks_per_node=null (one task per "
+                        "GPU)")
+    per_node = min(tasks, num_gpus)
+    if num_gpus % per_node:
+        problems.append(f"parallelism.num_gpus={num_gpus} is not a whole number of nodes of {per_node} GPUs "
+                        f"(cluster.gpus_per_node); use a multiple of {per_node}")
+    return per_node, max(1, num_gpus // per_node), gpu_type, reason, problems
+
+
+def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Plan:
+    """Derive and validate. Raises PlanError listing every problem found (one line each)."""
+    model = cfg["training"]["model"]
+    train = cfg["training"]
+    par = cfg["parallelism"]
+    dtype = cfg["dtype"]
+    problems: list[str] = []
+
+    tp, pp, cp = par["tp"], par["pp"], par["cp"]
+    vp = par.get("vp")
+    num_gpus = par["num_gpus"]
+    for key, value in (("tp", tp), ("pp", pp), ("cp", cp), ("num_gpus", num_gpus)):
+        if not isinstance(value, int) or value < 1:
+            raise PlanError([f"parallelism.{key}={value!r} must be a positive integer"])
+    if vp is not None and (not isinstance(vp, int) or vp < 1):
+        raise PlanError([f"parallelism.vp={vp!r} must be null or a positive integer"])
+    if vp == 1:
+        vp = None
+    if vp and pp == 1:
+        problems.append(f"parallelism.vp={vp} (interleaved pipeline) needs parallelism.pp > 1; set vp=null")
+        vp = None
+
+    # Tensor parallel: heads, KV groups and the FFN must split evenly.
+    heads, groups = model["num_attention_heads"], model["num_query_groups"]
+    if heads % tp or groups % tp or model["ffn_hidden_size"] % tp:
+        good = [t for t in (1, 2, 4, 8, 16) if heads % t == 0 and groups % t == 0 and model["ffn_hidden_size"] % t == 0]
+        problems.append(f"parallelism.tp={tp} must divide training.model.num_attention_heads={heads} and "
+                        f"training.model.num_query_groups={groups}; use tp in {good}")
+    if heads % groups:
+        problems.append(f"training.model.num_attention_heads={heads} must be a multiple of "
+                        f"training.model.num_query_groups={groups}")
+    if par["sequence_parallel"] and tp == 1:
+        problems.append("parallelism.sequence_parallel=true needs parallelism.tp > 1; set it to false")
+    if par["tp_comm_overlap"] and not (par["sequence_parallel"] and tp > 1):
+        problems.append("parallelism.tp_comm_overlap=true needs parallelism.sequence_parallel=true and tp > 1")
+
+    # Pipeline split.
+    problems += pipeline_split_problems(model["num_layers"], pp, vp, par["asymmetric_pipeline"])
+    asymmetric = bool(par["asymmetric_pipeline"])
+
+    # Sequence: CP halves it into 2*cp load-balanced chunks; SP splits each CP shard over TP.
+    seq = train["seq_length"]
+    if cp > 1:
+        if seq % (2 * cp):
+            problems.append(f"training.seq_length={seq} must be divisible by 2 x parallelism.cp={2 * cp}")
+        if model["attention_backend"] == "unfused":
+            problems.append("parallelism.cp > 1 needs Transformer Engine fused or flash attention; set "
+                            "training.model.attention_backend=auto")
+    if par["cp_comm_type"] not in ("p2p", "a2a", "allgather", "a2a+p2p"):
+        problems.append(f"parallelism.cp_comm_type={par['cp_comm_type']!r}: use p2p, a2a, allgather or a2a+p2p")
+    if par["sequence_parallel"] and tp > 1 and (seq // max(cp, 1)) % tp:
+        problems.append(f"training.seq_length / parallelism.cp = {seq // cp} must be divisible by parallelism.tp={tp} "
+                        "for sequence parallelism")
+    if model["attention_backend"] not in ("auto", "fused", "flash", "unfused"):
+        problems.append(f"training.model.attention_backend={model['attention_backend']!r}: use auto, fused, flash "
+                        "or unfused")
+
+    # Data parallel and batch.
+    model_parallel = tp * pp * cp
+    dp = num_gpus // model_parallel if num_gpus % model_parallel == 0 else 0
+    if not dp:
+        problems.append(f"parallelism.num_gpus={num_gpus} is not a multiple of tp x pp x cp = {model_parallel}")
+        dp = 1
+    mbs, gbs = train["micro_batch_size"], train["global_batch_size"]
+    if mbs < 1 or gbs < 1:
+        problems.append("training.micro_batch_size and training.global_batch_size must be positive")
+        mbs, gbs = max(mbs, 1), max(gbs, 1)
+    if gbs % (mbs * dp):
+        problems.append(f"training.global_batch_size={gbs} is not divisible by training.micro_batch_size={mbs} x "
+                        f"data-parallel size {dp} (= num_gpus {num_gpus} / (tp {tp} x pp {pp} x cp {cp})); "
+                        f"use a multiple of {mbs * dp}")
+    num_microbatches = max(1, gbs // (mbs * dp))
+    if vp and num_microbatches < pp:
+        problems.append(f"the interleaved pipeline needs at least parallelism.pp={pp} microbatches per step; "
+                        f"training.global_batch_size={gbs} gives {num_microbatches}")
+
+    # Precision.
+    fp8 = dtype.get("fp8")
+    if fp8 not in (None, "hybrid", "e4m3"):
+        problems.append(f"dtype.fp8={fp8!r}: use hybrid, e4m3 or null")
+    if fp8 and dtype.get("fp8_recipe") not in ("delayed", "tensorwise"):
+        problems.append(f"dtype.fp8_recipe={dtype.get('fp8_recipe')!r}: use delayed or tensorwise")
+    fp8_param_gather = bool(dtype.get("fp8_param_gather"))
+    if fp8_param_gather and not fp8:
+        problems.append("dtype.fp8_param_gather=true needs dtype.fp8 (use dtype=fp8)")
+    if fp8_param_gather and not par["use_distributed_optimizer"]:
+        problems.append("dtype.fp8_param_gather=true needs parallelism.use_distributed_optimizer=true")
+    if par["overlap_param_gather"] and not par["use_distributed_optimizer"]:
+        problems.append("parallelism.overlap_param_gather=true needs parallelism.use_distributed_optimizer=true")
+    if par["defer_embedding_wgrad_compute"] and pp == 1:
+        problems.append("parallelism.defer_embedding_wgrad_compute=true needs parallelism.pp > 1")
+    if par.get("recompute_granularity") not in (None, "selective", "full"):
+        problems.append(f"parallelism.recompute_granularity={par['recompute_granularity']!r}: use null, selective "
+                        "or full")
+    if par.get("recompute_granularity") == "full" and par.get("recompute_method") not in ("uniform", "block"):
+        problems.append("parallelism.recompute_granularity=full needs parallelism.recompute_method=uniform|block "
+                        "and parallelism.recompute_num_layers")
+
+    # Schedule.
+    if train["train_steps"] < 1:
+        problems.append(f"training.train_steps={train['train_steps']} must be positive")
+    decay = train["scheduler"].get("decay_steps") or train["train_steps"]
+    if train["scheduler"]["warmup_steps"] >= decay:
+        problems.append(f"training.scheduler.warmup_steps={train['scheduler']['warmup_steps']} must be smaller than "
+                        f"the decay horizon {decay} (training.scheduler.decay_steps, or train_steps when null)")
+    if train["optimizer"]["min_lr"] > train["optimizer"]["lr"]:
+        problems.append("training.optimizer.min_lr must not exceed training.optimizer.lr")
+
+    stages = list(cfg.get("stages") or [])
+    problems += _data_problems(cfg, data_will_be_prepared="data_preparation" in stages)
+
+    gpus_per_node, num_nodes, gpu_type, cannot_train, cluster_problems = _cluster_shape(cfg, num_gpus, local_gpus)
+    problems += cluster_problems
+    spec: GpuSpec | None = None
+    if gpu_type:
+        try:
+            spec = gpu_spec(gpu_type)
+        except KeyError as err:
+            problems.append(str(err.args[0]))
+    if fp8 and spec is not None and spec.fp8_peak_flops is None:
+        problems.append(f"dtype=fp8 needs FP8 tensor cores (Hopper or newer); cluster.gpu_type={gpu_type} has none; "
+                        "use dtype=bf16")
+    if tp > gpus_per_node and cfg["cluster"]["name"] != "local":
+        problems.append(f"parallelism.tp={tp} spans nodes (cluster.gpus_per_node={gpus_per_node}); keep TP within a node")
+
+    if problems:
+        raise PlanError(problems)
+
+    stage_layers = layers_per_pipeline_stage(model["num_layers"], pp, vp, asymmetric)
+    vocab = padded_vocab_size(model["vocab_size"], model["make_vocab_size_divisible_by"], tp)
+    flops = model_flops_per_sample(model, seq)
+    memory = estimate_memory_gib(
+        model, tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, stage_layers=stage_layers, padded_vocab=vocab,
+        seq_length=seq, micro_batch_size=mbs, distributed_optimizer=par["use_distributed_optimizer"],
+        grad_fp32=par["grad_reduce_in_fp32"], fp8_params=fp8_param_gather,
+        recompute=par.get("recompute_granularity"))
+    # The estimate is rough but a layout far beyond the GPU's memory is a misconfiguration, not a tuning
+    # question: fail here rather than after the queue wait. memory_check=false accepts the risk.
+    if spec is not None and memory > spec.memory_gib and cfg.get("memory_check", True):
+        problems.append(f"estimated {memory} GiB per GPU exceeds the {spec.memory_gib} GiB of cluster.gpu_type="
+                        f"{spec.name} with parallelism.tp={tp} pp={pp} cp={cp} on {num_gpus} GPUs: use more model "
+                        "parallelism (parallelism=<layout>, parallelism.num_gpus), "
+                        "parallelism.recompute_granularity=full, or memory_check=false")
+        raise PlanError(problems)
+    peak_kind = "fp8" if fp8 else "bf16"
+    peak = None if spec is None else (spec.fp8_peak_flops if fp8 else spec.bf16_peak_flops)
+    return Plan(
+        model=train["name"], dtype=dtype["name"], num_gpus=num_gpus, num_nodes=num_nodes,
+        gpus_per_node=gpus_per_node, tp=tp, pp=pp, cp=cp, vp=vp, dp=dp,
+        sequence_parallel=bool(par["sequence_parallel"]), micro_batch_size=mbs, global_batch_size=gbs,
+        num_microbatches=num_microbatches, seq_length=seq, layers_per_pipeline_stage=stage_layers,
+        asymmetric_pipeline=asymmetric, fp8=fp8, fp8_param_gather=fp8_param_gather,
+        tp_comm_overlap=bool(par["tp_comm_overlap"]), model_flops_per_sample=flops,
+        est_memory_gib_per_gpu=memory, padded_vocab_size=vocab,
+        num_parameters=model["num_layers"] * layer_parameters(model) + 2 * model["vocab_size"] * model["hidden_size"]
+        + model["hidden_size"],
+        gpu_type=gpu_type, peak_flops_per_gpu=peak, peak_flops_kind=peak_kind,
+        env=training_env(par, cfg["cluster"]),
+        cannot_train_reason=cannot_train,
+    )

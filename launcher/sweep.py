@@ -1,0 +1,60 @@
+"""Sweeps (`python main.py -m a=1,2 b=x,y`): a unique run name per point, and every point checked before the
+first one is submitted."""
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Iterable, Sequence
+
+# Hydra's own flags that take a value in the next argument.
+_FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+                     "--experimental-rerun", "-p", "--package", "-i", "--info"}
+MAX_SUFFIX = 80
+
+
+def cli_overrides(argv: Sequence[str]) -> list[str]:
+    """The override arguments of a main.py command line (no flags)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in _FLAGS_WITH_VALUE
+        else:
+            out.append(arg)
+    return out
+
+
+def _parse(overrides: Sequence[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def swept_keys(overrides: Sequence[str]) -> list[str]:
+    """Keys given several values (`dtype=bf16,fp8`): the ones that tell sweep points apart."""
+    return [o.get_key_element() for o in _parse(overrides) if o.is_sweep_override()]
+
+
+def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
+    """Every point of the sweep as its own override list, in the order Hydra's basic sweeper runs them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    batches = BasicSweeper.split_arguments(_parse(overrides), None)
+    return [point for batch in batches for point in batch]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0]
+
+
+def run_name_suffix(point: Iterable[str], keys: Iterable[str]) -> str:
+    """`__key=value` for each swept key of this point, path-safe; a short hash when that gets long."""
+    keys = set(keys)
+    items = [o for o in point if _key(o) in keys]
+    if not items:
+        return ""
+    text = "__".join(re.sub(r"[^A-Za-z0-9._=+-]", "-", o.lstrip("+~")) for o in items)
+    if len(text) > MAX_SUFFIX:
+        text = "sweep-" + hashlib.sha1("\n".join(items).encode()).hexdigest()[:10]
+    return "__" + text

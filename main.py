@@ -1,0 +1,14 @@
+"""Plan, validate, render and submit Llama 3.1 pretraining jobs: `python main.py training=llama31/405b cluster=bcm`."""
+import hydra
+from omegaconf import DictConfig
+
+from launcher.cli import run
+
+
+@hydra.main(config_path="conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One-time setup: the NeMo container as a squashfs image (through main.py's container stage) and the Llama 3.1
+# tokenizer from the Hugging Face hub.
+#
+#   HF_TOKEN=hf_... bash setup.sh                      # both
+#   HF_TOKEN=hf_... bash setup.sh cluster.partition=cpu cluster.account=llm   # overrides for the container stage
+#   SKIP_CONTAINER=1 HF_TOKEN=hf_... bash setup.sh     # the tokenizer only
+#   SKIP_TOKENIZER=1 bash setup.sh                     # the container only
+#
+# The container stage imports cluster.container from cluster.container_source with enroot: as a one-node Slurm
+# job when sbatch is on this machine (cluster=bcm), else here (cluster=local); pass cluster=... to choose.
+# It does nothing when the .sqsh file already exists.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+TOKENIZER_REPO=${TOKENIZER_REPO:-meta-llama/Llama-3.1-8B}
+TOKENIZER_DIR=${TOKENIZER_DIR:-$PWD/tokenizers/$(basename "$TOKENIZER_REPO")}
+
+# Check the token first: a missing token should not surface after a container job was already queued.
+if [ -z "${SKIP_TOKENIZER:-}" ] && [ -z "${HF_TOKEN:-}" ]; then
+    cat >&2 <<EOF
+setup: HF_TOKEN is not set, so the tokenizer cannot be downloaded.
+  $TOKENIZER_REPO is gated on the Hugging Face hub: accept its license on https://huggingface.co/$TOKENIZER_REPO,
+  create a read token on https://huggingface.co/settings/tokens, then run:  HF_TOKEN=hf_... bash setup.sh
+  (SKIP_TOKENIZER=1 bash setup.sh sets up the container only.)
+EOF
+    exit 1
+fi
+
+if [ -z "${SKIP_CONTAINER:-}" ]; then
+    args=("stages=[container]" "$@")
+    if ! printf '%s\n' "$@" | grep -q '^cluster='; then
+        if command -v sbatch >/dev/null 2>&1; then args=("cluster=bcm" "${args[@]}"); else args=("cluster=local" "${args[@]}"); fi
+    fi
+    echo "setup: container: python main.py ${args[*]}"
+    bash dev.sh python main.py "${args[@]}"
+fi
+
+if [ -z "${SKIP_TOKENIZER:-}" ]; then
+    echo "setup: tokenizer: $TOKENIZER_REPO -> $TOKENIZER_DIR"
+    bash dev.sh python - "$TOKENIZER_REPO" "$TOKENIZER_DIR" <<'EOF'
+import os
+import sys
+
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+repo, target = sys.argv[1], sys.argv[2]
+try:
+    snapshot_download(repo, local_dir=target, token=os.environ["HF_TOKEN"],
+                      allow_patterns=["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                      "config.json", "generation_config.json"])
+except GatedRepoError:
+    sys.exit(f"setup: {repo} is gated and this HF_TOKEN has no access yet: accept the license on "
+             f"https://huggingface.co/{repo} with the account of the token")
+except RepositoryNotFoundError:
+    sys.exit(f"setup: {repo} not found, or HF_TOKEN is not valid for it")
+except HfHubHTTPError as err:
+    sys.exit(f"setup: downloading {repo} failed: {err}")
+EOF
+    echo "setup: tokenizer ready; use it with training.tokenizer.path=$TOKENIZER_DIR (data preparation follows it)"
+fi

@@ -1,0 +1,26 @@
+"""The host side runs on login nodes: Python 3.10+, and never torch or megatron."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from launcher_helpers import REPO
+
+HOST_FILES = sorted([*(REPO / "launcher").glob("*.py"), REPO / "main.py"])
+
+
+@pytest.mark.parametrize("path", HOST_FILES, ids=lambda p: p.name)
+def test_parses_as_python_310(path):
+    ast.parse(path.read_text(), filename=str(path), feature_version=(3, 10))
+
+
+def test_launcher_imports_no_torch_or_megatron():
+    modules = [f"launcher.{p.stem}" for p in HOST_FILES if p.parent.name == "launcher" and p.stem != "__init__"]
+    code = (f"import sys; import {', '.join(modules)}; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine')); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,0 +1,105 @@
+"""Golden files for the rendered jobs (tests/golden/), with machine paths replaced by placeholders, and
+`bash -n` on every one. UPDATE_GOLDEN=1 rewrites the golden files after a deliberate change."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import prepare
+from launcher.commands import python_bin_dir
+from launcher.rundir import render
+
+from launcher_helpers import ONE_H100, REPO
+
+GOLDEN = REPO / "tests" / "golden"
+SQSH = "/shared/containers/nvidia+nemo+25.09.sqsh"
+
+
+def normalise(text: str, tmp: Path) -> str:
+    # The interpreter's bin dir may lie inside the repository (.venv): replace it first.
+    return (text.replace(python_bin_dir(), "<PYTHON_BIN>").replace(str(tmp), "<TMP>")
+            .replace(str(REPO), "<REPO>"))
+
+
+def check_golden(name: str, text: str, tmp: Path) -> None:
+    script = tmp / name
+    script.write_text(text)
+    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    actual = normalise(text, tmp)
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(actual)
+    assert path.exists(), f"no golden file {path}; create it with UPDATE_GOLDEN=1"
+    assert actual == path.read_text(), f"{name} differs from its golden file (UPDATE_GOLDEN=1 after a deliberate change)"
+
+
+def rendered(cfg, local_gpus=None) -> dict[str, str]:
+    prepared = prepare(cfg, local_gpus)
+    return {job.script: render(job, prepared.cfg, prepared.run_dir) for job in prepared.stages.jobs}
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """Two small JSON-lines files for the `files` data preparation."""
+    data = tmp_path / "corpus"
+    data.mkdir()
+    for name in ("books", "web"):
+        (data / f"{name}.jsonl").write_text("\n".join(json.dumps({"text": f"{name} {i}"}) for i in range(3)) + "\n")
+    return data
+
+
+def test_405b_training_on_bcm(cfg_for, tmp_path):
+    scripts = rendered(cfg_for("training=llama31/405b", "cluster=bcm", "dry_run=true", f"cluster.container={SQSH}"))
+    assert list(scripts) == ["submission.sbatch"]
+    check_golden("405b_bf16_bcm_submission.sbatch", scripts["submission.sbatch"], tmp_path)
+
+
+def test_70b_fp8_with_every_cluster_knob(cfg_for, tmp_path):
+    scripts = rendered(cfg_for(
+        "training=llama31/70b", "dtype=fp8", "cluster=bcm", "dry_run=true", f"cluster.container={SQSH}",
+        "cluster.partition=batch", "cluster.account=llm-pretrain", "cluster.time_limit=02:00:00",
+        'cluster.sbatch_args=["--reservation=llama","--comment=perf"]', 'cluster.srun_args=["--cpu-bind=none"]',
+        "cluster.container_mounts=[/lustre/datasets]", "cluster.signal_before_timeout_s=600",
+        "+cluster.env.NCCL_IB_SL=1"))
+    check_golden("70b_fp8_bcm_submission.sbatch", scripts["submission.sbatch"], tmp_path)
+
+
+def test_tiny_on_this_machine(cfg_for, tmp_path):
+    scripts = rendered(cfg_for("dry_run=true"), ONE_H100)
+    check_golden("tiny_local_launch.sh", scripts["launch.sh"], tmp_path)
+
+
+def test_local_data_preparation(cfg_for, tmp_path, corpus):
+    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
+    scripts = rendered(cfg_for("stages=[data_preparation,training]", "data_preparation=files",
+                               f"data_preparation.inputs=[{corpus}/*.jsonl]",
+                               f"data_preparation.output_dir={tmp_path}/data", "dry_run=true"), ONE_H100)
+    assert list(scripts) == ["data_preparation.sh", "launch.sh"]
+    check_golden("files_local_data_preparation.sh", scripts["data_preparation.sh"], tmp_path)
+
+
+def test_bare_metal_chain(cfg_for, tmp_path, corpus):
+    """No container, no GRES, one task per node: the shape of the Slurm integration test's jobs."""
+    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
+    scripts = rendered(cfg_for(
+        "cluster=bcm", "stages=[data_preparation,training]", "data_preparation=files",
+        f"data_preparation.inputs=[{corpus}/*.jsonl]", f"data_preparation.output_dir={tmp_path}/data",
+        "data_preparation.job.cpus_per_task=4", "data_preparation.job.max_parallel=2",
+        "cluster.container=null", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1", "dry_run=true"))
+    assert list(scripts) == ["data_preparation.sbatch", "data_check.sbatch", "submission.sbatch"]
+    assert "#SBATCH --array=0-1%2" in scripts["data_preparation.sbatch"]
+    for name, text in scripts.items():
+        assert "--container" not in text and "--gpus-per-node" not in text
+        check_golden(f"bare_metal_{name}", text, tmp_path)
+
+
+def test_container_stage_on_bcm(cfg_for, tmp_path):
+    scripts = rendered(cfg_for("training=llama31/8b", "cluster=bcm", "stages=[container,training]",
+                               f"cluster.container={tmp_path}/images/nemo.sqsh", "dry_run=true"))
+    assert list(scripts) == ["container.sbatch", "submission.sbatch"]
+    check_golden("8b_bcm_container.sbatch", scripts["container.sbatch"], tmp_path)

@@ -1,0 +1,108 @@
+"""main.py against a real one-node Slurm: a data-preparation array (one task per shard, real tokenization into
+.bin/.idx) and the dependent check job that reads every shard as training would. The cluster has no GPUs,
+pyxis or PMIx, so the jobs run bare metal (cluster.container=null, no GRES, one task per node)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
+
+REPO = Path(__file__).resolve().parents[2]
+WORDS = "the llama reads tokens from every shard of the corpus before its training starts on many nodes".split()
+BARE_METAL = ["cluster=bcm", "cluster.container=null", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1",
+              "cluster.exclusive=false", "cluster.time_limit=00:10:00"]
+
+
+def write_corpus(directory: Path, names: list[str]) -> list[Path]:
+    directory.mkdir(parents=True)
+    paths = []
+    for k, name in enumerate(names):
+        lines = [json.dumps({"text": " ".join(WORDS[(i + j + k) % len(WORDS)] for j in range(6 + i % 9))})
+                 for i in range(120)]
+        path = directory / f"{name}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tokenizer")
+    corpus = write_corpus(root / "corpus", ["a", "b"])
+    out = subprocess.run([sys.executable, "-m", "data_prep", "train-tokenizer", "--input", *map(str, corpus),
+                          "--output", str(root / "sp"), "--vocab-size", "400"], cwd=REPO, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+    return root / "sp.model"
+
+
+def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
+    results = tmp_path / "results"
+    out = subprocess.run(
+        [sys.executable, "main.py", *BARE_METAL, "stages=[data_preparation]", "data_preparation=files",
+         f"data_preparation.inputs=[{inputs}]", f"data_preparation.output_dir={tmp_path}/data",
+         "training.tokenizer.type=sentencepiece", f"training.tokenizer.path={tokenizer}", f"results_dir={results}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0, out.stderr
+    run_dir = results / "llama31_tiny_bf16_tp1_1gpu"
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    assert [j["stage"] for j in jobs] == ["data_preparation", "data_check"]
+    assert jobs[1]["dependency"] == f"afterok:{jobs[0]['job_id']}"
+    return run_dir, jobs
+
+
+def _time(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def test_data_preparation_array_then_the_dependent_check(slurm_cluster, tokenizer, tmp_path):
+    write_corpus(tmp_path / "corpus", ["books", "news", "web"])
+    run_dir, (array, check) = submit(tmp_path, f"{tmp_path}/corpus/*.jsonl", tokenizer)
+
+    code, states = slurm_cluster.wait(check["job_id"])
+    assert code == 0, (states, sorted(p.name for p in (run_dir / "logs").iterdir()))
+    assert slurm_cluster.wait(array["job_id"]) == (0, "COMPLETEDx3")
+
+    # afterok: the check started only after the last array task ended.
+    tasks = slurm_cluster.show(array["job_id"])
+    (check_job,) = slurm_cluster.show(check["job_id"])
+    assert len(tasks) == 3
+    assert _time(check_job["StartTime"]) >= max(_time(t["EndTime"]) for t in tasks)
+
+    for name in ("books", "news", "web"):
+        prefix = tmp_path / "data" / f"{name}_text_document"
+        assert prefix.with_suffix(".idx").read_bytes()[:9] == b"MMIDIDX\x00\x00"  # megatron's index header
+        assert prefix.with_suffix(".bin").stat().st_size > 0
+        marker = json.loads(Path(f"{prefix}.done.json").read_text())
+        assert marker["documents"] == 120 and marker["tokens"] > 120
+    for k in range(3):
+        assert (run_dir / "logs" / f"data_preparation_{array['job_id']}_{k}.out").exists()
+    check_log = (run_dir / "logs" / f"data_check_{check['job_id']}.out").read_text()
+    assert check_log.split() == ["books:", "OK", "news:", "OK", "web:", "OK"]
+
+
+def test_a_failed_shard_cancels_the_dependent_job(slurm_cluster, tokenizer, tmp_path):
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus, ["good"])
+    (corpus / "broken.jsonl.gz").write_text("this is not gzip data\n")
+    run_dir, (array, check) = submit(tmp_path, f"{corpus}/*", tokenizer)
+
+    code, states = slurm_cluster.wait(check["job_id"])
+    assert code == 1 and states.startswith("CANCELLED"), states
+    (check_job,) = slurm_cluster.show(check["job_id"])
+    assert check_job["Reason"] == "DependencyNeverSatisfied"
+    code, states = slurm_cluster.wait(array["job_id"])
+    assert code == 1 and "FAILED" in states and "COMPLETED" in states, states
+    # The good shard is finished (and would be skipped by a rerun); the check never ran.
+    assert (tmp_path / "data" / "good_text_document.done.json").exists()
+    assert not (run_dir / "logs" / f"data_check_{check['job_id']}.out").exists()
+    failed_log = "".join(p.read_text() for p in (run_dir / "logs").glob("data_preparation_*.out"))
+    assert "broken: FAILED" in failed_log

@@ -1,0 +1,95 @@
+"""Training throughput on this machine's GPUs: each case is a `python main.py ... cluster=local` run on mock data;
+one table row per case with the step time (mean over the last steps), tokens/s/GPU, MFU against the bf16 peak,
+and peak memory.
+
+    python bench/bench_train.py --model llama31/8b --gpus 2 --gbs 32 --steps 12 --window 6 \\
+        --case dp2-bf16 "parallelism=tp1 dtype=bf16" --case dp2-fp8 "parallelism=tp1 dtype=fp8"
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+import shlex
+import subprocess
+import sys
+import tempfile
+
+REPO = Path(__file__).resolve().parent.parent
+BF16_PEAK = {"h100": 989e12, "h200": 989e12, "b200": 2250e12, "gb200": 2500e12, "a100": 312e12}
+
+
+def run_case(name: str, overrides: list[str], args, results: Path) -> dict:
+    cmd = [sys.executable, str(REPO / "main.py"), f"training={args.model}", "cluster=local",
+           f"parallelism.num_gpus={args.gpus}", f"training.global_batch_size={args.gbs}",
+           f"training.train_steps={args.steps}", "training.val_interval=0", "training.checkpoint.interval=0",
+           "training.checkpoint.save_at_end=false", "training.data.mock=true", f"results_dir={results}",
+           f"run_name={name}", *overrides]
+    print("$", " ".join(shlex.quote(c) for c in cmd), flush=True)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    log = results / f"{name}.out"
+    log.write_text(proc.stdout + proc.stderr)
+    run_dir = results / name
+    metrics_file = run_dir / "metrics.jsonl"
+    if proc.returncode != 0 or not metrics_file.exists():
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        print(f"case {name} failed ({proc.returncode}); log {log}\n{tail}", flush=True)
+        return {"case": name, "error": f"exit {proc.returncode}"}
+    plan = json.loads((run_dir / "plan.json").read_text())
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    window = records[-args.window:]
+    step_time = sum(r["step_time_s"] for r in window) / len(window)
+    tokens = plan["global_batch_size"] * plan["seq_length"]
+    flops_per_gpu = plan["global_batch_size"] * plan["model_flops_per_sample"] / step_time / plan["num_gpus"]
+    layout = f"TP{plan['tp']} PP{plan['pp']} CP{plan['cp']}" + (f" VP{plan['vp']}" if plan["vp"] else "") + \
+        f" DP{plan['dp']} MBS{plan['micro_batch_size']}"
+    return {
+        "case": name, "model": plan["model"], "layout": layout, "dtype": plan["dtype"], "gpus": plan["num_gpus"],
+        "gbs": plan["global_batch_size"], "step_time_s": step_time,
+        "tokens_per_s_per_gpu": tokens / step_time / plan["num_gpus"],
+        "mfu_bf16": flops_per_gpu / BF16_PEAK.get(plan.get("gpu_type") or "h100", 989e12),
+        "peak_memory_gib": max((r.get("peak_memory_gib") or 0) for r in records),
+        "final_loss": records[-1]["loss"],
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    header = f"{'case':<22} {'model':<13} {'layout':<28} {'dtype':<5} {'GPUs':>4} {'GBS':>4} {'step s':>8} " \
+             f"{'tok/s/GPU':>10} {'MFU(bf16)':>9} {'mem GiB':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']:<22} {r['error']}")
+            continue
+        print(f"{r['case']:<22} {r['model']:<13} {r['layout']:<28} {r['dtype']:<5} {r['gpus']:>4} {r['gbs']:>4} "
+              f"{r['step_time_s']:>8.3f} {r['tokens_per_s_per_gpu']:>10,.0f} {r['mfu_bf16'] * 100:>8.1f}% "
+              f"{r['peak_memory_gib']:>8.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama31/8b")
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--gbs", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--window", type=int, default=6, help="average the step time over the last N steps")
+    parser.add_argument("--case", nargs=2, action="append", metavar=("NAME", "OVERRIDES"), required=True,
+                        help="a name and space-separated Hydra overrides; repeat for more cases")
+    parser.add_argument("--results", default=None, help="where run directories go (default: a temp dir)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args()
+    results = Path(args.results or tempfile.mkdtemp(prefix="bench_train_"))
+    results.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, overrides in args.case:
+        rows.append(run_case(name, shlex.split(overrides), args, results))
+        print_table(rows[-1:])
+    print()
+    print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

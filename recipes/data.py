@@ -1,0 +1,170 @@
+"""Training data: megatron's GPTDataset over the data-preparation outputs (or its mock dataset), a sampler that
+resumes at any consumed-sample count, and per-rank batches (loaded once per TP group and broadcast; sliced
+for context parallelism)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import os
+from typing import Any, Iterator, Mapping
+
+import torch
+
+# The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
+BATCH_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
+
+
+@dataclass(frozen=True)
+class DatasetTokenizer:
+    """What megatron's datasets need of a tokenizer: vocabulary size, end-of-document id, and identifiers that
+    go into the hash naming the cached sample indices."""
+    name: str
+    vocab_size: int
+    eod: int
+
+    @property
+    def unique_identifiers(self) -> dict:
+        return {"class": "DatasetTokenizer", "name": self.name, "vocab_size": self.vocab_size, "eod": self.eod}
+
+
+def blend_of(data_cfg: Mapping[str, Any]) -> tuple[list[str], list[float] | None]:
+    """training.data.blend as megatron's (prefixes, weights): [w, p, w, p, ...] or [p, p, ...]."""
+    blend = list(data_cfg["blend"])
+    if all(isinstance(item, str) for item in blend):
+        return blend, None
+    return [str(p) for p in blend[1::2]], [float(w) for w in blend[::2]]
+
+
+def split_sizes(train_steps: int, global_batch_size: int, val_interval: int, val_steps: int) -> list[int]:
+    """Samples per split (train, validation, test). Every evaluation reads the same val_steps global batches,
+    so validation losses compare across evaluations and across a resume."""
+    return [train_steps * global_batch_size, val_steps * global_batch_size if val_interval > 0 else 0, 0]
+
+
+def build_tokenizer(cfg: Mapping[str, Any]) -> DatasetTokenizer:
+    """The configured tokenizer (the one data preparation used), or a stand-in for mock data."""
+    train = cfg["training"]
+    if train["data"]["mock"]:
+        vocab = train["model"]["vocab_size"]
+        return DatasetTokenizer("mock", vocab_size=vocab, eod=min(128001, vocab - 1))
+    from data_prep.tokenizer import load_tokenizer
+
+    kind, path = train["tokenizer"]["type"], train["tokenizer"]["path"]
+    tokenizer = load_tokenizer(kind, path)
+    if tokenizer.vocab_size > train["model"]["vocab_size"]:
+        raise SystemExit(f"training.tokenizer has {tokenizer.vocab_size} tokens but training.model.vocab_size is "
+                         f"{train['model']['vocab_size']}; raise the model's vocab_size")
+    return DatasetTokenizer(f"{kind}:{path}", vocab_size=tokenizer.vocab_size, eod=tokenizer.eod)
+
+
+def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, build_here: bool, cache_dir: str):
+    """Train and validation datasets (None on ranks that do not read data)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+    train = cfg["training"]
+    data = train["data"]
+    config = GPTDatasetConfig(
+        random_seed=cfg["seed"],
+        sequence_length=plan["seq_length"],
+        blend=None if data["mock"] else blend_of(data),
+        split=data["split"],
+        path_to_cache=cache_dir,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,  # causal attention is implied by the TE kernels
+        mmap_bin_files=True,
+    )
+    sizes = split_sizes(train["train_steps"], plan["global_batch_size"], train["val_interval"], train["val_steps"])
+    cls = MockGPTDataset if data["mock"] else GPTDataset
+    train_ds, valid_ds, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: build_here, config).build()
+    return train_ds, valid_ds
+
+
+def sample_indices(consumed_samples: int, total_samples: int, micro_batch_size: int, dp_rank: int,
+                   dp_size: int) -> Iterator[list[int]]:
+    """Megatron's pretraining order: global positions walk the dataset in order; each step of mbs*dp samples
+    gives DP rank r the slice [r*mbs, (r+1)*mbs). Starting at consumed_samples resumes the exact order."""
+    stride = micro_batch_size * dp_size
+    start = consumed_samples - consumed_samples % stride
+    for base in range(start, total_samples - stride + 1, stride):
+        first = base + dp_rank * micro_batch_size
+        yield list(range(first, first + micro_batch_size))
+
+
+class _IndexBatches(torch.utils.data.Sampler):
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+    def __iter__(self):
+        return sample_indices(**self.kwargs)
+
+    def __len__(self):
+        k = self.kwargs
+        return max(0, (k["total_samples"] - k["consumed_samples"]) // (k["micro_batch_size"] * k["dp_size"]))
+
+
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """Slurm and torchrun signal every process of the job; a loader worker dying of SIGTERM/SIGUSR1 would take
+    the trainer down before it can checkpoint. Workers exit with the trainer instead."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _stack_fields(samples: list[dict]) -> torch.Tensor:
+    fields = [torch.stack([torch.as_tensor(s[name]) for s in samples]).to(torch.int64) for name in BATCH_FIELDS]
+    return torch.stack(fields)  # [4, mbs, seq]
+
+
+def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
+                num_workers: int) -> Iterator[torch.Tensor]:
+    sampler = _IndexBatches(consumed_samples=consumed_samples, total_samples=len(dataset),
+                            micro_batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size)
+    return iter(torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=_stack_fields, pin_memory=True,
+        worker_init_fn=_ignore_stop_signals if num_workers else None, persistent_workers=False))
+
+
+class MicrobatchSource:
+    """One rank's microbatches. TP rank 0 of a stage that needs data reads them; the other TP ranks receive
+    them by broadcast. Every rank of the stage then keeps its context-parallel share of the sequence."""
+
+    def __init__(self, loader: Iterator[torch.Tensor] | None, shape: tuple[int, int]):
+        from megatron.core import parallel_state as ps
+
+        self.loader = loader
+        self.shape = shape
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.tp_src = ps.get_tensor_model_parallel_src_rank()
+        self.tp_size = ps.get_tensor_model_parallel_world_size()
+        self.cp_size = ps.get_context_parallel_world_size()
+        self.cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self.loader is not None:
+            stacked = next(self.loader).cuda(non_blocking=True)
+        else:
+            stacked = torch.empty((len(BATCH_FIELDS), *self.shape), dtype=torch.int64, device="cuda")
+        if self.tp_size > 1:
+            torch.distributed.broadcast(stacked, src=self.tp_src, group=self.tp_group)
+        batch = dict(zip(BATCH_FIELDS, stacked.unbind(0)))
+        batch["loss_mask"] = batch["loss_mask"].float()
+        if self.cp_size > 1:
+            from megatron.core.utils import get_batch_on_this_cp_rank
+
+            batch["cu_seqlens"] = None
+            batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=self.cp_group)
+            batch.pop("cu_seqlens", None)
+        return batch
+
+
+def dataset_cache_dir(run_dir: str) -> str:
+    path = os.path.join(run_dir, "dataset_cache")
+    os.makedirs(path, exist_ok=True)
+    return path

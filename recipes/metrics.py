@@ -1,0 +1,95 @@
+"""Per-step numbers: throughput and MFU (REFERENCE.md's formulas), the NeMo-compatible progress line, and
+metrics.jsonl."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+import json
+import math
+import os
+from typing import Any, Mapping
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    mfu: float | None
+    mfu_peak_flops: float | None
+    consumed_samples: int
+    val_loss: float | None = None
+    peak_memory_gib: float | None = None  # the largest of any rank's peak allocation so far
+
+
+def step_metrics(plan: Mapping[str, Any], *, step: int, loss: float, lr: float, grad_norm: float,
+                 step_time_s: float, consumed_samples: int, val_loss: float | None = None,
+                 peak_memory_gib: float | None = None) -> StepMetrics:
+    tokens = plan["global_batch_size"] * plan["seq_length"]
+    flops_per_gpu = plan["global_batch_size"] * plan["model_flops_per_sample"] / step_time_s / plan["num_gpus"]
+    peak = plan.get("peak_flops_per_gpu")
+    return StepMetrics(
+        step=step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=step_time_s,
+        tokens_per_s=tokens / step_time_s, tokens_per_s_per_gpu=tokens / step_time_s / plan["num_gpus"],
+        tflops_per_gpu=flops_per_gpu / 1e12, mfu=(flops_per_gpu / peak) if peak else None,
+        mfu_peak_flops=peak, consumed_samples=consumed_samples, val_loss=val_loss,
+        peak_memory_gib=peak_memory_gib)
+
+
+def progress_line(m: StepMetrics, train_steps: int) -> str:
+    """The key=value fields NeMo's progress bar prints (reduced_train_loss, global_step, consumed_samples,
+    train_step_timing in s), so tools that parse NeMo logs read ours too."""
+    parts = [
+        f"step {m.step}/{train_steps}",
+        f"reduced_train_loss={m.loss:.4f}",
+        f"global_step={m.step}",
+        f"consumed_samples={m.consumed_samples}",
+        f"train_step_timing in s={m.step_time_s:.4f}",
+        f"lr={m.lr:.3e}",
+        f"grad_norm={m.grad_norm:.3f}",
+        f"tokens_per_s={m.tokens_per_s:.0f}",
+        f"tflops_per_gpu={m.tflops_per_gpu:.1f}",
+    ]
+    if m.mfu is not None:
+        parts.append(f"mfu={m.mfu:.3f}")
+    if m.val_loss is not None:
+        parts.append(f"val_loss={m.val_loss:.4f}")
+    if m.peak_memory_gib is not None:
+        parts.append(f"peak_memory_gib={m.peak_memory_gib:.1f}")
+    return " | ".join(parts)
+
+
+def is_finite(value: float) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+class MetricsWriter:
+    """Appends one JSON object per logged step; a resumed run drops records past the step it resumed from so
+    the file stays one record per step."""
+
+    def __init__(self, path: str, resume_step: int):
+        self.path = path
+        if os.path.exists(path):
+            kept = []
+            with open(path) as f:
+                for line in f:
+                    try:
+                        if json.loads(line)["step"] <= resume_step:
+                            kept.append(line if line.endswith("\n") else line + "\n")
+                    except (ValueError, KeyError):
+                        continue  # a line cut by a crash
+            with open(path, "w") as f:
+                f.writelines(kept)
+        self._file = open(path, "a")
+
+    def write(self, m: StepMetrics) -> None:
+        record = {k: v for k, v in asdict(m).items() if v is not None or k in ("mfu", "mfu_peak_flops")}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,51 @@
+"""A stand-in for apex's `fused_weight_gradient_mlp_cuda` where apex is not installed.
+
+With gradient_accumulation_fusion, weight gradients are accumulated straight into the DDP gradient buffer
+(`main_grad`) instead of being materialised and added afterwards: one GEMM with beta=1 per weight. The
+Transformer Engine layers do this themselves; megatron-core's own linear layers (here: the output layer) call
+apex's kernel. These two functions do the same with cuBLAS through torch, so the fusion (and the
+`defer_embedding_wgrad_compute` that needs it) work without apex. The NeMo container has apex; there this
+module is not used."""
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """main_grad (fp32) += grad_output^T @ total_input."""
+    x, g = _as_2d(total_input), _as_2d(grad_output)
+    try:
+        product = torch.mm(g.t(), x, out_dtype=torch.float32)  # fp32 result straight from cuBLAS
+    except (TypeError, NotImplementedError, RuntimeError):  # no mixed-precision mm here: upcast first
+        product = torch.mm(g.t().float(), x.float())
+    main_grad.add_(product)
+
+
+def wgrad_gemm_accum_fp16(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """main_grad (bf16/fp16) += grad_output^T @ total_input; cuBLAS accumulates in fp32 and adds in place."""
+    x, g = _as_2d(total_input), _as_2d(grad_output)
+    main_grad.addmm_(g.t(), x)
+
+
+def install() -> bool:
+    """Register the stand-in under apex's module name unless the real one imports. Must run before megatron
+    is imported (megatron checks for the module at import). Returns True when the stand-in is in use."""
+    try:
+        import fused_weight_gradient_mlp_cuda  # noqa: F401
+        return False
+    except ImportError:
+        pass
+    if "megatron.core.tensor_parallel.layers" in sys.modules:
+        raise RuntimeError("install the wgrad fallback before importing megatron.core")
+    module = types.ModuleType("fused_weight_gradient_mlp_cuda")
+    module.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
+    module.wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp16
+    sys.modules["fused_weight_gradient_mlp_cuda"] = module
+    return True

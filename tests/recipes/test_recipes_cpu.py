@@ -1,0 +1,272 @@
+"""The training recipe's pieces that need no GPU: config mapping, layer split, sampling, checkpoint
+bookkeeping, metrics and the Hugging Face weight mapping."""
+from dataclasses import astuple
+import json
+import os
+
+import pytest
+import torch
+
+from launcher.config import compose
+from launcher.plan import build_plan
+from recipes import checkpoint, data, hf, metrics, settings
+from recipes.distributed import rank_info
+
+
+def plan_for(*overrides):
+    cfg = compose(list(overrides))
+    return cfg, build_plan(cfg).to_json_dict()
+
+
+# ----------------------------------------------------------------------------- config mapping
+def test_transformer_config_kwargs_follow_plan_and_llama_architecture():
+    cfg, plan = plan_for("training=llama31/405b", "cluster=bcm", "dtype=fp8")
+    kw = settings.transformer_config_kwargs(cfg, plan, grad_accum_fusion=True)
+    assert (kw["num_layers"], kw["hidden_size"], kw["ffn_hidden_size"]) == (126, 16384, 53248)
+    assert (kw["num_attention_heads"], kw["num_query_groups"], kw["kv_channels"]) == (128, 8, 128)
+    assert kw["normalization"] == "RMSNorm" and kw["gated_linear_unit"] and not kw["add_bias_linear"]
+    assert kw["activation_func"] is torch.nn.functional.silu
+    assert (kw["tensor_model_parallel_size"], kw["pipeline_model_parallel_size"]) == (8, 8)
+    assert (kw["virtual_pipeline_model_parallel_size"], kw["context_parallel_size"]) == (8, 2)
+    assert kw["account_for_embedding_in_pipeline_split"] and kw["account_for_loss_in_pipeline_split"]
+    assert kw["fp8"] == "hybrid" and kw["fp8_recipe"] == "delayed" and kw["fp8_param"]
+    assert kw["fp8_amax_history_len"] == 1024 and kw["fp8_amax_compute_algo"] == "max"
+    assert kw["tp_comm_overlap"] and kw["sequence_parallel"]
+    assert kw["defer_embedding_wgrad_compute"] and kw["wgrad_deferral_limit"] == 50
+    assert kw["overlap_p2p_comm"] and not kw["batch_p2p_comm"]
+    assert kw["calculate_per_token_loss"]
+    assert kw["params_dtype"] is torch.bfloat16 and kw["bf16"]
+
+
+def test_without_apex_wgrad_deferral_is_off_but_the_rest_is_unchanged():
+    cfg, plan = plan_for("training=llama31/70b", "cluster=bcm")
+    kw = settings.transformer_config_kwargs(cfg, plan, grad_accum_fusion=False)
+    assert not kw["gradient_accumulation_fusion"] and not kw["defer_embedding_wgrad_compute"]
+    assert kw["wgrad_deferral_limit"] == 0
+    assert kw["fp8"] is None and not kw["fp8_param"]
+
+
+def test_deterministic_mode_sets_config_and_environment():
+    cfg, plan = plan_for("training.deterministic=true")
+    assert settings.transformer_config_kwargs(cfg, plan, grad_accum_fusion=True)["deterministic_mode"]
+    environ = {}
+    assert settings.apply_determinism(cfg, environ)
+    assert environ["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] == "0" and "CUBLAS_WORKSPACE_CONFIG" in environ
+    default_cfg, default_plan = plan_for()
+    environ = {}
+    assert not settings.apply_determinism(default_cfg, environ) and environ == {}
+    assert not settings.transformer_config_kwargs(default_cfg, default_plan, grad_accum_fusion=True)["deterministic_mode"]
+
+
+def test_p2p_overlap_only_with_interleaving():
+    cfg, plan = plan_for("training=llama31/8b", "cluster=bcm")
+    kw = settings.transformer_config_kwargs(cfg, plan, grad_accum_fusion=False)
+    assert not kw["overlap_p2p_comm"] and kw["batch_p2p_comm"]
+    assert kw["cp_comm_type"] == "p2p" and kw["context_parallel_size"] == 2
+
+
+def test_model_kwargs_use_padded_vocab_and_llama31_rope():
+    cfg, plan = plan_for("training=llama31/70b", "cluster=bcm")
+    kw = settings.gpt_model_kwargs(cfg, plan)
+    assert kw["vocab_size"] == plan["padded_vocab_size"] == 128512  # 128256 padded to a multiple of 128 * TP4
+    assert kw["rotary_base"] == 500000 and kw["rope_scaling"] and kw["rope_scaling_factor"] == 8.0
+    assert kw["position_embedding_type"] == "rope" and not kw["share_embeddings_and_output_weights"]
+
+
+def test_optimizer_and_schedule():
+    cfg, plan = plan_for("training=llama31/405b", "cluster=bcm")
+    opt = settings.optimizer_config(cfg, plan)
+    assert (opt.lr, opt.min_lr, opt.adam_eps, opt.weight_decay, opt.clip_grad) == (8e-5, 8e-7, 1e-5, 0.1, 1.0)
+    assert (opt.adam_beta1, opt.adam_beta2) == (0.9, 0.95) and opt.use_distributed_optimizer
+    sched = settings.scheduler_kwargs(cfg)
+    assert sched["lr_warmup_steps"] == 8000 and sched["lr_decay_steps"] == 105963
+    assert sched["lr_decay_style"] == "cosine" and sched["max_lr"] == 8e-5 and sched["min_lr"] == 8e-7
+    tiny_cfg, _ = plan_for()
+    assert settings.scheduler_kwargs(tiny_cfg)["lr_decay_steps"] == tiny_cfg["training"]["train_steps"]
+
+
+def test_userbuffer_shape_is_one_cp_shard_of_a_microbatch():
+    cfg, plan = plan_for("training=llama31/405b", "cluster=bcm", "dtype=fp8")
+    ub = settings.userbuffer_settings(cfg, plan)
+    assert ub["shape"] == [8192 // 2, 16384] and ub["tp_size"] == 8 and ub["fp8"]
+    assert ub["ub_cfgs"]["proj_fprop"]["fp8_buf"] is True and ub["ub_cfgs"]["qkv_fprop"]["method"] == "ring_exchange"
+
+
+@pytest.mark.parametrize("layers,pp,vp,asym", [(126, 8, 8, True), (126, 8, 2, True), (80, 4, 5, False),
+                                               (80, 8, 5, False), (6, 2, 2, True), (32, 1, None, False)])
+def test_plan_layer_split_matches_megatron(layers, pp, vp, asym):
+    """The launcher's per-stage layer counts are what megatron-core builds on each pipeline rank."""
+    from launcher.plan import layers_per_pipeline_stage
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    config = TransformerConfig(num_layers=layers, hidden_size=64, num_attention_heads=4,
+                               pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vp,
+                               account_for_embedding_in_pipeline_split=asym,
+                               account_for_loss_in_pipeline_split=asym, pipeline_dtype=torch.bfloat16)
+    built = [sum(get_num_layers_to_build(config, vp_stage=v if vp else None, pp_rank=r) for v in range(vp or 1))
+             for r in range(pp)]
+    assert layers_per_pipeline_stage(layers, pp, vp, asym) == built
+    assert sum(built) == layers
+
+
+# ----------------------------------------------------------------------------- data
+def test_sampler_splits_global_batches_over_dp_and_resumes_exactly():
+    full = [list(b) for b in data.sample_indices(0, 64, micro_batch_size=2, dp_rank=1, dp_size=4)]
+    assert full[0] == [2, 3] and full[1] == [10, 11]
+    # Every sample is seen once across ranks.
+    seen = sorted(i for r in range(4) for b in data.sample_indices(0, 64, 2, r, 4) for i in b)
+    assert seen == list(range(64))
+    resumed = [list(b) for b in data.sample_indices(24, 64, micro_batch_size=2, dp_rank=1, dp_size=4)]
+    assert resumed == full[3:]
+
+
+def test_blend_forms():
+    assert data.blend_of({"blend": [0.3, "/d/a", 0.7, "/d/b"]}) == (["/d/a", "/d/b"], [0.3, 0.7])
+    assert data.blend_of({"blend": ["/d/a", "/d/b"]}) == (["/d/a", "/d/b"], None)
+
+
+def test_split_sizes():
+    assert data.split_sizes(100, 8, 50, 4) == [800, 32, 0]
+    assert data.split_sizes(100, 8, 0, 4) == [800, 0, 0]
+
+
+def test_mock_tokenizer_for_mock_data():
+    cfg, _ = plan_for()
+    tok = data.build_tokenizer(cfg)
+    assert tok.vocab_size == 128256 and tok.eod == 128001
+
+
+# ----------------------------------------------------------------------------- ranks
+def test_rank_info_from_torchrun_then_slurm():
+    assert astuple(rank_info({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "n1",
+                              "MASTER_PORT": "6000"})) == (3, 1, 8, "n1", 6000)
+    assert astuple(rank_info({"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16",
+                              "MASTER_ADDR": "n0", "MASTER_PORT": "7000"}))[:3] == (9, 1, 16)
+    assert astuple(rank_info({}))[:3] == (0, 0, 1)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def _fake_save(root, step, consumed):
+    os.makedirs(checkpoint.partial_path(root, step))
+    with open(os.path.join(checkpoint.partial_path(root, step), "shard"), "w") as f:
+        f.write("x")
+    return checkpoint.finalize_checkpoint(root, checkpoint.TrainState(step=step, consumed_samples=consumed))
+
+
+def test_only_finalized_checkpoints_count(tmp_path):
+    root = str(tmp_path)
+    _fake_save(root, 100, 800)
+    os.makedirs(checkpoint.partial_path(root, 200))  # a save killed midway
+    os.makedirs(os.path.join(root, "iter_0000300"))  # a directory without the state file
+    assert checkpoint.latest_checkpoint(root)[0] == 100
+    state = checkpoint.read_train_state(checkpoint.latest_checkpoint(root)[1])
+    assert (state.step, state.consumed_samples) == (100, 800)
+    assert open(os.path.join(root, checkpoint.TRACKER)).read().strip() == "100"
+    assert checkpoint.remove_partials(root) == [".partial_iter_0000200"]
+
+
+def test_prune_keeps_the_newest(tmp_path):
+    root = str(tmp_path)
+    for step in (10, 20, 30, 40):
+        _fake_save(root, step, step * 8)
+    removed = checkpoint.prune_checkpoints(root, keep_last=2)
+    assert [os.path.basename(p) for p in removed] == ["iter_0000010", "iter_0000020"]
+    assert [s for s, _ in checkpoint.complete_checkpoints(root)] == [30, 40]
+    assert checkpoint.prune_checkpoints(root, keep_last=0) == []
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    root = str(tmp_path)
+    _fake_save(root, 50, 400)
+    _fake_save(root, 50, 400)
+    assert [s for s, _ in checkpoint.complete_checkpoints(root)] == [50]
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_metrics_match_reference_formulas():
+    _, plan = plan_for("training=llama31/70b", "dtype=fp8", "cluster=bcm")
+    m = metrics.step_metrics(plan, step=10, loss=2.5, lr=1e-4, grad_norm=1.0, step_time_s=11.31,
+                             consumed_samples=1280)
+    assert round(m.tokens_per_s) == 92712
+    assert round(m.mfu * 100, 1) == 35.2 and m.mfu_peak_flops == 1979e12
+    line = metrics.progress_line(m, 50)
+    for field in ("reduced_train_loss=2.5000", "global_step=10", "consumed_samples=1280",
+                  "train_step_timing in s=11.3100"):
+        assert field in line
+
+
+def test_metrics_writer_drops_records_past_the_resume_point(tmp_path):
+    _, plan = plan_for()
+    path = str(tmp_path / "metrics.jsonl")
+    writer = metrics.MetricsWriter(path, resume_step=0)
+    for step in range(1, 6):
+        writer.write(metrics.step_metrics(plan, step=step, loss=1.0, lr=0.1, grad_norm=1.0, step_time_s=0.1,
+                                          consumed_samples=step * 8))
+    writer.close()
+    with open(path, "a") as f:
+        f.write('{"step": 6, "lo')  # a line cut by a crash
+    metrics.MetricsWriter(path, resume_step=3).close()
+    steps = [json.loads(line)["step"] for line in open(path)]
+    assert steps == [1, 2, 3]
+    record = json.loads(open(path).readline())
+    assert {"step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+            "mfu_peak_flops"} <= set(record)
+
+
+# ----------------------------------------------------------------------------- Hugging Face mapping
+def _random_hf_state(model):
+    h, ffn, heads, groups, d = (model["hidden_size"], model["ffn_hidden_size"], model["num_attention_heads"],
+                                model["num_query_groups"], model["kv_channels"])
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    state = {"model.embed_tokens.weight": r(model["vocab_size"], h), "model.norm.weight": r(h),
+             "lm_head.weight": r(model["vocab_size"], h)}
+    for i in range(model["num_layers"]):
+        p = f"model.layers.{i}."
+        state.update({p + "input_layernorm.weight": r(h), p + "self_attn.q_proj.weight": r(heads * d, h),
+                      p + "self_attn.k_proj.weight": r(groups * d, h), p + "self_attn.v_proj.weight": r(groups * d, h),
+                      p + "self_attn.o_proj.weight": r(h, heads * d), p + "post_attention_layernorm.weight": r(h),
+                      p + "mlp.gate_proj.weight": r(ffn, h), p + "mlp.up_proj.weight": r(ffn, h),
+                      p + "mlp.down_proj.weight": r(h, ffn)})
+    return state
+
+
+def test_hf_mapping_round_trips_and_packs_qkv_per_group():
+    cfg, plan = plan_for()
+    model = dict(cfg["training"]["model"], vocab_size=1000, num_layers=2)
+    hf_state = _random_hf_state(model)
+    mc = hf.hf_to_megatron(hf_state, model, padded_vocab_size=1024)
+    assert mc["embedding.word_embeddings.weight"].shape[0] == 1024
+    assert torch.all(mc["output_layer.weight"][1000:] == 0)
+    qkv = mc["decoder.layers.1.self_attention.linear_qkv.weight"]
+    d, per_group = model["kv_channels"], model["num_attention_heads"] // model["num_query_groups"]
+    # Group 1 starts with its query heads, then its key head, then its value head.
+    start = (per_group + 2) * d
+    q = hf_state["model.layers.1.self_attn.q_proj.weight"]
+    k = hf_state["model.layers.1.self_attn.k_proj.weight"]
+    assert torch.equal(qkv[start:start + d], q[per_group * d:per_group * d + d])
+    assert torch.equal(qkv[start + per_group * d:start + per_group * d + d], k[d:2 * d])
+    back = hf.megatron_to_hf(mc, model)
+    assert back.keys() == hf_state.keys()
+    for key in hf_state:
+        assert torch.equal(back[key], hf_state[key]), key
+
+
+# ----------------------------------------------------------------------------- apex stand-in
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wgrad_fallback_accumulates_the_weight_gradient(dtype):
+    from recipes import wgrad_fallback
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 16, 32, generator=g).to(torch.bfloat16)  # [seq, batch, in]
+    dy = torch.randn(2, 16, 8, generator=g).to(torch.bfloat16)  # [seq, batch, out]
+    start = torch.randn(8, 32, generator=g).to(dtype)
+    main_grad = start.clone()
+    accumulate = (wgrad_fallback.wgrad_gemm_accum_fp32 if dtype == torch.float32
+                  else wgrad_fallback.wgrad_gemm_accum_fp16)
+    accumulate(x, dy, main_grad)
+    expected = start.double() + dy.reshape(-1, 8).double().t() @ x.reshape(-1, 32).double()
+    error = (main_grad.double() - expected).norm() / expected.norm()
+    assert error < (1e-6 if dtype == torch.float32 else 1e-2)
+    assert main_grad.dtype == dtype

@@ -1,0 +1,261 @@
+"""Which shards a data-preparation config describes: their inputs and output prefixes.
+
+Standard library only, on purpose: the launcher imports this module (without torch, megatron or tokenizer
+libraries) to size the Slurm array, one task per shard.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+from urllib.parse import unquote, urlparse
+
+# megatron's preprocess_data names outputs <prefix>_<json key>_<level>; training configs expect this suffix.
+OUTPUT_SUFFIX = "_text_document"
+DATASETS = ("pile", "c4", "files")
+_COMPRESSIONS = {".zst": "zstd", ".zstd": "zstd", ".gz": "gzip"}
+_JSON_EXTS = (".jsonl", ".json", ".ndjson")
+_TEXT_EXTS = (".txt", ".text", "")
+
+
+class ConfigError(ValueError):
+    """A data_preparation setting that cannot work; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file of a shard."""
+
+    uri: str  # as configured: an http(s) URL or a local path
+    local_path: str  # where it is read from: the download target for URLs, the file itself otherwise
+    compression: str  # zstd | gzip | none
+    kind: str  # jsonl | text
+
+    @property
+    def remote(self) -> bool:
+        return self.uri.startswith(("http://", "https://"))
+
+    @property
+    def file_name(self) -> str:
+        return os.path.basename(self.local_path)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One output pair `<output_prefix>.bin/.idx`, made from `sources` read in order."""
+
+    index: int
+    name: str
+    output_prefix: str  # absolute, without .bin/.idx
+    sources: tuple[Source, ...]
+    # Keep only the first N input lines (as `head -n`); None keeps everything.
+    max_documents: Optional[int] = None
+
+
+def list_shards(dp_cfg: Mapping[str, Any]) -> list[Shard]:
+    """The shards of a `data_preparation` config section, in array-task order (index 0..N-1)."""
+    name = _get(dp_cfg, "name")
+    builders = {"pile": _pile_shards, "c4": _c4_shards, "files": _files_shards}
+    if name not in builders:
+        raise ConfigError(f"data_preparation.name={name!r} is not one of {', '.join(DATASETS)}")
+    shards = builders[name](dp_cfg)
+    prefixes = [s.output_prefix for s in shards]
+    dupes = sorted({p for p in prefixes if prefixes.count(p) > 1})
+    if dupes:
+        raise ConfigError(f"data_preparation: several inputs would write {dupes[0]}.bin; rename the inputs or "
+                          "set data_preparation.merge=true")
+    return shards
+
+
+def output_prefixes(dp_cfg: Mapping[str, Any]) -> list[str]:
+    """The output prefixes (what training's data blend lists), in shard order."""
+    return [s.output_prefix for s in list_shards(dp_cfg)]
+
+
+def parse_numbers(value: Any, key: str) -> list[int]:
+    """'0-1' / '0,3,5-7' / 4 / [0, 1] -> sorted unique ints."""
+    if isinstance(value, bool):
+        raise ConfigError(f"data_preparation.{key}={value!r}: expected numbers like '0-1', '0,3,5-7' or 4")
+    if isinstance(value, int):
+        return [value]
+    items: list[Any]
+    if isinstance(value, str):
+        items = [p for p in re.split(r"[,\s]+", value.strip()) if p]
+    elif isinstance(value, Sequence):
+        items = list(value)
+    else:
+        raise ConfigError(f"data_preparation.{key}={value!r}: expected numbers like '0-1', '0,3,5-7' or 4")
+    numbers: set[int] = set()
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool):
+            numbers.add(item)
+            continue
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", str(item).strip())
+        if not m:
+            raise ConfigError(f"data_preparation.{key}: cannot read {item!r}; use numbers and ranges like '0,3,5-7'")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ConfigError(f"data_preparation.{key}: range {item!r} is empty (write low-high)")
+        numbers.update(range(lo, hi + 1))
+    if not numbers:
+        raise ConfigError(f"data_preparation.{key} selects nothing")
+    return sorted(numbers)
+
+
+def detect_format(path: str, fmt: str = "auto") -> tuple[str, str]:
+    """(compression, kind) from a file name; `fmt` (jsonl|text) overrides the kind."""
+    name = os.path.basename(urlparse(path).path if "://" in path else path).lower()
+    stem, ext = os.path.splitext(name)
+    compression = _COMPRESSIONS.get(ext, "none")
+    if compression != "none":
+        stem, ext = os.path.splitext(stem)
+    if fmt in ("jsonl", "text"):
+        return compression, fmt
+    if fmt != "auto":
+        raise ConfigError(f"data_preparation.format={fmt!r} is not one of auto, jsonl, text")
+    if ext in _JSON_EXTS:
+        return compression, "jsonl"
+    if ext in _TEXT_EXTS:
+        return compression, "text"
+    raise ConfigError(f"cannot tell the format of {path} from its name: set data_preparation.format=jsonl or text")
+
+
+def strip_extensions(name: str) -> str:
+    """'00.jsonl.zst' -> '00', 'book.txt' -> 'book', 'notes.v2' -> 'notes.v2'."""
+    stem, ext = os.path.splitext(name)
+    if ext.lower() in _COMPRESSIONS:
+        stem, ext = os.path.splitext(stem)
+    return stem if ext.lower() in _JSON_EXTS + _TEXT_EXTS else stem + ext
+
+
+# -- per dataset -------------------------------------------------------------------------------------------
+
+def _pile_shards(cfg: Mapping[str, Any]) -> list[Shard]:
+    numbers = parse_numbers(_get(cfg, "file_numbers"), "file_numbers")
+    num_files = _get(cfg, "num_files")
+    bad = [n for n in numbers if not 0 <= n < num_files]
+    if bad:
+        raise ConfigError(f"data_preparation.file_numbers: {bad} outside 0-{num_files - 1} "
+                          f"(the source has {num_files} shards)")
+    out_dir, template = _output_dir(cfg), _get(cfg, "output_template")
+    return [
+        Shard(index=i, name=_fmt(template, n, "output_template"),
+              output_prefix=os.path.join(out_dir, _fmt(template, n, "output_template") + OUTPUT_SUFFIX),
+              sources=(_source_at(cfg, _fmt(_get(cfg, "file_template"), n, "file_template")),))
+        for i, n in enumerate(numbers)
+    ]
+
+
+def _c4_shards(cfg: Mapping[str, Any]) -> list[Shard]:
+    train, val = _get(cfg, "train"), _get(cfg, "validation")
+    out_dir = _output_dir(cfg)
+    num_files, merged = _get(train, "num_files", "train."), _get(train, "merged_files", "train.")
+    if merged <= 0 or num_files % merged:
+        raise ConfigError(f"data_preparation.train.merged_files={merged} must divide train.num_files={num_files}")
+    per = num_files // merged
+    shards: list[Shard] = []
+    for k in parse_numbers(_get(train, "tokenize", "train."), "train.tokenize"):
+        if k >= merged:
+            raise ConfigError(f"data_preparation.train.tokenize: merged file {k} does not exist "
+                              f"(there are {merged}, numbered 0-{merged - 1})")
+        name = _fmt(_get(train, "output_template", "train."), k, "train.output_template")
+        template = _get(train, "file_template", "train.")
+        sources = tuple(_source_at(cfg, _fmt(template, i, "train.file_template"))
+                        for i in range(k * per, (k + 1) * per))
+        shards.append(Shard(len(shards), name, os.path.join(out_dir, name + OUTPUT_SUFFIX), sources))
+    if _get(val, "enabled", "validation."):
+        name = str(_get(val, "output_name", "validation."))
+        template = _get(val, "file_template", "validation.")
+        sources = tuple(_source_at(cfg, _fmt(template, i, "validation.file_template"))
+                        for i in range(_get(val, "num_files", "validation.")))
+        limit = _get(val, "max_documents", "validation.")
+        if limit is not None and (not isinstance(limit, int) or limit <= 0):
+            raise ConfigError(f"data_preparation.validation.max_documents={limit!r}: expected a positive integer "
+                              "or null")
+        shards.append(Shard(len(shards), name, os.path.join(out_dir, name + OUTPUT_SUFFIX), sources, limit))
+    if not shards:
+        raise ConfigError("data_preparation: nothing to do (train.tokenize selects no file and validation is "
+                          "disabled)")
+    return shards
+
+
+def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
+    inputs = _get(cfg, "inputs")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not inputs:
+        raise ConfigError("data_preparation.inputs is empty: list files, globs or URLs, e.g. "
+                          "'data_preparation.inputs=[/data/corpus/*.jsonl.zst]'")
+    uris: list[str] = []
+    for entry in inputs:
+        entry = str(entry)
+        if entry.startswith(("http://", "https://")):
+            matches = [entry]
+        else:
+            path = _local_path(entry, "inputs")
+            matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+            matches = [m for m in matches if not os.path.isdir(m)]
+            if not matches or not all(os.path.exists(m) for m in matches):
+                raise ConfigError(f"data_preparation.inputs: nothing matches {entry}")
+        uris.extend(m for m in matches if m not in uris)
+    sources = [_source(cfg, uri) for uri in uris]
+    out_dir = _output_dir(cfg)
+    if _get(cfg, "merge"):
+        name = str(_get(cfg, "output_name"))
+        return [Shard(0, name, os.path.join(out_dir, name + OUTPUT_SUFFIX), tuple(sources))]
+    shards = []
+    for i, src in enumerate(sources):
+        name = strip_extensions(src.file_name)
+        shards.append(Shard(i, name, os.path.join(out_dir, name + OUTPUT_SUFFIX), (src,)))
+    return shards
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+
+def _get(cfg: Mapping[str, Any], key: str, parent: str = "") -> Any:
+    if key not in cfg:
+        raise ConfigError(f"data_preparation.{parent}{key} is missing; every key has its default in "
+                          "conf/data_preparation/<name>.yaml")
+    return cfg[key]
+
+
+def _fmt(template: str, n: int, key: str) -> str:
+    try:
+        return str(template).format(n)
+    except (IndexError, KeyError, ValueError) as e:
+        raise ConfigError(f"data_preparation.{key}={template!r}: not a format string taking one number ({e})")
+
+
+def _local_path(path: str, key: str) -> str:
+    """An absolute path. Relative ones are refused: the launcher plans in one directory and the jobs run in
+    another, where the same relative path would name other files."""
+    if path.startswith("file://"):
+        path = unquote(urlparse(path).path)
+    path = os.path.expanduser(path)
+    if not os.path.isabs(path):
+        raise ConfigError(f"data_preparation.{key}: {path!r} is relative; give an absolute path (jobs do not run "
+                          "in the directory you launch from)")
+    return os.path.normpath(path)
+
+
+def _output_dir(cfg: Mapping[str, Any]) -> str:
+    return _local_path(str(_get(cfg, "output_dir")), "output_dir")
+
+
+def _source_at(cfg: Mapping[str, Any], file_name: str) -> Source:
+    base = str(_get(cfg, "base_url")).rstrip("/")
+    return _source(cfg, f"{base}/{file_name}", "base_url")
+
+
+def _source(cfg: Mapping[str, Any], uri: str, key: str = "inputs") -> Source:
+    compression, kind = detect_format(uri, str(_get(cfg, "format")))
+    if uri.startswith(("http://", "https://")):
+        name = os.path.basename(unquote(urlparse(uri).path))
+        if not name:
+            raise ConfigError(f"data_preparation: cannot name a download for {uri} (the URL has no file name)")
+        local = os.path.join(_local_path(str(_get(cfg, "download_dir")), "download_dir"), name)
+    else:
+        uri = local = _local_path(uri, key)
+    return Source(uri=uri, local_path=local, compression=compression, kind=kind)

@@ -1,0 +1,48 @@
+"""Check finished outputs the way training will read them (megatron-core's IndexedDataset)."""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+from data_prep.pipeline import megatron_indexed_dataset, read_marker
+from data_prep.shards import Shard
+
+
+def verify_shard(shard: Shard) -> list[str]:
+    """Problems with a shard's outputs (empty when it is sound): done marker, counts, dtype, EOD placement."""
+    IndexedDataset = megatron_indexed_dataset().IndexedDataset
+
+    prefix = shard.output_prefix
+    marker = read_marker(prefix)
+    if marker is None:
+        return [f"not finished: no valid {os.path.basename(prefix)}.done.json matching the .bin/.idx sizes"]
+    try:
+        with warnings.catch_warnings():  # megatron warns that it guessed rank 0, outside distributed runs
+            warnings.simplefilter("ignore")
+            ds = IndexedDataset(prefix, mmap=True)
+    except Exception as e:  # a broken .idx raises anything from struct.error to ValueError
+        return [f"megatron cannot read it: {type(e).__name__}: {e}"]
+    problems = []
+    lengths = ds.sequence_lengths.astype(np.int64)
+    documents = len(ds.document_indices) - 1
+    tokens = int(lengths.sum())
+    if documents != marker["documents"] or len(ds) != documents:
+        problems.append(f"{documents} documents / {len(ds)} sequences, the summary says {marker['documents']}")
+    if tokens != marker["tokens"]:
+        problems.append(f"{tokens} tokens, the summary says {marker['tokens']}")
+    dtype = ds.index.dtype
+    if dtype.__name__ != marker["dtype"]:
+        problems.append(f"dtype {dtype.__name__}, the summary says {marker['dtype']}")
+    if os.path.getsize(prefix + ".bin") != tokens * np.dtype(dtype).itemsize:
+        problems.append(".bin size does not match the token count")
+    elif tokens:
+        data = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
+        ends = np.cumsum(lengths) - 1
+        eod = marker["tokenizer"]["eod"]
+        wrong = int(np.count_nonzero(data[ends] != eod))
+        if wrong:
+            problems.append(f"{wrong} documents do not end with the EOD token {eod}")
+        del data
+    return problems

@@ -31,6 +31,21 @@ def main_py(*overrides: str, cwd: Path = REPO, check: bool = True, timeout: int 
     return result
 
 
+def interrupt_at_step(overrides: list[str], run_dir: Path, step: int, sig: int) -> str:
+    """Start main.py, send `sig` to its whole process group once it logged `step` steps; return its output."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "main.py"), *overrides], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    metrics_file = run_dir / "metrics.jsonl"
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= step:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, sig)
+    output, _ = proc.communicate(timeout=300)
+    return output
+
+
 def read_metrics(run_dir: Path) -> dict[int, dict]:
     records = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -95,18 +110,8 @@ def test_tiny_trains_and_resumes_after_a_crash(corpus, tmp_path):
     assert ckpts == ["iter_0000150", "iter_0000200"]  # keep_last 2
 
     # Same run, killed hard after the step-100 checkpoint, then started again with the same command.
-    cmd = [sys.executable, str(REPO / "main.py"), *tiny(corpus, tmp_path, "crashed", *steps)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    metrics_file = tmp_path / "crashed" / "metrics.jsonl"
-    deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None:
-        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 130:
-            break
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed_at = len(metrics_file.read_text().splitlines())
+    interrupt_at_step(tiny(corpus, tmp_path, "crashed", *steps), tmp_path / "crashed", 130, signal.SIGKILL)
+    killed_at = len((tmp_path / "crashed" / "metrics.jsonl").read_text().splitlines())
     assert 130 <= killed_at < 200, killed_at
     assert (tmp_path / "crashed" / "checkpoints" / "iter_0000100").is_dir()
     out = main_py(*tiny(corpus, tmp_path, "crashed", *steps))
@@ -123,17 +128,8 @@ def test_tiny_trains_and_resumes_after_a_crash(corpus, tmp_path):
 def test_sigterm_saves_and_the_rerun_continues(corpus, tmp_path):
     steps = ["training.train_steps=120", "training.checkpoint.interval=30", "training.checkpoint.async_save=true",
              "training.val_interval=0"]
-    cmd = [sys.executable, str(REPO / "main.py"), *tiny(corpus, tmp_path, "signalled", *steps)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    metrics_file = tmp_path / "signalled" / "metrics.jsonl"
-    deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None:
-        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 40:
-            break
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGTERM)
-    output, _ = proc.communicate(timeout=300)
+    output = interrupt_at_step(tiny(corpus, tmp_path, "signalled", *steps), tmp_path / "signalled", 40,
+                               signal.SIGTERM)
     assert "stopped by signal" in output, output[-3000:]
     saved = sorted(int(p.name[5:]) for p in (tmp_path / "signalled" / "checkpoints").glob("iter_*"))
     assert saved[0] == 30 and 40 <= saved[-1] < 120 and saved[-1] % 30 != 0, saved  # periodic, then the signal

@@ -16,7 +16,7 @@ from launcher.hardware import LocalGpus, detect_local_gpus
 from launcher.plan import Plan, PlanError, build_plan
 from launcher.rundir import record_jobs, run_dir_of, write_run_dir
 from launcher.stages import StagePlan, plan_stages
-from launcher.submit import SubmitError, run_here, submit_chain
+from launcher.submit import SubmitError, chain_as_shell, run_here, submit_chain
 from launcher.table import format_plan
 
 Say = Callable[[str], None]
@@ -79,6 +79,10 @@ def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say
         say("dry run: nothing was submitted or run. Job script" + ("s, in order:" if len(scripts) > 1 else ":"))
         for path in scripts:
             say(f"  {path}")
+        if cfg["cluster"]["name"] != "local" and len(stages.jobs) > 1:
+            say("Submitting runs these, each job waiting for the previous one (afterok):")
+            for line in chain_as_shell(stages.jobs, run_dir):
+                say(f"  {line}")
         return 0
     if not stages.jobs:
         say("nothing to do for the selected stages")

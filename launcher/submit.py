@@ -26,12 +26,26 @@ class Submitted:
         return {"stage": self.stage, "job_id": self.job_id, "script": self.script, "dependency": self.dependency}
 
 
-def sbatch(script: Path, dependency: str | None, run: Runner = subprocess.run) -> str:
+def sbatch_command(script: Path, dependency: str | None) -> list[str]:
     cmd = ["sbatch", "--parsable"]
     if dependency:
         cmd.append(f"--dependency={dependency}")
     cmd.append(str(script))
-    proc = run(cmd, capture_output=True, text=True)
+    return cmd
+
+
+def chain_as_shell(jobs: list[Job], run_dir: Path) -> list[str]:
+    """What submit_chain runs, as shell lines with the job ids in variables (shown by a dry run, and a way to
+    submit the chain by hand)."""
+    lines = []
+    for index, job in enumerate(jobs, start=1):
+        dependency = f"afterok:$JOB{index - 1}" if index > 1 else None
+        lines.append(f"JOB{index}=$({' '.join(sbatch_command(run_dir / job.script, dependency))})")
+    return lines
+
+
+def sbatch(script: Path, dependency: str | None, run: Runner = subprocess.run) -> str:
+    proc = run(sbatch_command(script, dependency), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SubmitError(f"sbatch {script.name} failed: {(proc.stderr or proc.stdout).strip()}")
     # --parsable prints "jobid" or "jobid;cluster"

@@ -124,3 +124,22 @@ def test_a_sweep_with_one_bad_point_writes_no_point(tmp_path):
     assert out.returncode == 2
     assert "sweep point training.global_batch_size=130: training.global_batch_size=130" in out.stderr
     assert [p.name for p in results.iterdir()] == ["sweeps"]  # Hydra's record of the sweep only
+
+
+def test_dry_run_shows_the_afterok_chain_of_data_preparation_and_training(tmp_path):
+    data = tmp_path / "data"
+    result = run_main("stages=[data_preparation,training]", "data_preparation=pile",
+                      "data_preparation.file_numbers='0-3'", f"data_preparation.output_dir={data}",
+                      "training=llama31/8b", "cluster=bcm", "cluster.container=null", "dry_run=true",
+                      f"results_dir={tmp_path}", "training.data.mock=false",
+                      f"training.data.blend=[{data}/my-llama_00_text_document]")
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "llama31_8b_bf16_tp1_cp2_8gpu"
+    array = (run_dir / "data_preparation.sbatch").read_text()
+    assert "#SBATCH --array=0-3" in array and '--shard "$SLURM_ARRAY_TASK_ID"' in array
+    chain = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("JOB")]
+    assert chain == [
+        f"JOB1=$(sbatch --parsable {run_dir}/data_preparation.sbatch)",
+        f"JOB2=$(sbatch --parsable --dependency=afterok:$JOB1 {run_dir}/data_check.sbatch)",
+        f"JOB3=$(sbatch --parsable --dependency=afterok:$JOB2 {run_dir}/submission.sbatch)",
+    ]

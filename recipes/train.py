@@ -292,7 +292,7 @@ class Trainer:
 
             if not metrics.is_finite(grad_norm) or (loss is not None and not math.isfinite(loss)):
                 what = f"loss={loss}" if loss is not None and not math.isfinite(loss) else f"grad_norm={grad_norm}"
-                if self.is_last_rank or self.info.rank == 0:
+                if self.is_last_rank:  # it knows both the loss and the (global) grad norm
                     print(f"[recipes] ERROR: {what} at step {state.step}: training stopped. Last good checkpoint: "
                           f"{self._last_good_checkpoint()} (lower training.optimizer.lr, check the data, and "
                           "resume from it)", flush=True)

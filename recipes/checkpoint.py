@@ -23,7 +23,6 @@ class TrainState:
     """What, beside the tensors, a resumed run needs to continue exactly where it stopped."""
     step: int
     consumed_samples: int
-    best_val_loss: float | None = None
 
 
 # --------------------------------------------------------------------------- bookkeeping (no torch)

@@ -7,8 +7,6 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
-ATTENTION_BACKENDS = ("auto", "fused", "flash", "unfused")
-
 # Bitwise-reproducible runs: deterministic attention backward in Transformer Engine, a fixed cuBLAS workspace
 # and one NCCL algorithm. Read when CUDA, cuBLAS and NCCL start, so set before any of them do.
 DETERMINISTIC_ENV = {

@@ -11,6 +11,7 @@ import shutil
 from typing import Any, Callable
 
 from recipes.model import unwrap
+from recipes.stop_signals import helpers_immune_to_stop_signals
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "train_state.json"
@@ -190,8 +191,9 @@ class Checkpointer:
         torch.distributed.barrier()
         snapshot = TrainState(**asdict(state))
         extra = {"async_sharded_save": True, "async_strategy": _async_strategy()} if self.async_save else {}
-        request = dist_checkpointing.save(sharded_state(chunks, optimizer, scheduler, is_loading=False), partial,
-                                          **extra)
+        with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
+            request = dist_checkpointing.save(sharded_state(chunks, optimizer, scheduler, is_loading=False),
+                                              partial, **extra)
 
         def finalize() -> None:
             if self.rank == 0:
@@ -204,7 +206,8 @@ class Checkpointer:
             finalize()
         else:
             request.add_finalize_fn(finalize)
-            self._queue.schedule_async_request(request)
+            with helpers_immune_to_stop_signals():
+                self._queue.schedule_async_request(request)
 
     def poll(self) -> None:
         """Finish async saves whose writes are done (collective; call on every rank each step)."""

@@ -9,21 +9,22 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from recipes.stop_signals import helpers_immune_to_stop_signals
+
 # The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
 BATCH_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
 
 
 @dataclass(frozen=True)
-class DatasetTokenizer:
-    """What megatron's datasets need of a tokenizer: vocabulary size, end-of-document id, and identifiers that
-    go into the hash naming the cached sample indices."""
-    name: str
+class MockTokenizer:
+    """What megatron's mock dataset needs of a tokenizer: vocabulary size, end-of-document id, and identifiers
+    for the hash naming its cached sample indices. Real data uses data_prep's tokenizer, which has all three."""
     vocab_size: int
     eod: int
 
     @property
     def unique_identifiers(self) -> dict:
-        return {"class": "DatasetTokenizer", "name": self.name, "vocab_size": self.vocab_size, "eod": self.eod}
+        return {"class": "MockTokenizer", "vocab_size": self.vocab_size, "eod": self.eod}
 
 
 def blend_of(data_cfg: Mapping[str, Any]) -> tuple[list[str], list[float] | None]:
@@ -40,20 +41,19 @@ def split_sizes(train_steps: int, global_batch_size: int, val_interval: int, val
     return [train_steps * global_batch_size, val_steps * global_batch_size if val_interval > 0 else 0, 0]
 
 
-def build_tokenizer(cfg: Mapping[str, Any]) -> DatasetTokenizer:
+def build_tokenizer(cfg: Mapping[str, Any]):
     """The configured tokenizer (the one data preparation used), or a stand-in for mock data."""
     train = cfg["training"]
     if train["data"]["mock"]:
         vocab = train["model"]["vocab_size"]
-        return DatasetTokenizer("mock", vocab_size=vocab, eod=min(128001, vocab - 1))
+        return MockTokenizer(vocab_size=vocab, eod=min(128001, vocab - 1))
     from data_prep.tokenizer import load_tokenizer
 
-    kind, path = train["tokenizer"]["type"], train["tokenizer"]["path"]
-    tokenizer = load_tokenizer(kind, path)
+    tokenizer = load_tokenizer(train["tokenizer"]["type"], train["tokenizer"]["path"])
     if tokenizer.vocab_size > train["model"]["vocab_size"]:
         raise SystemExit(f"training.tokenizer has {tokenizer.vocab_size} tokens but training.model.vocab_size is "
                          f"{train['model']['vocab_size']}; raise the model's vocab_size")
-    return DatasetTokenizer(f"{kind}:{path}", vocab_size=tokenizer.vocab_size, eod=tokenizer.eod)
+    return tokenizer
 
 
 def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, build_here: bool, cache_dir: str):
@@ -105,15 +105,6 @@ class _IndexBatches(torch.utils.data.Sampler):
         return max(0, (k["total_samples"] - k["consumed_samples"]) // (k["micro_batch_size"] * k["dp_size"]))
 
 
-def _ignore_stop_signals(_worker_id: int) -> None:
-    """Slurm and torchrun signal every process of the job; a loader worker dying of SIGTERM/SIGUSR1 would take
-    the trainer down before it can checkpoint. Workers exit with the trainer instead."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
 def _stack_fields(samples: list[dict]) -> torch.Tensor:
     fields = [torch.stack([torch.as_tensor(s[name]) for s in samples]).to(torch.int64) for name in BATCH_FIELDS]
     return torch.stack(fields)  # [4, mbs, seq]
@@ -123,9 +114,10 @@ def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: 
                 num_workers: int) -> Iterator[torch.Tensor]:
     sampler = _IndexBatches(consumed_samples=consumed_samples, total_samples=len(dataset),
                             micro_batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size)
-    return iter(torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=_stack_fields, pin_memory=True,
-        worker_init_fn=_ignore_stop_signals if num_workers else None, persistent_workers=False))
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                                         collate_fn=_stack_fields, pin_memory=True, persistent_workers=False)
+    with helpers_immune_to_stop_signals():  # the workers start here
+        return iter(loader)
 
 
 class MicrobatchSource:

@@ -12,7 +12,6 @@ import gc
 import json
 import math
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -26,25 +25,6 @@ def _load_run(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     with open(os.path.join(run_dir, "plan.json")) as f:
         plan = json.load(f)
     return cfg, plan
-
-
-class StopSignal:
-    """Remembers SIGTERM/SIGUSR1; the trainer checks at step boundaries, agrees across ranks, saves, exits."""
-
-    def __init__(self):
-        self.received: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, _frame):
-        self.received = signum
-
-    def agreed(self) -> bool:
-        import torch
-
-        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32, device="cuda")
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
 
 
 def loss_func(loss_mask, output_tensor):
@@ -273,6 +253,7 @@ class Trainer:
         import torch
 
         from recipes import metrics
+        from recipes.stop_signals import StopSignal
 
         cfg, plan, state = self.train_cfg, self.plan, self.state
         stop = StopSignal()

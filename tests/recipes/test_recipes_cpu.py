@@ -3,13 +3,16 @@ bookkeeping, metrics and the Hugging Face weight mapping."""
 from dataclasses import astuple
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from launcher.config import compose
 from launcher.plan import build_plan
-from recipes import checkpoint, data, hf, metrics, settings
+from recipes import checkpoint, data, hf, metrics, settings, stop_signals
 from recipes.distributed import rank_info
 
 
@@ -135,6 +138,38 @@ def test_mock_tokenizer_for_mock_data():
     cfg, _ = plan_for()
     tok = data.build_tokenizer(cfg)
     assert tok.vocab_size == 128256 and tok.eod == 128001
+
+
+# ----------------------------------------------------------------------------- stop signals
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def _survives_sigterm(proc: subprocess.Popen) -> bool:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=2)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return True
+
+
+def test_helpers_started_while_blocked_outlive_stop_signals_and_the_trainer_still_gets_them():
+    previous = {sig: signal.getsignal(sig) for sig in stop_signals.STOP_SIGNALS}
+    try:
+        stop = stop_signals.StopSignal()
+        assert not _survives_sigterm(_sleeper())  # an ordinary child dies of it
+        with stop_signals.helpers_immune_to_stop_signals():
+            helper = _sleeper()
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert stop.received is None  # held while helpers start
+        assert stop.received == signal.SIGUSR1  # delivered once the block ends
+        assert _survives_sigterm(helper)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------- ranks

@@ -36,6 +36,11 @@ class StopSignal:
 def helpers_immune_to_stop_signals() -> Iterator[None]:
     """Processes started inside this block never receive SIGTERM/SIGUSR1. A signal that reaches the trainer
     meanwhile stays pending and is handled as soon as the block ends."""
+    # multiprocessing's resource tracker, started on first use, SIG_UNBLOCKs SIGTERM in the calling thread
+    # after spawning itself, which would undo this block for every helper started after it. Start it first.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield

@@ -3,6 +3,7 @@ bookkeeping, metrics and the Hugging Face weight mapping."""
 from dataclasses import astuple
 import json
 import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from launcher.config import compose
 from launcher.plan import build_plan
 from recipes import checkpoint, data, hf, metrics, settings, stop_signals
 from recipes.distributed import rank_info
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def plan_for(*overrides):
@@ -170,6 +173,27 @@ def test_helpers_started_while_blocked_outlive_stop_signals_and_the_trainer_stil
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_a_spawned_multiprocessing_manager_started_while_blocked_survives_sigterm():
+    # What an async checkpoint save starts: a spawn-context Manager, whose start also starts the resource
+    # tracker (which unblocks SIGTERM in its caller). A fresh interpreter, so neither is running yet.
+    script = """
+import multiprocessing, os, signal, time
+from recipes.stop_signals import helpers_immune_to_stop_signals
+before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+with helpers_immune_to_stop_signals():
+    manager = multiprocessing.get_context("spawn").Manager()
+    queue = manager.Queue()
+assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+os.kill(manager._process.pid, signal.SIGTERM)
+time.sleep(1.0)
+queue.put("alive")
+print(queue.get(timeout=5))
+manager.shutdown()
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "alive", result.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------- ranks

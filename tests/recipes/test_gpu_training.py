@@ -197,8 +197,10 @@ def test_fp8_and_tp_overlap_stay_close_to_bf16(variant, corpus, single_gpu_refer
         "tp2_userbuffers": ["parallelism=tp2_sp"],
         "fp8_tp2_userbuffers": ["dtype=fp8", "parallelism=tp2_sp"],
     }[variant]
-    main_py(*tiny(corpus, results, variant, "training.train_steps=40", "training.val_interval=0",
-                  f"training.checkpoint.init_from={init}", *extra))
+    run = main_py(*tiny(corpus, results, variant, "training.train_steps=40", "training.val_interval=0",
+                        f"training.checkpoint.init_from={init}", *extra))
+    if "userbuffers" in variant:  # Transformer Engine announces the communicator it built
+        assert "Create Userbuffers Communicator" in run.stdout + run.stderr
     ours = read_metrics(results / variant)
     diff = max_loss_diff(reference, ours, range(1, 41))
     late = max_loss_diff(reference, ours, range(31, 41))

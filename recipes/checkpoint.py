@@ -191,9 +191,6 @@ class Checkpointer:
         torch.distributed.barrier()
         snapshot = TrainState(**asdict(state))
         extra = {"async_sharded_save": True, "async_strategy": _async_strategy()} if self.async_save else {}
-        with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
-            request = dist_checkpointing.save(sharded_state(chunks, optimizer, scheduler, is_loading=False),
-                                              partial, **extra)
 
         def finalize() -> None:
             if self.rank == 0:
@@ -202,12 +199,14 @@ class Checkpointer:
                 log(f"saved checkpoint {path}")
             torch.distributed.barrier()
 
+        with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
+            request = dist_checkpointing.save(sharded_state(chunks, optimizer, scheduler, is_loading=False),
+                                              partial, **extra)
+            if request is not None:
+                request.add_finalize_fn(finalize)
+                self._queue.schedule_async_request(request)
         if request is None:
             finalize()
-        else:
-            request.add_finalize_fn(finalize)
-            with helpers_immune_to_stop_signals():
-                self._queue.schedule_async_request(request)
 
     def poll(self) -> None:
         """Finish async saves whose writes are done (collective; call on every rank each step)."""

@@ -54,6 +54,15 @@ def initialize(plan: Mapping, seed: int) -> RankInfo:
     return info
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on at least one: how ranks agree to stop together."""
+    import torch
+
+    tensor = torch.tensor([int(flag)], dtype=torch.int32, device="cuda")
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
 def shutdown() -> None:
     import torch
     from megatron.core import parallel_state as ps

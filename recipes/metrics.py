@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 import json
-import math
 import os
 from typing import Any, Mapping
 
@@ -61,10 +60,6 @@ def progress_line(m: StepMetrics, train_steps: int) -> str:
     if m.peak_memory_gib is not None:
         parts.append(f"peak_memory_gib={m.peak_memory_gib:.1f}")
     return " | ".join(parts)
-
-
-def is_finite(value: float) -> bool:
-    return value is not None and math.isfinite(value)
 
 
 class MetricsWriter:

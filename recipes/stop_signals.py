@@ -25,11 +25,9 @@ class StopSignal:
         self.received = signum
 
     def agreed(self) -> bool:
-        import torch
+        from recipes.distributed import any_rank
 
-        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32, device="cuda")
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+        return any_rank(self.received is not None)
 
 
 @contextlib.contextmanager

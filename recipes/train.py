@@ -69,7 +69,6 @@ class Trainer:
 
         # Weight gradients accumulate straight into the DDP buffers (apex's kernel, or the stand-in).
         wgrad_fallback.install()
-        import torch
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import get_megatron_optimizer
@@ -250,8 +249,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
-        import torch
-
         from recipes import metrics
         from recipes.stop_signals import StopSignal
 
@@ -271,7 +268,7 @@ class Trainer:
             step_time, last_time = now - last_time, now
             self.checkpointer.poll()
 
-            if not metrics.is_finite(grad_norm) or (loss is not None and not math.isfinite(loss)):
+            if not math.isfinite(grad_norm) or (loss is not None and not math.isfinite(loss)):
                 what = f"loss={loss}" if loss is not None and not math.isfinite(loss) else f"grad_norm={grad_norm}"
                 if self.is_last_rank:  # it knows both the loss and the (global) grad norm
                     print(f"[recipes] ERROR: {what} at step {state.step}: training stopped. Last good checkpoint: "
@@ -323,14 +320,11 @@ class Trainer:
 
     def _broadcast_val_reached(self, val_loss: float | None, target: float | None) -> bool:
         """The last rank knows the validation loss; every rank must agree to stop."""
-        import torch
+        from recipes.distributed import any_rank
 
         if target is None or not self.train_cfg["val_interval"]:
             return False
-        flag = torch.tensor([1 if (val_loss is not None and val_loss <= target) else 0], dtype=torch.int32,
-                            device="cuda")
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+        return any_rank(val_loss is not None and val_loss <= target)
 
 
 def main(argv: list[str] | None = None) -> int:

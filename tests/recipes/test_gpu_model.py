@@ -1,6 +1,5 @@
 """The megatron-core Llama against Hugging Face transformers on one GPU: same weights, same tokens, same
 logits to bf16 tolerance (RoPE scaling active)."""
-import os
 import socket
 
 import pytest

@@ -79,7 +79,7 @@ def corpus(tmp_path_factory) -> dict:
     subprocess.run([sys.executable, "-m", "data_prep", "train-tokenizer", "--type", "sentencepiece",
                     "--input", str(docs), "--output", str(root / "sp"), "--vocab-size", "8000",
                     "--max-documents", "2000"], cwd=REPO, check=True, capture_output=True, timeout=900)
-    tokenizer = [f"training.tokenizer.type=sentencepiece", f"training.tokenizer.path={root / 'sp.model'}"]
+    tokenizer = ["training.tokenizer.type=sentencepiece", f"training.tokenizer.path={root / 'sp.model'}"]
     main_py("stages=[data_preparation]", "data_preparation=files", f"data_preparation.inputs=[{docs}]",
             f"data_preparation.output_dir={root / 'data'}", f"results_dir={root / 'runs'}", *tokenizer)
     prefix = root / "data" / "stdlib_text_document"

@@ -108,6 +108,15 @@ def _model_key(index: int, count: int) -> str:
     return "model" if count == 1 else f"model{index}"
 
 
+def _model_sharded_state(chunks) -> dict[str, Any]:
+    return {_model_key(i, len(chunks)): unwrap(chunk).sharded_state_dict() for i, chunk in enumerate(chunks)}
+
+
+def _load_model_state(chunks, loaded: dict[str, Any]) -> None:
+    for index, chunk in enumerate(chunks):
+        unwrap(chunk).load_state_dict(loaded[_model_key(index, len(chunks))])
+
+
 def _rng_state():
     import random
 
@@ -148,9 +157,7 @@ _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
 def sharded_state(chunks, optimizer, scheduler, is_loading: bool) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    for index, chunk in enumerate(chunks):
-        state[_model_key(index, len(chunks))] = unwrap(chunk).sharded_state_dict()
+    state = _model_sharded_state(chunks)
     # The optimizer maps its shards onto the model's sharded tensors.
     state["optimizer"] = optimizer.sharded_state_dict(dict(state), is_loading=is_loading,
                                                       metadata=_OPTIMIZER_METADATA)
@@ -239,8 +246,7 @@ class Checkpointer:
         step, path = latest
         log(f"resuming from {path}")
         loaded = dist_checkpointing.load(sharded_state(chunks, optimizer, scheduler, is_loading=True), path)
-        for index, chunk in enumerate(chunks):
-            unwrap(chunk).load_state_dict(loaded[_model_key(index, len(chunks))])
+        _load_model_state(chunks, loaded)
         optimizer.load_state_dict(loaded["optimizer"])
         scheduler.load_state_dict(loaded["scheduler"])
         _set_rng_state(loaded["rng_state"])
@@ -255,10 +261,7 @@ def load_model_weights(path: str, chunks, log: Callable[[str], None]) -> None:
     if not os.path.isfile(os.path.join(path, STATE_FILE)):
         raise SystemExit(f"training.checkpoint.init_from={path} is not a complete checkpoint (no {STATE_FILE})")
     log(f"initialising weights from {path}")
-    template = {_model_key(i, len(chunks)): unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
-    loaded = dist_checkpointing.load(template, path)
-    for index, chunk in enumerate(chunks):
-        unwrap(chunk).load_state_dict(loaded[_model_key(index, len(chunks))])
+    _load_model_state(chunks, dist_checkpointing.load(_model_sharded_state(chunks), path))
 
 
 def _async_strategy() -> str:

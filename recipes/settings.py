@@ -35,7 +35,8 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Mapping[str, Any], *
     fp8 = plan["fp8"]
     vp = plan["vp"]
     deferral = bool(par["defer_embedding_wgrad_compute"]) and grad_accum_fusion
-    kwargs: dict[str, Any] = dict(
+    p2p_overlap = bool(par["overlap_p2p_comm"]) and vp is not None  # only the interleaved schedule overlaps
+    return dict(
         # Architecture.
         num_layers=model["num_layers"],
         hidden_size=model["hidden_size"],
@@ -75,8 +76,8 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Mapping[str, Any], *
         account_for_embedding_in_pipeline_split=bool(plan["asymmetric_pipeline"]),
         account_for_loss_in_pipeline_split=bool(plan["asymmetric_pipeline"]),
         tp_comm_overlap=bool(plan["tp_comm_overlap"]),
-        overlap_p2p_comm=bool(par["overlap_p2p_comm"]) and vp is not None,
-        batch_p2p_comm=not (bool(par["overlap_p2p_comm"]) and vp is not None),
+        overlap_p2p_comm=p2p_overlap,
+        batch_p2p_comm=not p2p_overlap,
         deallocate_pipeline_outputs=True,
         defer_embedding_wgrad_compute=deferral,
         wgrad_deferral_limit=par["wgrad_deferral_limit"] if deferral else 0,
@@ -97,7 +98,6 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Mapping[str, Any], *
         recompute_method=par["recompute_method"],
         recompute_num_layers=par["recompute_num_layers"],
     )
-    return kwargs
 
 
 def transformer_config(cfg: Mapping[str, Any], plan: Mapping[str, Any], *, grad_accum_fusion: bool):
@@ -122,7 +122,7 @@ def ddp_config(cfg: Mapping[str, Any], plan: Mapping[str, Any]):
     )
 
 
-def optimizer_config(cfg: Mapping[str, Any], plan: Mapping[str, Any]):
+def optimizer_config(cfg: Mapping[str, Any]):
     from megatron.core.optimizer import OptimizerConfig
 
     opt = cfg["training"]["optimizer"]

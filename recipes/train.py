@@ -94,7 +94,7 @@ class Trainer:
         self.say(f"model: {model.count_parameters(chunks) / 1e6:.1f}M parameters on rank 0 "
                  f"({plan['num_parameters'] / 1e9:.2f}B in all)")
         self.chunks = model.wrap_data_parallel(chunks, self.config, settings.ddp_config(cfg, plan))
-        self.optimizer = get_megatron_optimizer(settings.optimizer_config(cfg, plan), self.chunks)
+        self.optimizer = get_megatron_optimizer(settings.optimizer_config(cfg), self.chunks)
         self.scheduler = OptimizerParamScheduler(self.optimizer, **settings.scheduler_kwargs(cfg))
         self.forward_backward = get_forward_backward_func()
         self._configure_overlap(finalize_model_grads)

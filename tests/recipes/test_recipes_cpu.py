@@ -81,7 +81,7 @@ def test_model_kwargs_use_padded_vocab_and_llama31_rope():
 
 def test_optimizer_and_schedule():
     cfg, plan = plan_for("training=llama31/405b", "cluster=bcm")
-    opt = settings.optimizer_config(cfg, plan)
+    opt = settings.optimizer_config(cfg)
     assert (opt.lr, opt.min_lr, opt.adam_eps, opt.weight_decay, opt.clip_grad) == (8e-5, 8e-7, 1e-5, 0.1, 1.0)
     assert (opt.adam_beta1, opt.adam_beta2) == (0.9, 0.95) and opt.use_distributed_optimizer
     sched = settings.scheduler_kwargs(cfg)

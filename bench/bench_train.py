@@ -16,7 +16,12 @@ import sys
 import tempfile
 
 REPO = Path(__file__).resolve().parent.parent
-BF16_PEAK = {"h100": 989e12, "h200": 989e12, "b200": 2250e12, "gb200": 2500e12, "a100": 312e12}
+sys.path.insert(0, str(REPO))
+
+from launcher.hardware import gpu_spec  # noqa: E402
+from launcher.plan import Plan  # noqa: E402
+from launcher.report import RunInfo, read_metrics, summarize  # noqa: E402
+from launcher.table import layout  # noqa: E402
 
 
 def run_case(name: str, overrides: list[str], args, results: Path) -> dict:
@@ -35,20 +40,24 @@ def run_case(name: str, overrides: list[str], args, results: Path) -> dict:
         tail = (proc.stdout + proc.stderr)[-3000:]
         print(f"case {name} failed ({proc.returncode}); log {log}\n{tail}", flush=True)
         return {"case": name, "error": f"exit {proc.returncode}"}
-    plan = json.loads((run_dir / "plan.json").read_text())
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    window = records[-args.window:]
-    step_time = sum(r["step_time_s"] for r in window) / len(window)
-    tokens = plan["global_batch_size"] * plan["seq_length"]
-    flops_per_gpu = plan["global_batch_size"] * plan["model_flops_per_sample"] / step_time / plan["num_gpus"]
-    layout = f"TP{plan['tp']} PP{plan['pp']} CP{plan['cp']}" + (f" VP{plan['vp']}" if plan["vp"] else "") + \
-        f" DP{plan['dp']} MBS{plan['micro_batch_size']}"
+    return table_row(name, run_dir, args.window)
+
+
+def table_row(name: str, run_dir: Path, window: int) -> dict:
+    """One row from a finished run directory: step time averaged over the last `window` steps."""
+    metrics_file = run_dir / "metrics.jsonl"
+    plan = Plan(**json.loads((run_dir / "plan.json").read_text()))
+    records = read_metrics(metrics_file)
+    gpu = gpu_spec(plan.gpu_type or "h100")
+    # MFU against the bf16 peak whatever the dtype, so bf16 and fp8 rows compare.
+    info = RunInfo(name, plan.global_batch_size, plan.seq_length, plan.num_gpus, plan.model_flops_per_sample,
+                   gpu.bf16_peak_flops, f"{gpu.name} bf16")
+    report = summarize(info, records, window=(max(0, len(records) - window), len(records)))
     return {
-        "case": name, "model": plan["model"], "layout": layout, "dtype": plan["dtype"], "gpus": plan["num_gpus"],
-        "gbs": plan["global_batch_size"], "step_time_s": step_time,
-        "tokens_per_s_per_gpu": tokens / step_time / plan["num_gpus"],
-        "mfu_bf16": flops_per_gpu / BF16_PEAK.get(plan.get("gpu_type") or "h100", 989e12),
-        "peak_memory_gib": max((r.get("peak_memory_gib") or 0) for r in records),
+        "case": name, "model": plan.model, "layout": f"{layout(plan)} MBS{plan.micro_batch_size}",
+        "dtype": plan.dtype, "gpus": plan.num_gpus, "gbs": plan.global_batch_size,
+        "step_time_s": report.step_time_s, "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu,
+        "mfu_bf16": report.mfu, "peak_memory_gib": max((r.get("peak_memory_gib") or 0) for r in records),
         "final_loss": records[-1]["loss"],
     }
 

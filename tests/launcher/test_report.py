@@ -126,3 +126,32 @@ def test_a_run_without_timings_is_a_clear_error(tmp_path):
     (run / "metrics.jsonl").unlink()
     out = run_report(str(run))
     assert out.returncode == 2 and "no step timings" in out.stderr
+
+
+def test_benchmark_row_averages_the_last_steps_against_the_bf16_peak(tmp_path):
+    import importlib.util
+
+    from launcher.config import compose
+    from launcher.plan import build_plan
+
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "bench_train.py")
+    bench_train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_train)
+    plan = build_plan(compose(["training=llama31/8b", "cluster=bcm", "dtype=fp8"])).to_json_dict()
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    step_times = [30.0, 14.0, 12.0, 13.0]
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "loss": 9.0 - i, "step_time_s": t, "peak_memory_gib": 50.0 + i}) + "\n"
+        for i, t in enumerate(step_times)))
+
+    row = bench_train.table_row("fp8", tmp_path, window=2)
+
+    step = 12.5
+    gpus, gbs = plan["num_gpus"], plan["global_batch_size"]
+    assert row["step_time_s"] == pytest.approx(step)
+    assert row["tokens_per_s_per_gpu"] == pytest.approx(gbs * plan["seq_length"] / step / gpus)
+    # An fp8 run is still divided by the bf16 peak, so rows of both dtypes compare.
+    bf16_peak = gpu_spec(plan["gpu_type"]).bf16_peak_flops
+    assert row["mfu_bf16"] == pytest.approx(gbs * plan["model_flops_per_sample"] / step / gpus / bf16_peak)
+    assert row["layout"] == f"TP{plan['tp']} PP1 CP{plan['cp']} DP{plan['dp']} MBS{plan['micro_batch_size']}"
+    assert (row["peak_memory_gib"], row["final_loss"], row["dtype"]) == (53.0, 6.0, "fp8")

@@ -15,7 +15,7 @@ from launcher.config import to_plain
 from launcher.hardware import LocalGpus, detect_local_gpus
 from launcher.plan import Plan, PlanError, build_plan
 from launcher.rundir import record_jobs, run_dir_of, write_run_dir
-from launcher.stages import StagePlan, plan_stages
+from launcher.stages import StagePlan, plan_stages, selected_stages
 from launcher.submit import SubmitError, chain_as_shell, run_here, submit_chain
 from launcher.table import format_plan
 
@@ -37,6 +37,7 @@ class Prepared:
 def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prepared:
     """Everything derived and validated, nothing written. Raises PlanError."""
     cfg = dict(cfg)
+    cfg["stages"] = selected_stages(cfg)  # every later step reads this list
     cfg["results_dir"] = str(Path(cfg["results_dir"]).expanduser().absolute())
     local = cfg["cluster"]["name"] == "local"
     if local and local_gpus is None:
@@ -63,7 +64,7 @@ def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say
     had_checkpoints = any((run_dir / "checkpoints").glob("*"))
     scripts = write_run_dir(run_dir, cfg, plan, stages.jobs)
 
-    if "training" in (cfg.get("stages") or []):
+    if "training" in cfg["stages"]:
         say(f"Plan for {run_dir.name}")
         say(format_plan(plan, cfg))
     say(f"Run directory: {run_dir}")

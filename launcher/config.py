@@ -18,7 +18,7 @@ def to_plain(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
 
 
-def compose(overrides: Sequence[str] = (), config_dir: Path = CONF_DIR) -> dict[str, Any]:
+def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Compose and resolve the config as `python main.py <overrides>` would, outside of @hydra.main
     (tests, benchmarks, notebooks)."""
     from hydra import compose as hydra_compose, initialize_config_dir
@@ -26,7 +26,7 @@ def compose(overrides: Sequence[str] = (), config_dir: Path = CONF_DIR) -> dict[
     from hydra.core.hydra_config import HydraConfig
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)
         return to_plain(cfg)

@@ -84,7 +84,7 @@ def layer_parameters(model: Mapping[str, Any]) -> int:
     return h * (q + kv) + q * h + 3 * h * ffn + 2 * h
 
 
-def layers_per_pipeline_stage(num_layers: int, pp: int, vp: int | None, asymmetric: bool) -> list[int]:
+def layers_per_pipeline_stage(num_layers: int, pp: int, asymmetric: bool) -> list[int]:
     """Decoder layers on each PP rank, in order. With the asymmetric split the embedding takes one layer's slot
     on the first stage and the loss one on the last. Assumes the split was validated."""
     if pp == 1:
@@ -372,8 +372,7 @@ def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> P
     if train["optimizer"]["min_lr"] > train["optimizer"]["lr"]:
         problems.append("training.optimizer.min_lr must not exceed training.optimizer.lr")
 
-    stages = list(cfg.get("stages") or [])
-    problems += _data_problems(cfg, data_will_be_prepared="data_preparation" in stages)
+    problems += _data_problems(cfg, data_will_be_prepared="data_preparation" in cfg["stages"])
 
     gpus_per_node, num_nodes, gpu_type, cannot_train, cluster_problems = _cluster_shape(cfg, num_gpus, local_gpus)
     problems += cluster_problems
@@ -392,7 +391,7 @@ def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> P
     if problems:
         raise PlanError(problems)
 
-    stage_layers = layers_per_pipeline_stage(model["num_layers"], pp, vp, asymmetric)
+    stage_layers = layers_per_pipeline_stage(model["num_layers"], pp, asymmetric)
     vocab = padded_vocab_size(model["vocab_size"], model["make_vocab_size_divisible_by"], tp)
     flops = model_flops_per_sample(model, seq)
     memory = estimate_memory_gib(

@@ -8,7 +8,7 @@ import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from launcher import commands
 from launcher.plan import Plan, PlanError
@@ -61,7 +61,8 @@ def list_data_shards(dp_cfg: Mapping[str, Any]) -> list[Any]:
         raise PlanError([f"data_preparation ({dp_cfg.get('name')}): {err}"]) from err
 
 
-def _selected(cfg: Mapping[str, Any]) -> list[str]:
+def selected_stages(cfg: Mapping[str, Any]) -> list[str]:
+    """cfg.stages validated and in run order (a bare `stages=training` counts as a one-element list)."""
     stages = cfg.get("stages")
     if isinstance(stages, str):
         stages = [stages]
@@ -216,17 +217,17 @@ def _training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> tuple[Jo
     return job, f"{shlex.join(srun)} {entry}"
 
 
-def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path,
-                shards_of: Callable[[Mapping[str, Any]], list[Any]] = list_data_shards) -> StagePlan:
-    """The jobs of the selected stages, in order. Raises PlanError before anything is written."""
-    selected = _selected(cfg)
+def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
+    """The jobs of cfg.stages (as selected_stages returned them), in order. Raises PlanError before anything is
+    written."""
+    selected = cfg["stages"]
     cluster = cfg["cluster"]
     problems, warnings, import_needed = _container_problems(cfg, selected, bool(cfg.get("dry_run")))
     if cluster["name"] != "local":
         problems += _cluster_problems(cfg, selected)
     shards: list[Any] = []
     if "data_preparation" in selected and not problems:
-        shards = shards_of(cfg["data_preparation"])
+        shards = list_data_shards(cfg["data_preparation"])
         if not shards:
             problems.append(f"data_preparation ({cfg['data_preparation'].get('name')}) has no shards to prepare")
     if problems:

@@ -8,7 +8,6 @@ from typing import Callable
 
 from launcher.render import Job
 
-Runner = Callable[..., subprocess.CompletedProcess]
 
 
 class SubmitError(RuntimeError):
@@ -44,8 +43,8 @@ def chain_as_shell(jobs: list[Job], run_dir: Path) -> list[str]:
     return lines
 
 
-def sbatch(script: Path, dependency: str | None, run: Runner = subprocess.run) -> str:
-    proc = run(sbatch_command(script, dependency), capture_output=True, text=True)
+def sbatch(script: Path, dependency: str | None) -> str:
+    proc = subprocess.run(sbatch_command(script, dependency), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SubmitError(f"sbatch {script.name} failed: {(proc.stderr or proc.stdout).strip()}")
     # --parsable prints "jobid" or "jobid;cluster"
@@ -55,18 +54,18 @@ def sbatch(script: Path, dependency: str | None, run: Runner = subprocess.run) -
     return job_id
 
 
-def submit_chain(jobs: list[Job], run_dir: Path, run: Runner = subprocess.run) -> list[Submitted]:
+def submit_chain(jobs: list[Job], run_dir: Path) -> list[Submitted]:
     """Each job waits for the previous one with afterok (never singleton: names are not dependencies).
     If a later sbatch fails, the jobs already queued are cancelled so no half chain runs."""
     submitted: list[Submitted] = []
     for job in jobs:
         dependency = f"afterok:{submitted[-1].job_id}" if submitted else None
         try:
-            job_id = sbatch(run_dir / job.script, dependency, run)
+            job_id = sbatch(run_dir / job.script, dependency)
         except SubmitError as err:
             if submitted:
                 ids = [s.job_id for s in submitted]
-                run(["scancel", *ids], capture_output=True, text=True)
+                subprocess.run(["scancel", *ids], capture_output=True, text=True)
                 raise SubmitError(f"{err}; cancelled the jobs already queued for this run: {', '.join(ids)}") from err
             raise
         submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script), dependency))

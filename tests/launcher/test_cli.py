@@ -143,3 +143,17 @@ def test_dry_run_shows_the_afterok_chain_of_data_preparation_and_training(tmp_pa
         f"JOB2=$(sbatch --parsable --dependency=afterok:$JOB1 {run_dir}/data_check.sbatch)",
         f"JOB3=$(sbatch --parsable --dependency=afterok:$JOB2 {run_dir}/submission.sbatch)",
     ]
+
+
+def test_a_bare_stage_name_means_that_one_stage(tmp_path):
+    # `stages=data_preparation` (no brackets): data about to be prepared must not be required to exist yet.
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"text": "hello"}\n')
+    result = run_main("stages=data_preparation", "data_preparation=files", f"data_preparation.inputs=[{corpus}]",
+                      f"data_preparation.output_dir={tmp_path / 'data'}", "training.data.mock=false",
+                      f"training.data.blend=[{tmp_path / 'data' / 'docs_text_document'}]", "dry_run=true",
+                      f"results_dir={tmp_path / 'runs'}")
+    assert result.returncode == 0, result.stderr
+    scripts = sorted(p.name for p in (tmp_path / "runs").glob("*/*.sh"))
+    assert scripts == ["data_preparation.sh"]
+    assert "Plan for" not in result.stdout  # the training plan table belongs to runs that train

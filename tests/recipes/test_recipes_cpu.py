@@ -112,7 +112,7 @@ def test_plan_layer_split_matches_megatron(layers, pp, vp, asym):
                                account_for_loss_in_pipeline_split=asym, pipeline_dtype=torch.bfloat16)
     built = [sum(get_num_layers_to_build(config, vp_stage=v if vp else None, pp_rank=r) for v in range(vp or 1))
              for r in range(pp)]
-    assert layers_per_pipeline_stage(layers, pp, vp, asym) == built
+    assert layers_per_pipeline_stage(layers, pp, asym) == built
     assert sum(built) == layers
 
 

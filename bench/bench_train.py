@@ -54,7 +54,7 @@ def table_row(name: str, run_dir: Path, window: int) -> dict:
                    gpu.bf16_peak_flops, f"{gpu.name} bf16")
     report = summarize(info, records, window=(max(0, len(records) - window), len(records)))
     return {
-        "case": name, "model": plan.model, "layout": f"{layout(plan)} MBS{plan.micro_batch_size}",
+        "case": name, "model": plan.model, "layout": f"{layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp)} MBS{plan.micro_batch_size}",
         "dtype": plan.dtype, "gpus": plan.num_gpus, "gbs": plan.global_batch_size,
         "step_time_s": report.step_time_s, "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu,
         "mfu_bf16": report.mfu, "peak_memory_gib": max((r.get("peak_memory_gib") or 0) for r in records),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launcher.hardware import GPUS, gpu_spec
+from launcher import table
 from launcher.plan import model_flops_per_sample
 
 TOKENS_TO_TRAIN = 1e12
@@ -155,7 +156,7 @@ def _info_from_plan(name: str, plan: dict[str, Any], steps: list[dict[str, Any]]
         logged = [s["mfu_peak_flops"] for s in steps if s.get("mfu_peak_flops")]
         if logged:
             peak, label = float(logged[-1]), f"{plan.get('peak_flops_kind', '')} (as logged)".strip()
-    layout = f"TP{plan['tp']} PP{plan['pp']} CP{plan['cp']}" + (f" VP{plan['vp']}" if plan.get("vp") else "")
+    layout = table.layout(plan["tp"], plan["pp"], plan["cp"], plan.get("vp"))
     return RunInfo(name, plan["global_batch_size"], plan["seq_length"], plan["num_gpus"],
                    plan["model_flops_per_sample"], peak, label, layout)
 

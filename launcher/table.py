@@ -7,11 +7,13 @@ from launcher.hardware import gpu_spec
 from launcher.plan import Plan
 
 
-def layout(plan: Plan) -> str:
-    parts = [f"TP{plan.tp}", f"PP{plan.pp}", f"CP{plan.cp}"]
-    if plan.vp:
-        parts.append(f"VP{plan.vp}")
-    parts.append(f"DP{plan.dp}")
+def layout(tp: int, pp: int, cp: int, vp: int | None, dp: int | None = None) -> str:
+    """'TP4 PP4 CP2 VP5 DP2' (VP only when interleaved, DP only when given)."""
+    parts = [f"TP{tp}", f"PP{pp}", f"CP{cp}"]
+    if vp:
+        parts.append(f"VP{vp}")
+    if dp is not None:
+        parts.append(f"DP{dp}")
     return " ".join(parts)
 
 
@@ -36,7 +38,7 @@ def format_plan(plan: Plan, cfg: Mapping[str, Any]) -> str:
     rows = [
         ("model", f"{plan.model}  {plan.num_parameters / 1e9:.3g}B parameters  {plan.dtype}"),
         ("GPUs", f"{plan.num_gpus} ({where}, {gpu}), cluster={cluster['name']}"),
-        ("layout", layout(plan) + (f"  [{', '.join(features)}]" if features else "")),
+        ("layout", layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp) + (f"  [{', '.join(features)}]" if features else "")),
         ("batch", f"GBS {plan.global_batch_size} = MBS {plan.micro_batch_size} x DP {plan.dp} x "
                   f"{plan.num_microbatches} microbatches, seq {plan.seq_length}"),
         ("layers", f"per PP stage: {stages}{layer_note}"),

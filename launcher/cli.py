@@ -145,7 +145,7 @@ def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[
     saved_hydra, saved_cfg = GlobalHydra.instance().hydra, HydraConfig.instance().cfg
     try:
         for point in sweep.sweep_points(overrides):
-            label = " ".join(o for o in point if o.split("=", 1)[0] in keys) or "(single point)"
+            label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
             cfg = compose(point)
             cfg["run_name"] += sweep.run_name_suffix(point, keys)
             try:

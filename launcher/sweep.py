@@ -48,10 +48,15 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0]
 
 
+def swept_items(point: Iterable[str], keys: Iterable[str]) -> list[str]:
+    """The overrides of this point whose key is swept."""
+    keys = set(keys)
+    return [o for o in point if _key(o) in keys]
+
+
 def run_name_suffix(point: Iterable[str], keys: Iterable[str]) -> str:
     """`__key=value` for each swept key of this point, path-safe; a short hash when that gets long."""
-    keys = set(keys)
-    items = [o for o in point if _key(o) in keys]
+    items = swept_items(point, keys)
     if not items:
         return ""
     text = "__".join(re.sub(r"[^A-Za-z0-9._=+-]", "-", o.lstrip("+~")) for o in items)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 # The id appended after each document, by preference: Llama 3's end-of-text token, then the tokenizer's
 # declared eos token, then common spellings of it.
@@ -38,6 +38,20 @@ class _Identified:
         return self._unique
 
 
+def _pick_eod(name: str, eod: Union[int, str, None], declared_eos: list, token_id: Callable[[str], Optional[int]],
+              hint: str = "") -> int:
+    """The end-of-document id: `eod` itself when an id, its id when a token, else the first known end token
+    the vocabulary has (Llama 3's, then what the tokenizer declares as EOS, then common ones)."""
+    if isinstance(eod, int):
+        return eod
+    candidates = [eod] if eod else [t for t in (*_EOD_CANDIDATES, *declared_eos, *_EOS_FALLBACKS) if t]
+    for token in candidates:
+        found = token_id(token)
+        if found is not None:
+            return found
+    raise TokenizerError(f"tokenizer {name}: no end-of-document token (tried {', '.join(candidates)}){hint}")
+
+
 class HFTokenizer(_Identified):
     """A Hugging Face fast tokenizer (tokenizer.json) through the `tokenizers` library."""
 
@@ -50,19 +64,8 @@ class HFTokenizer(_Identified):
         self.name = name or self.path
         self._tok = Tokenizer.from_file(self.path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eod = self._find_eod(eod)
-
-    def _find_eod(self, eod: Union[int, str, None]) -> int:
-        if isinstance(eod, int):
-            return eod
-        candidates = [eod] if eod else list(_EOD_CANDIDATES) + _declared_eos(os.path.dirname(self.path)) + list(
-            _EOS_FALLBACKS)
-        for token in candidates:
-            token_id = self._tok.token_to_id(token)
-            if token_id is not None:
-                return token_id
-        raise TokenizerError(f"tokenizer {self.name}: no end-of-document token (tried {', '.join(candidates)}); "
-                             "add eos_token to tokenizer_config.json next to tokenizer.json")
+        self.eod = _pick_eod(self.name, eod, _declared_eos(os.path.dirname(self.path)), self._tok.token_to_id,
+                             "; add eos_token to tokenizer_config.json next to tokenizer.json")
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -137,16 +140,7 @@ class TransformersTokenizer(_Identified):
         self.name = name or self.path
         self._tok = AutoTokenizer.from_pretrained(self.path)
         self.vocab_size = len(self._tok)
-        vocab = self._tok.get_vocab()
-        if isinstance(eod, int):
-            self.eod = eod
-        else:
-            for token in ([eod] if eod else list(_EOD_CANDIDATES) + [self._tok.eos_token] + list(_EOS_FALLBACKS)):
-                if token and token in vocab:
-                    self.eod = vocab[token]
-                    break
-            else:
-                raise TokenizerError(f"tokenizer {self.name}: no end-of-document token")
+        self.eod = _pick_eod(self.name, eod, [self._tok.eos_token], self._tok.get_vocab().get)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)

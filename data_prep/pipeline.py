@@ -25,8 +25,8 @@ from data_prep.download import DownloadError, DownloadOptions, download, read_ch
 from data_prep.encode import EXAMPLES_PER_REASON
 from data_prep.progress import human, progress_bar
 from data_prep.readers import SourceError, iter_chunks
-from data_prep.shards import ConfigError, Shard
-from data_prep.tokenizer import Tokenizer, TokenizerError, load_tokenizer, tokenizer_digest
+from data_prep.shards import ConfigError, Shard, required
+from data_prep.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
 MARKER_SUFFIX = ".done.json"
 FORMAT_VERSION = 1
@@ -77,10 +77,7 @@ class Settings:
     @classmethod
     def from_config(cls, dp: Mapping[str, Any], workers: Optional[int] = None) -> "Settings":
         def get(key: str) -> Any:
-            if key not in dp:
-                raise ConfigError(f"data_preparation.{key} is missing; every key has its default in "
-                                  "conf/data_preparation/<name>.yaml")
-            return dp[key]
+            return required(dp, key)
 
         tok = get("tokenizer")
         for key in ("type", "path"):
@@ -115,7 +112,6 @@ class Pipeline:
         self.s = settings
         self.log = log
         self._tokenizer: Optional[Tokenizer] = None
-        self._digest: Optional[str] = None
         self._dtype = None
         self._pool: Optional[ProcessPoolExecutor] = None
         self._checksums: Optional[dict[str, str]] = None
@@ -191,8 +187,7 @@ class Pipeline:
         return result
 
     def _fetch_only(self, shard: Shard, progress: bool) -> ShardResult:
-        self.tokenizer  # a hub tokenizer lands in the Hugging Face cache
-        if self.is_done(shard):
+        if self.is_done(shard):  # its fingerprint loads the tokenizer: a hub one lands in the HF cache
             return ShardResult(shard.index, shard.name, shard.output_prefix, "skipped")
         t0 = time.time()
         self._ensure_sources(shard, progress)
@@ -324,7 +319,6 @@ class Pipeline:
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.s.tokenizer_type, self.s.tokenizer_path)
-            self._digest = tokenizer_digest(self._tokenizer)
         return self._tokenizer
 
     @property
@@ -335,8 +329,7 @@ class Pipeline:
 
     def fingerprint(self, shard: Shard) -> str:
         """What the outputs depend on; a finished shard with another fingerprint is redone."""
-        self.tokenizer  # loads it and its digest
-        key = {"v": FORMAT_VERSION, "tokenizer": self._digest, "text_key": self.s.text_key,
+        key = {"v": FORMAT_VERSION, "tokenizer": self.tokenizer.unique_identifiers["sha256"], "text_key": self.s.text_key,
                "format": self.s.format, "text_document": self.s.text_document,
                "max_documents": shard.max_documents,
                "sources": [(os.path.basename(s.local_path), s.compression, s.kind) for s in shard.sources]}

@@ -56,7 +56,7 @@ class Shard:
 
 def list_shards(dp_cfg: Mapping[str, Any]) -> list[Shard]:
     """The shards of a `data_preparation` config section, in array-task order (index 0..N-1)."""
-    name = _get(dp_cfg, "name")
+    name = required(dp_cfg, "name")
     builders = {"pile": _pile_shards, "c4": _c4_shards, "files": _files_shards}
     if name not in builders:
         raise ConfigError(f"data_preparation.name={name!r} is not one of {', '.join(DATASETS)}")
@@ -133,44 +133,44 @@ def strip_extensions(name: str) -> str:
 # -- per dataset -------------------------------------------------------------------------------------------
 
 def _pile_shards(cfg: Mapping[str, Any]) -> list[Shard]:
-    numbers = parse_numbers(_get(cfg, "file_numbers"), "file_numbers")
-    num_files = _get(cfg, "num_files")
+    numbers = parse_numbers(required(cfg, "file_numbers"), "file_numbers")
+    num_files = required(cfg, "num_files")
     bad = [n for n in numbers if not 0 <= n < num_files]
     if bad:
         raise ConfigError(f"data_preparation.file_numbers: {bad} outside 0-{num_files - 1} "
                           f"(the source has {num_files} shards)")
-    out_dir, template = _output_dir(cfg), _get(cfg, "output_template")
+    out_dir, template = _output_dir(cfg), required(cfg, "output_template")
     return [
         Shard(index=i, name=_fmt(template, n, "output_template"),
               output_prefix=os.path.join(out_dir, _fmt(template, n, "output_template") + OUTPUT_SUFFIX),
-              sources=(_source_at(cfg, _fmt(_get(cfg, "file_template"), n, "file_template")),))
+              sources=(_source_at(cfg, _fmt(required(cfg, "file_template"), n, "file_template")),))
         for i, n in enumerate(numbers)
     ]
 
 
 def _c4_shards(cfg: Mapping[str, Any]) -> list[Shard]:
-    train, val = _get(cfg, "train"), _get(cfg, "validation")
+    train, val = required(cfg, "train"), required(cfg, "validation")
     out_dir = _output_dir(cfg)
-    num_files, merged = _get(train, "num_files", "train."), _get(train, "merged_files", "train.")
+    num_files, merged = required(train, "num_files", "train."), required(train, "merged_files", "train.")
     if merged <= 0 or num_files % merged:
         raise ConfigError(f"data_preparation.train.merged_files={merged} must divide train.num_files={num_files}")
     per = num_files // merged
     shards: list[Shard] = []
-    for k in parse_numbers(_get(train, "tokenize", "train."), "train.tokenize"):
+    for k in parse_numbers(required(train, "tokenize", "train."), "train.tokenize"):
         if k >= merged:
             raise ConfigError(f"data_preparation.train.tokenize: merged file {k} does not exist "
                               f"(there are {merged}, numbered 0-{merged - 1})")
-        name = _fmt(_get(train, "output_template", "train."), k, "train.output_template")
-        template = _get(train, "file_template", "train.")
+        name = _fmt(required(train, "output_template", "train."), k, "train.output_template")
+        template = required(train, "file_template", "train.")
         sources = tuple(_source_at(cfg, _fmt(template, i, "train.file_template"))
                         for i in range(k * per, (k + 1) * per))
         shards.append(Shard(len(shards), name, os.path.join(out_dir, name + OUTPUT_SUFFIX), sources))
-    if _get(val, "enabled", "validation."):
-        name = str(_get(val, "output_name", "validation."))
-        template = _get(val, "file_template", "validation.")
+    if required(val, "enabled", "validation."):
+        name = str(required(val, "output_name", "validation."))
+        template = required(val, "file_template", "validation.")
         sources = tuple(_source_at(cfg, _fmt(template, i, "validation.file_template"))
-                        for i in range(_get(val, "num_files", "validation.")))
-        limit = _get(val, "max_documents", "validation.")
+                        for i in range(required(val, "num_files", "validation.")))
+        limit = required(val, "max_documents", "validation.")
         if limit is not None and (not isinstance(limit, int) or limit <= 0):
             raise ConfigError(f"data_preparation.validation.max_documents={limit!r}: expected a positive integer "
                               "or null")
@@ -182,7 +182,7 @@ def _c4_shards(cfg: Mapping[str, Any]) -> list[Shard]:
 
 
 def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
-    inputs = _get(cfg, "inputs")
+    inputs = required(cfg, "inputs")
     if isinstance(inputs, str):
         inputs = [inputs]
     if not inputs:
@@ -202,8 +202,8 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
         uris.extend(m for m in matches if m not in uris)
     sources = [_source(cfg, uri) for uri in uris]
     out_dir = _output_dir(cfg)
-    if _get(cfg, "merge"):
-        name = str(_get(cfg, "output_name"))
+    if required(cfg, "merge"):
+        name = str(required(cfg, "output_name"))
         return [Shard(0, name, os.path.join(out_dir, name + OUTPUT_SUFFIX), tuple(sources))]
     shards = []
     for i, src in enumerate(sources):
@@ -214,7 +214,8 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
 
 # -- helpers -----------------------------------------------------------------------------------------------
 
-def _get(cfg: Mapping[str, Any], key: str, parent: str = "") -> Any:
+def required(cfg: Mapping[str, Any], key: str, parent: str = "") -> Any:
+    """cfg[key], or a ConfigError naming data_preparation.<parent><key>."""
     if key not in cfg:
         raise ConfigError(f"data_preparation.{parent}{key} is missing; every key has its default in "
                           "conf/data_preparation/<name>.yaml")
@@ -241,21 +242,21 @@ def _local_path(path: str, key: str) -> str:
 
 
 def _output_dir(cfg: Mapping[str, Any]) -> str:
-    return _local_path(str(_get(cfg, "output_dir")), "output_dir")
+    return _local_path(str(required(cfg, "output_dir")), "output_dir")
 
 
 def _source_at(cfg: Mapping[str, Any], file_name: str) -> Source:
-    base = str(_get(cfg, "base_url")).rstrip("/")
+    base = str(required(cfg, "base_url")).rstrip("/")
     return _source(cfg, f"{base}/{file_name}", "base_url")
 
 
 def _source(cfg: Mapping[str, Any], uri: str, key: str = "inputs") -> Source:
-    compression, kind = detect_format(uri, str(_get(cfg, "format")))
+    compression, kind = detect_format(uri, str(required(cfg, "format")))
     if uri.startswith(("http://", "https://")):
         name = os.path.basename(unquote(urlparse(uri).path))
         if not name:
             raise ConfigError(f"data_preparation: cannot name a download for {uri} (the URL has no file name)")
-        local = os.path.join(_local_path(str(_get(cfg, "download_dir")), "download_dir"), name)
+        local = os.path.join(_local_path(str(required(cfg, "download_dir")), "download_dir"), name)
     else:
         uri = local = _local_path(uri, key)
     return Source(uri=uri, local_path=local, compression=compression, kind=kind)

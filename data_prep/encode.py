@@ -24,7 +24,6 @@ EXAMPLES_PER_REASON = 3
 
 @dataclass
 class Encoded:
-    seq: int
     tokens: np.ndarray  # every document's ids followed by eod, concatenated, in the output dtype
     lengths: np.ndarray  # tokens per document (eod included), int64
     lines: int
@@ -73,7 +72,7 @@ class ChunkEncoder:
             tokens[pos:end] = doc
             tokens[end] = self.eod
             pos = end + 1
-        return Encoded(chunk.seq, tokens, lengths, chunk.lines, skipped, examples)
+        return Encoded(tokens, lengths, chunk.lines, skipped, examples)
 
     def _text(self, raw: bytes, kind: str, line: int, skip) -> Optional[str]:
         if kind == "text" and raw.endswith(b"\r"):

@@ -23,7 +23,8 @@ class SourceError(RuntimeError):
 
 @dataclass
 class Chunk:
-    """Whole input lines (or one whole file) for a worker; `seq` orders the results."""
+    """Whole input lines (or one whole file) for a worker; `seq` is its position in the input (the pipeline
+    keeps results in submission order itself)."""
 
     seq: int
     source: str  # file name, for messages

@@ -23,6 +23,7 @@ from typing import Mapping, Optional
 from urllib.parse import urlparse
 
 from data_prep.progress import progress_bar
+from data_prep.shards import is_url
 
 _BLOCK = 1 << 20
 _HF_HOSTS = ("huggingface.co", "hf.co")
@@ -86,7 +87,7 @@ def download(url: str, dest: str, options: DownloadOptions, sha256: Optional[str
 def read_checksums(path_or_url: str, download_dir: str, options: DownloadOptions) -> dict[str, str]:
     """A `sha256sum`-format list (`<hex>  <name>` per line) -> {file name: sha256}."""
     path = os.path.expanduser(path_or_url)
-    fetched = path_or_url.startswith(("http://", "https://"))
+    fetched = is_url(path_or_url)
     if fetched:
         # A name of this process's own: array tasks read the same list at the same time.
         name = os.path.basename(urlparse(path_or_url).path) or "checksums.txt"

@@ -35,7 +35,7 @@ class Source:
 
     @property
     def remote(self) -> bool:
-        return self.uri.startswith(("http://", "https://"))
+        return is_url(self.uri)
 
     @property
     def file_name(self) -> str:
@@ -191,7 +191,7 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
     uris: list[str] = []
     for entry in inputs:
         entry = str(entry)
-        if entry.startswith(("http://", "https://")):
+        if is_url(entry):
             matches = [entry]
         else:
             path = _local_path(entry, "inputs")
@@ -213,6 +213,11 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
+
+def is_url(uri: str) -> bool:
+    """An input to download; anything else is a local path."""
+    return uri.startswith(("http://", "https://"))
+
 
 def required(cfg: Mapping[str, Any], key: str, parent: str = "") -> Any:
     """cfg[key], or a ConfigError naming data_preparation.<parent><key>."""
@@ -252,7 +257,7 @@ def _source_at(cfg: Mapping[str, Any], file_name: str) -> Source:
 
 def _source(cfg: Mapping[str, Any], uri: str, key: str = "inputs") -> Source:
     compression, kind = detect_format(uri, str(required(cfg, "format")))
-    if uri.startswith(("http://", "https://")):
+    if is_url(uri):
         name = os.path.basename(unquote(urlparse(uri).path))
         if not name:
             raise ConfigError(f"data_preparation: cannot name a download for {uri} (the URL has no file name)")

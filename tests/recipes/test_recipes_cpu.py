@@ -7,6 +7,7 @@ from pathlib import Path
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -145,32 +146,49 @@ def test_mock_tokenizer_for_mock_data():
 
 # ----------------------------------------------------------------------------- stop signals
 def _sleeper() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Popen returns once the child has exec'd, so its signal mask is final when we read it.
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 
 
-def _survives_sigterm(proc: subprocess.Popen) -> bool:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=2)
-        return False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return True
+def _signal_set(pid: int, field: str) -> set[int]:
+    """Signals in a /proc/<pid>/status mask (SigBlk: blocked, ShdPnd: pending for the process)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
 def test_helpers_started_while_blocked_outlive_stop_signals_and_the_trainer_still_gets_them():
+    # Deterministic: no waiting for a process to die or not. What decides survival is the helper's signal mask,
+    # read from /proc; a blocked SIGTERM then sits in its pending set for good.
+    stops = {int(s) for s in stop_signals.STOP_SIGNALS}
     previous = {sig: signal.getsignal(sig) for sig in stop_signals.STOP_SIGNALS}
+    ordinary = _sleeper()
+    helper = None
     try:
         stop = stop_signals.StopSignal()
-        assert not _survives_sigterm(_sleeper())  # an ordinary child dies of it
+        assert not stops & _signal_set(ordinary.pid, "SigBlk")
+        ordinary.send_signal(signal.SIGTERM)
+        assert ordinary.wait() == -signal.SIGTERM  # an ordinary child dies of it
+
         with stop_signals.helpers_immune_to_stop_signals():
             helper = _sleeper()
-            os.kill(os.getpid(), signal.SIGUSR1)
+            # Directed at this thread, which blocks it (a signal sent to the whole process may be taken by
+            # another thread, e.g. one a library started, and handled at once).
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
             assert stop.received is None  # held while helpers start
         assert stop.received == signal.SIGUSR1  # delivered once the block ends
-        assert _survives_sigterm(helper)
+
+        assert stops <= _signal_set(helper.pid, "SigBlk")
+        helper.send_signal(signal.SIGTERM)
+        assert int(signal.SIGTERM) in _signal_set(helper.pid, "ShdPnd")  # pending, never delivered
+        assert helper.poll() is None
     finally:
+        for proc in (ordinary, helper):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -179,15 +197,17 @@ def test_a_spawned_multiprocessing_manager_started_while_blocked_survives_sigter
     # What an async checkpoint save starts: a spawn-context Manager, whose start also starts the resource
     # tracker (which unblocks SIGTERM in its caller). A fresh interpreter, so neither is running yet.
     script = """
-import multiprocessing, os, signal, time
+import multiprocessing, os, signal
 from recipes.stop_signals import helpers_immune_to_stop_signals
 before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 with helpers_immune_to_stop_signals():
     manager = multiprocessing.get_context("spawn").Manager()
     queue = manager.Queue()
 assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
-os.kill(manager._process.pid, signal.SIGTERM)
-time.sleep(1.0)
+status = open(f"/proc/{manager._process.pid}/status").read()
+blocked = int(status.split("SigBlk:")[1].split()[0], 16)
+assert blocked >> (signal.SIGTERM - 1) & 1, "the manager does not block SIGTERM"
+os.kill(manager._process.pid, signal.SIGTERM)  # blocked: stays pending, the manager keeps serving
 queue.put("alive")
 print(queue.get(timeout=5))
 manager.shutdown()

@@ -98,9 +98,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- commands ----------------------------------------------------------------------------------------------
 
+def _check_stack(config_path: str) -> None:
+    """Exit 2 with one line when this interpreter lacks the declared torch or megatron-core (conf/stack.yaml,
+    or the run's resolved copy), before any shard starts."""
+    from omegaconf import OmegaConf
+
+    from recipes.stack import check_or_exit
+
+    try:
+        raw = OmegaConf.load(config_path)
+        cfg = {key: OmegaConf.to_container(raw[key], resolve=True) if OmegaConf.is_config(raw[key]) else raw[key]
+               for key in ("stack", "stack_check") if key in raw}
+    except Exception:  # _load reports an unreadable config with its own message
+        cfg = {}
+    check_or_exit(cfg, precision=None, components=("torch", "megatron_core"))
+
+
 def cmd_run(args) -> int:
     from data_prep.pipeline import Pipeline, Settings
 
+    _check_stack(args.config)
     dp, shards = _load(args)
     settings = Settings.from_config(dp, workers=args.workers)
     pipeline = Pipeline(settings)
@@ -149,6 +166,7 @@ def cmd_list(args) -> int:
 def cmd_verify(args) -> int:
     from data_prep.verify import verify_shard
 
+    _check_stack(args.config)
     dp, shards = _load(args)
     failed = 0
     for s in shards:

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def python_bin_dir() -> str:
     """Where the Python running main.py lives (a virtualenv's bin/): local and bare-metal jobs put it first on
-    PATH so `python` and `torchrun` in the job are the ones that planned it."""
+    PATH so `python` in the job is the one that planned it."""
     return str(Path(sys.executable).parent)
 
 
@@ -36,8 +36,16 @@ def training_entry(run_dir: Path) -> list[str]:
 
 
 def torchrun_command(num_gpus: int, run_dir: Path) -> list[str]:
-    # --standalone: a rendezvous on a free local port, so two local runs never collide.
-    return ["torchrun", "--standalone", "--nproc-per-node", str(num_gpus), *training_entry(run_dir)[1:]]
+    """torchrun through the job's `python` (a virtualenv over a system's packages has no torchrun script of its
+    own). --standalone: a rendezvous on a free local port, so two local runs never collide."""
+    return ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(num_gpus),
+            *training_entry(run_dir)[1:]]
+
+
+def stack_check_command(run_dir: Path) -> list[str]:
+    """The check every rank runs first (recipes/stack.py), once before the ranks start: a mismatch is then one
+    line and exit status 2 rather than one failure per rank."""
+    return ["python", "-m", "recipes.stack", "check", "--run-dir", str(run_dir)]
 
 
 def data_prep_command(run_dir: Path, shard: str | None = None) -> str:

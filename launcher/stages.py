@@ -185,7 +185,9 @@ def _training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> tuple[Jo
     report = shlex.join(commands.report_command(run_dir))
     if cluster["name"] == "local":
         command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir))
-        lines = [_tee(command, run_dir / "logs" / "training.log"),
+        lines = ["# The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.",
+                 _tee(shlex.join(commands.stack_check_command(run_dir)), run_dir / "logs" / "training.log"),
+                 _tee(command, run_dir / "logs" / "training.log"),
                  "# The throughput / MFU table and the loss and step-time plot of this run.",
                  _tee(report, run_dir / "logs" / "report.txt", append=False)
                  + " || echo 'report: nothing to report (see above)'"]

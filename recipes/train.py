@@ -331,10 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, help="run directory holding config.yaml and plan.json")
     args = parser.parse_args(argv)
-    from recipes import distributed
+    run_dir = os.path.abspath(args.run_dir)
+    from recipes import distributed, stack
 
+    # Before megatron is imported, which the stack check does: megatron looks for apex's kernel at import.
+    with contextlib.suppress(ImportError):  # no torch: the check names it
+        from recipes import wgrad_fallback
+
+        wgrad_fallback.install()
+    info = distributed.rank_info()
+    stack.check_run(run_dir, info.rank, info.local_rank)  # exits 2 with one line when the stack does not match
     try:
-        return Trainer(os.path.abspath(args.run_dir)).train()
+        return Trainer(run_dir).train()
     finally:
         distributed.shutdown()
 

@@ -59,7 +59,7 @@ def test_the_table_and_the_reason_when_this_machine_has_no_gpu(tmp_path):
     assert "did not train: no NVIDIA GPU" in out.stdout
     assert "cluster=bcm" in out.stdout and "dry_run=true" in out.stdout
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert plan["command"] == f"torchrun --standalone --nproc-per-node 1 -m recipes.train --run-dir {run_dir}"
+    assert plan["command"] == f"python -m torch.distributed.run --standalone --nproc-per-node 1 -m recipes.train --run-dir {run_dir}"
     assert not (run_dir / "logs" / "training.log").exists()
 
 

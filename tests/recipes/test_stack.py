@@ -1,0 +1,177 @@
+"""The declared training stack (conf/stack.yaml): the check every rank runs first, with faked discoveries (no
+other versions installed), the installer's choices, and the places that must name the same versions."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipes import stack
+from recipes.stack import Found, GpuFound
+
+REPO = Path(__file__).resolve().parents[2]
+DECLARED = stack.load_declared()
+AS_TESTED = {
+    "torch": Found("2.11.0+cu130"),
+    "megatron_core": Found(str(DECLARED["megatron_core"]["tested"])),
+    "transformer_engine": Found(str(DECLARED["transformer_engine"]["tested"]) + "+a1b2c3d"),
+}
+H100 = GpuFound("NVIDIA H100 80GB HBM3", (9, 0), "2.27.5")
+
+
+def with_found(**changes) -> dict:
+    return {**AS_TESTED, **changes}
+
+
+def test_the_declared_stack_passes_for_bf16_and_fp8():
+    for precision in ("bf16", "fp8"):
+        assert stack.problems(DECLARED, AS_TESTED, H100, precision, python="3.12.3") == []
+
+
+@pytest.mark.parametrize("component, version, needed", [
+    ("megatron_core", "0.14.0", ">=0.19.2,<0.20"),   # what the NeMo 25.09 container ships
+    ("megatron_core", "0.20.0", ">=0.19.2,<0.20"),
+    ("transformer_engine", "2.7.0", ">=2.20,<2.21"),
+])
+def test_a_version_outside_the_range_is_one_line_naming_found_needed_and_the_fix(component, version, needed):
+    found_problems = stack.problems(DECLARED, with_found(**{component: Found(version)}), H100, python="3.12.3")
+    assert len(found_problems) == 1
+    line = stack.error_line(found_problems)
+    assert "\n" not in line
+    assert f"{DECLARED[component]['distribution']} {version} found, {needed} needed" in line
+    assert "stages=[container]" in line and "stack_check=false" in line
+
+
+def test_a_missing_package_names_the_import_error():
+    missing = Found(None, "ModuleNotFoundError: No module named 'transformer_engine'")
+    (problem,) = stack.problems(DECLARED, with_found(transformer_engine=missing), H100, python="3.12.3")
+    assert problem.startswith("transformer-engine not importable (ModuleNotFoundError")
+
+
+def test_fp8_needs_an_fp8_gpu_and_bf16_an_ampere_one():
+    a100 = GpuFound("NVIDIA A100-SXM4-80GB", (8, 0), "2.27.5")
+    assert stack.problems(DECLARED, AS_TESTED, a100, "bf16", python="3.12.3") == []
+    (problem,) = stack.problems(DECLARED, AS_TESTED, a100, "fp8", python="3.12.3")
+    assert "fp8 needs compute capability 8.9" in problem and "A100" in problem and "dtype=bf16" in problem
+    v100 = GpuFound("Tesla V100-SXM2-32GB", (7, 0), "2.27.5")
+    assert "bf16 needs compute capability 8.0" in stack.problems(DECLARED, AS_TESTED, v100, "bf16", python="3.12.3")[0]
+
+
+def test_no_gpu_and_no_nccl_are_named():
+    found_problems = stack.problems(DECLARED, AS_TESTED, GpuFound(None, None, None), python="3.12.3")
+    assert found_problems == ["no CUDA GPU visible to this process",
+                              "torch has no NCCL (torch.distributed.is_nccl_available() is false)"]
+
+
+def test_an_old_python_is_named():
+    assert stack.problems(DECLARED, AS_TESTED, H100, python="3.9.18") == ["Python 3.9.18 found, >=3.10 needed"]
+
+
+def test_only_rank_0_prints_and_every_rank_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(stack, "discover_all", lambda declared, names: with_found(megatron_core=Found("0.14.0")))
+    monkeypatch.setattr(stack, "discover_gpu", lambda local_rank: H100)
+    for rank in (1, 0):
+        with pytest.raises(SystemExit) as exit_info:
+            stack.check_or_exit({}, "bf16", rank=rank)
+        assert exit_info.value.code == 2
+        printed = capsys.readouterr().err
+        assert printed.count("\n") == (1 if rank == 0 else 0), printed
+    assert stack.check_or_exit({"stack_check": False}, "bf16") is None  # accepted risk: no check at all
+
+
+# ----------------------------------------------------------------------------- real processes, bad stack
+def _run_dir(tmp_path, *overrides) -> Path:
+    subprocess.run([sys.executable, str(REPO / "main.py"), "dry_run=true", f"results_dir={tmp_path}",
+                    "run_name=stack", *overrides], cwd=REPO, check=True, capture_output=True, timeout=300)
+    return tmp_path / "stack"
+
+
+def test_training_with_a_bad_stack_exits_2_with_one_line_before_the_model_is_built(tmp_path):
+    # The range is one no release satisfies, so this fails whatever this machine has installed.
+    run_dir = _run_dir(tmp_path, "stack.megatron_core.supported='>=99'")
+    for command in (["-m", "recipes.train", "--run-dir", str(run_dir)],
+                    ["-m", "recipes.stack", "check", "--run-dir", str(run_dir)]):
+        result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert len(errors) == 1 and "megatron-core" in errors[0] and ">=99 needed" in errors[0], result.stderr
+        assert "[recipes]" not in result.stdout  # the trainer printed nothing: it never started
+
+
+def test_data_preparation_with_a_bad_stack_exits_2(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
+    run_dir = _run_dir(tmp_path, "stages=[data_preparation]", "data_preparation=files",
+                       f"data_preparation.inputs=[{tmp_path / 'in.jsonl'}]",
+                       f"data_preparation.output_dir={tmp_path / 'out'}", "stack.torch.supported='>=99'")
+    result = subprocess.run([sys.executable, "-m", "data_prep", "run", "--config", str(run_dir / "config.yaml")],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "torch" in result.stderr and ">=99 needed" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.bin"))
+
+
+# ----------------------------------------------------------------------------- installing
+def test_the_installer_adds_only_what_is_missing_or_out_of_range():
+    def installed(name):
+        return {"hydra-core": "1.3.2", "omegaconf": "2.3.0"}.get(name, "1.0")
+
+    ok = stack.missing_requirements(DECLARED, AS_TESTED, installed, cuda_major=lambda: "13")
+    assert ok == []  # a base that already has the stack is left as it is
+    old = with_found(megatron_core=Found("0.14.0"), transformer_engine=Found(None, "not installed"))
+    todo = stack.missing_requirements(DECLARED, old, lambda name: None if name == "zstandard" else installed(name),
+                                      cuda_major=lambda: "12")
+    assert todo == [f"megatron-core=={DECLARED['megatron_core']['tested']}",
+                    f"transformer-engine[pytorch,core_cu12]=={DECLARED['transformer_engine']['tested']}",
+                    "zstandard"]
+
+
+def test_the_base_images_torch_is_never_replaced():
+    with pytest.raises(SystemExit, match="comes with the base image"):
+        stack.missing_requirements(DECLARED, with_found(torch=Found("2.1.0")), lambda name: "9.9",
+                                   cuda_major=lambda: "12")
+
+
+def test_air_gapped_installs_read_only_the_wheel_directory():
+    command = stack.pip_command(["megatron-core==0.19.2"], "/shared/wheels", "/tmp/c.txt")
+    assert command[1:] == ["-m", "pip", "install", "--no-build-isolation", "--no-index", "--find-links",
+                           "/shared/wheels", "--constraint", "/tmp/c.txt", "megatron-core==0.19.2"]
+
+
+def test_install_with_nothing_to_do_runs_no_pip(monkeypatch):
+    monkeypatch.setattr(stack, "discover_installed", lambda declared: AS_TESTED)
+    monkeypatch.setattr(stack, "installed_version", lambda name: "99.0")
+    monkeypatch.setattr(stack.subprocess, "run", lambda *a, **k: pytest.fail(f"pip ran: {a}"))
+    said = []
+    assert stack.install(DECLARED, say=said.append) == 0
+    assert said == ["stack: everything conf/stack.yaml declares is here; nothing to install"]
+
+
+# ----------------------------------------------------------------------------- one declaration
+def test_the_dockerfile_names_the_declared_versions_and_the_default_base():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    labels = dict(re.findall(r'io\.llama31-recipes\.([\w-]+)="([^"]+)"', dockerfile))
+    assert labels == {"megatron-core": str(DECLARED["megatron_core"]["tested"]),
+                      "transformer-engine": str(DECLARED["transformer_engine"]["tested"]),
+                      "torch-tested": str(DECLARED["torch"]["tested"]),
+                      "python-tested": str(DECLARED["python"]["tested"])}
+    assert "python -m recipes.stack install" in dockerfile
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M).group(1)
+    bcm = yaml.safe_load((REPO / "conf" / "cluster" / "bcm.yaml").read_text())
+    assert base == bcm["container_source"].replace("#", "/")  # enroot writes registry#image
+
+
+def _names(requirements) -> set[str]:
+    return {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def test_pyproject_and_the_declared_stack_list_the_same_gpu_side_packages():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    listed = _names(project["dependencies"] + project["optional-dependencies"]["dataprep"])
+    assert _names(DECLARED["requirements"]) <= listed
+    train = project["optional-dependencies"]["train"]
+    assert f"megatron-core=={DECLARED['megatron_core']['tested']}" in train
+    assert f"transformer-engine[pytorch]=={DECLARED['transformer_engine']['tested']}" in train
+    assert f"torch{DECLARED['torch']['supported']}" in train
+    assert listed - _names(DECLARED["requirements"]) <= {"megatron-core"}  # nothing undeclared on the GPU side

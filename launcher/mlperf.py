@@ -19,8 +19,9 @@ def check(cfg: Mapping[str, Any], plan: Plan) -> tuple[list[str], list[str]]:
     if not ml:
         return [], []
     problems: list[str] = []
-    notes = [f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} ({why}): this run is "
-             "not a valid MLPerf result" for key, have, want, why in deviations(cfg, plan.global_batch_size)]
+    gbs = plan.global_batch_size
+    notes = [f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} at GBS {gbs} ({why}): "
+             "this run is not a valid MLPerf result" for key, have, want, why in deviations(cfg, gbs)]
     init = initial_weights_problem(cfg)
     if init:
         (notes if cfg.get("dry_run") else problems).append(init)

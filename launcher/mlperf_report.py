@@ -20,6 +20,7 @@ import yaml
 
 _MLLOG = re.compile(r":::MLLOG (\{.*\})")
 MAX_DROPPED_RUNS = 1  # result_summarizer.py: max_dropped_scores (1 for every benchmark but unet3d)
+SHOWN_PROBLEMS = 3  # compliance problems printed per run; the checker itself lists them all
 
 
 @dataclass
@@ -30,6 +31,8 @@ class MLPerfRun:
     target: float | None = None
     result_runs: int | None = None  # runs the benchmark's score needs (mlperf.result_runs)
     compliance: list[str] | None = None  # the compliance checker's problems; None: not checked
+    checked_ruleset: str | None = None   # the ruleset the checker used
+    source: Path | None = None           # the file the MLLOG lines came from
 
     def _first(self, key: str) -> dict[str, Any] | None:
         return next((e for e in self.events if e.get("key") == key), None)
@@ -96,10 +99,14 @@ def parse_mllog(text: str) -> list[dict[str, Any]]:
 
 
 def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """One event list per run: a log holds several when a job was started again (each begins at init_start)."""
+    """One event list per run: a log holds several when a job was started again (each begins with cache_clear
+    or, without one, init_start)."""
     runs: list[list[dict[str, Any]]] = []
     for event in events:
-        if event["key"] == "init_start" or not runs:
+        key = event["key"]
+        started = bool(runs) and any(e["key"] in ("cache_clear", "init_start") for e in runs[-1])
+        if not runs or (key == "cache_clear" and started) or (
+                key == "init_start" and any(e["key"] == "init_start" for e in runs[-1])):
             runs.append([])
         runs[-1].append(event)
     return [r for r in runs if any(e["key"] == "run_start" for e in r)]
@@ -131,11 +138,13 @@ def load_runs(path: Path, check: bool = True) -> list[MLPerfRun]:
     rules = section.get("rules") or {}
     runs = [MLPerfRun(path.name if len(parts) == 1 else f"{path.name}#{k + 1}", events,
                       ruleset=section.get("ruleset"), target=rules.get("target"),
-                      result_runs=section.get("result_runs"))
+                      result_runs=section.get("result_runs"), source=source)
             for k, events in enumerate(parts)]
     if check and len(parts) == 1:
-        runs[0].compliance = compliance_problems(source, runs[0].benchmark, runs[0].ruleset,
-                                                 section.get("division", "closed"))
+        run = runs[0]
+        division = section.get("division", "closed")
+        run.checked_ruleset = run.ruleset or (latest_ruleset(run.benchmark, division) if run.benchmark else None)
+        run.compliance = compliance_problems(source, run.benchmark, run.checked_ruleset, division)
     return runs
 
 
@@ -234,8 +243,12 @@ def format_section(runs: Sequence[MLPerfRun]) -> str:
         for r in group:
             curve = ", ".join(f"{s:,}: {a:.4f}" for s, a in r.evals) or "none"
             lines.append(f"eval curve {r.name} (samples: log perplexity): {curve}")
-            for problem in r.compliance or []:
-                lines.append(f"compliance {r.name}: {problem}")
+        for r in group:
+            problems = r.compliance or []
+            lines += [f"compliance {r.name}: {problem}" for problem in problems[:SHOWN_PROBLEMS]]
+            if len(problems) > SHOWN_PROBLEMS:
+                lines.append(f"compliance {r.name}: ... {len(problems) - SHOWN_PROBLEMS} more: python -m "
+                             f"mlperf_logging.compliance_checker --ruleset {r.checked_ruleset} {r.source}")
         score = olympic_score(group)
         needed = next((r.result_runs for r in group if r.result_runs), None)
         note = f"; a result needs {needed} runs, here {len(group)}" if needed and needed != len(group) else ""

@@ -206,9 +206,9 @@ def _eval_problems(val_samples: Any, mbs: int, dp: int, num_microbatches: int, p
                 f"data-parallel size {dp}; use a multiple of {per_rank}"]
     last_call = (val_samples // per_rank) % num_microbatches
     if vp and last_call % pp:
-        return [f"training.val_samples={val_samples} ends evaluation with {last_call} microbatches per rank, which "
-                f"the interleaved pipeline cannot run (a multiple of parallelism.pp={pp}); use a multiple of "
-                f"{per_rank * pp}"]
+        return [f"training.val_samples={val_samples} leaves a last evaluation call of {last_call} microbatch(es) per "
+                f"rank, which the interleaved pipeline cannot run (it needs a multiple of parallelism.pp={pp}); use a "
+                f"multiple of {per_rank * pp}"]
     return []
 
 

@@ -19,9 +19,8 @@ def check(cfg: Mapping[str, Any], plan: Plan) -> tuple[list[str], list[str]]:
     if not ml:
         return [], []
     problems: list[str] = []
-    gbs = plan.global_batch_size
-    notes = [f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} at GBS {gbs} ({why}): "
-             "this run is not a valid MLPerf result" for key, have, want, why in deviations(cfg, gbs)]
+    notes = [f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} ({why}): this run is "
+             "not a valid MLPerf result" for key, have, want, why in deviations(cfg, plan.global_batch_size)]
     init = initial_weights_problem(cfg)
     if init:
         (notes if cfg.get("dry_run") else problems).append(init)
@@ -34,7 +33,7 @@ def expected_settings(rules: Mapping[str, Any], gbs: int) -> dict[str, tuple[Any
         "seq_length": (rules["seq_length"], "max_sequence_length"),
         "val_samples": (rules["eval_samples"], "eval_samples"),
         "val_interval": (math.ceil(rules["eval_every_samples"] / gbs),
-                         f"an evaluation every {rules['eval_every_samples']} sequences"),
+                         f"an evaluation every {rules['eval_every_samples']} sequences at GBS {gbs}"),
         "target_val_loss": (rules["target"], "the quality target"),
         "optimizer.adam_beta1": (rules["adam_beta1"], "opt_adamw_beta_1"),
         "optimizer.adam_beta2": (rules["adam_beta2"], "opt_adamw_beta_2"),
@@ -45,11 +44,13 @@ def expected_settings(rules: Mapping[str, Any], gbs: int) -> dict[str, tuple[Any
     reference_gbs = rules.get("reference_gbs")
     if reference_gbs:  # LR, warmup and the schedule's horizon scale with the batch size
         want["optimizer.lr"] = (round(rules["lr_at_reference_gbs"] * gbs / reference_gbs, 8),
-                                f"opt_base_learning_rate x {reference_gbs} = GBS x {rules['lr_at_reference_gbs']}")
+                                f"opt_base_learning_rate x {reference_gbs} = GBS {gbs} x "
+                                f"{rules['lr_at_reference_gbs']}")
         want["scheduler.warmup_steps"] = (math.ceil(rules["warmup_steps_at_reference_gbs"] * reference_gbs / gbs),
-                                          "opt_learning_rate_warmup_steps")
+                                          f"opt_learning_rate_warmup_steps at GBS {gbs}")
         want["scheduler.decay_steps"] = (math.ceil(rules["max_steps"] * reference_gbs / gbs),
-                                         "the schedule's horizon, warmup + opt_learning_rate_decay_steps")
+                                         f"the schedule's horizon at GBS {gbs}, warmup + "
+                                         "opt_learning_rate_decay_steps")
     else:
         want["scheduler.decay_steps"] = (rules["max_steps"], "max_steps")
     return want

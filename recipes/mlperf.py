@@ -185,6 +185,12 @@ def start(run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], local_r
     ml = cfg.get("mlperf")
     if not ml:
         return MLPerfLog()
+    try:  # on every rank, before any collective: a missing package stops every rank instead of hanging the rest
+        import mlperf_logging.mllog  # noqa: F401
+    except ImportError:
+        raise SystemExit("MLPerf runs log with mlperf-logging, which this Python does not have: pip install "
+                         "'mlperf-logging>=4.1.68' (its mllog and compliance checker need no more than pyyaml: "
+                         "--no-deps is enough)") from None
     import torch
 
     from recipes.distributed import any_rank

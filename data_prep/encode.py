@@ -1,4 +1,5 @@
-"""Worker side: turn a chunk of input lines into token ids, one document per line, EOD after each.
+"""Worker side: turn a chunk of input lines into token ids, one document per line, EOD after each (unless
+append_eod is off: MLPerf's C4 files have no separator between documents).
 
 Bad input never stops a shard: each line that cannot become a document is counted under a reason and skipped.
 Reasons: blank_line (an empty or whitespace-only input line), invalid_utf8, malformed_json (not JSON, or not a
@@ -24,8 +25,8 @@ EXAMPLES_PER_REASON = 3
 
 @dataclass
 class Encoded:
-    tokens: np.ndarray  # every document's ids followed by eod, concatenated, in the output dtype
-    lengths: np.ndarray  # tokens per document (eod included), int64
+    tokens: np.ndarray  # every document's ids (each followed by eod when appended), concatenated, output dtype
+    lengths: np.ndarray  # tokens per document (eod included when appended), int64
     lines: int
     skipped: Counter = field(default_factory=Counter)
     examples: dict = field(default_factory=dict)  # reason -> ["file:line", ...]
@@ -34,11 +35,12 @@ class Encoded:
 class ChunkEncoder:
     """Parses and tokenizes chunks. One per worker process (or one in-process when workers=1)."""
 
-    def __init__(self, tokenizer, dtype: Union[str, type], text_key: str):
+    def __init__(self, tokenizer, dtype: Union[str, type], text_key: str, append_eod: bool = True):
         self.tokenizer = tokenizer
         self.eod = int(tokenizer.eod)
         self.dtype = np.dtype(dtype)
         self.text_key = text_key
+        self.append_eod = append_eod
 
     def __call__(self, chunk: Chunk) -> Encoded:
         skipped: Counter = Counter()
@@ -64,14 +66,16 @@ class ChunkEncoder:
                 texts.append(text)
                 lines_of.append(line)
         ids = self._encode(texts, lines_of, skip)
-        lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+        extra = 1 if self.append_eod else 0
+        lengths = np.fromiter((len(x) + extra for x in ids), dtype=np.int64, count=len(ids))
         tokens = np.empty(int(lengths.sum()), dtype=self.dtype)
         pos = 0
         for doc in ids:
             end = pos + len(doc)
             tokens[pos:end] = doc
-            tokens[end] = self.eod
-            pos = end + 1
+            if extra:
+                tokens[end] = self.eod
+            pos = end + extra
         return Encoded(tokens, lengths, chunk.lines, skipped, examples)
 
     def _text(self, raw: bytes, kind: str, line: int, skip) -> Optional[str]:
@@ -153,13 +157,14 @@ def set_encoder(encoder: ChunkEncoder) -> None:
     _ENCODER = encoder
 
 
-def init_worker(tokenizer_type: str, tokenizer_path: str, eod: int, dtype: str, text_key: str) -> None:
+def init_worker(tokenizer_type: str, tokenizer_path: str, eod: int, dtype: str, text_key: str,
+                append_eod: bool) -> None:
     """Worker initializer under spawn: load the tokenizer from its resolved local file."""
     global _ENCODER
     _worker_setup()
     from data_prep.tokenizer import load_tokenizer
 
-    _ENCODER = ChunkEncoder(load_tokenizer(tokenizer_type, tokenizer_path, eod=eod), dtype, text_key)
+    _ENCODER = ChunkEncoder(load_tokenizer(tokenizer_type, tokenizer_path, eod=eod), dtype, text_key, append_eod)
 
 
 def encode_in_worker(chunk: Chunk) -> Encoded:

@@ -65,6 +65,7 @@ class Settings:
     text_key: str
     format: str
     text_document: str
+    append_eod: bool
     workers: int
     chunk_bytes: int
     keep_downloads: bool
@@ -85,11 +86,18 @@ class Settings:
                 raise ConfigError(f"data_preparation.tokenizer.{key} is not set (it defaults to training.tokenizer)")
         return cls(
             text_key=str(get("text_key")), format=str(get("format")), text_document=str(get("text_document")),
+            append_eod=_boolean(get("append_eod"), "append_eod"),
             workers=resolve_workers(workers if workers is not None else get("workers")),
             chunk_bytes=int(get("chunk_bytes")), keep_downloads=bool(get("keep_downloads")),
             checksums_file=get("checksums_file"), download_dir=os.path.abspath(os.path.expanduser(get("download_dir"))),
             download=DownloadOptions.from_config(get("download")),
             tokenizer_type=str(tok["type"]), tokenizer_path=str(tok["path"]))
+
+
+def _boolean(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"data_preparation.{key}={value!r}: expected true or false")
+    return value
 
 
 def resolve_workers(value: Any) -> int:
@@ -261,7 +269,7 @@ class Pipeline:
 
         if self.s.workers == 1:
             single_thread_tokenizers()
-            encoder = ChunkEncoder(self.tokenizer, self.dtype, self.s.text_key)
+            encoder = ChunkEncoder(self.tokenizer, self.dtype, self.s.text_key, self.s.append_eod)
             for chunk in chunks:
                 yield chunk, encoder(chunk)
             return
@@ -304,6 +312,7 @@ class Pipeline:
             "bin_bytes": os.path.getsize(prefix + ".bin"),
             "idx_bytes": os.path.getsize(prefix + ".idx"),
             "dtype": self.dtype.__name__,
+            "append_eod": self.s.append_eod,
             "tokenizer": {"type": self.tokenizer.type, "path": self.s.tokenizer_path,
                           "vocab_size": self.tokenizer.vocab_size, "eod": self.tokenizer.eod},
             "sources": [s.uri for s in shard.sources],
@@ -333,6 +342,8 @@ class Pipeline:
                "format": self.s.format, "text_document": self.s.text_document,
                "max_documents": shard.max_documents,
                "sources": [(os.path.basename(s.local_path), s.compression, s.kind) for s in shard.sources]}
+        if not self.s.append_eod:  # only then: shards made before the key existed keep their fingerprint
+            key["append_eod"] = False
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def _get_pool(self) -> ProcessPoolExecutor:
@@ -347,10 +358,10 @@ class Pipeline:
                 # takes a while to parse). Safe here: the parent has used neither the tokenizer nor torch, and
                 # tqdm's monitor thread is off (see progress.py), so no thread holds a lock across the fork.
                 ctx, init, args = multiprocessing.get_context("fork"), set_encoder, (
-                    ChunkEncoder(tok, self.dtype, self.s.text_key),)
+                    ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod),)
             else:
                 ctx, init, args = multiprocessing.get_context("spawn"), init_worker, (
-                    tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key)
+                    tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key, self.s.append_eod)
             self._pool = ProcessPoolExecutor(max_workers=self.s.workers, mp_context=ctx, initializer=init,
                                              initargs=args)
         return self._pool

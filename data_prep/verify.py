@@ -11,7 +11,8 @@ from data_prep.shards import Shard
 
 
 def verify_shard(shard: Shard) -> list[str]:
-    """Problems with a shard's outputs (empty when it is sound): done marker, counts, dtype, EOD placement."""
+    """Problems with a shard's outputs (empty when it is sound): done marker, counts, dtype, EOD placement (when
+    EOD was appended)."""
     IndexedDataset = megatron_indexed_dataset().IndexedDataset
 
     prefix = shard.output_prefix
@@ -37,7 +38,7 @@ def verify_shard(shard: Shard) -> list[str]:
         problems.append(f"dtype {dtype.__name__}, the summary says {marker['dtype']}")
     if os.path.getsize(prefix + ".bin") != tokens * np.dtype(dtype).itemsize:
         problems.append(".bin size does not match the token count")
-    elif tokens:
+    elif tokens and marker.get("append_eod", True):
         data = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
         ends = np.cumsum(lengths) - 1
         eod = marker["tokenizer"]["eod"]

@@ -10,10 +10,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig
 
-from launcher import sweep
+from launcher import mlperf, sweep
 from launcher.config import to_plain
 from launcher.hardware import LocalGpus, detect_local_gpus
-from launcher.plan import Plan, PlanError, build_plan
+from launcher.plan import Plan, PlanError, build_plan, missing_data
 from launcher.rundir import record_jobs, run_dir_of, write_run_dir
 from launcher.stages import StagePlan, plan_stages, selected_stages
 from launcher.submit import SubmitError, chain_as_shell, run_here, submit_chain
@@ -46,6 +46,12 @@ def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prep
     run_dir = run_dir_of(cfg)
     stages = plan_stages(cfg, plan, run_dir)
     plan.command = stages.command
+    problems, notes = mlperf.check(cfg, plan)
+    if problems:
+        raise PlanError(problems)
+    stages.warnings += notes
+    if cfg.get("dry_run") and "data_preparation" not in cfg["stages"]:
+        stages.warnings += [f"{line} (a real run stops here)" for line in missing_data(cfg)]
     if not local and not cfg.get("dry_run") and shutil.which("sbatch") is None:
         raise PlanError(["cluster=bcm submits with sbatch, which is not on this machine's PATH: run from a Slurm "
                          "login node, or add dry_run=true to only write the job"])

@@ -192,6 +192,53 @@ def _is_local_path(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or os.path.exists(path)
 
 
+def _eval_problems(val_samples: Any, mbs: int, dp: int, num_microbatches: int, pp: int, vp: int | None
+                   ) -> list[str]:
+    """training.val_samples: whole microbatches on every data-parallel rank, read in schedule calls of at most
+    num_microbatches each; the interleaved pipeline needs every call's count divisible by pp."""
+    if val_samples is None:
+        return []
+    if not isinstance(val_samples, int) or isinstance(val_samples, bool) or val_samples < 1:
+        return [f"training.val_samples={val_samples!r} must be null or a positive integer"]
+    per_rank = mbs * dp
+    if val_samples % per_rank:
+        return [f"training.val_samples={val_samples} is not a multiple of training.micro_batch_size={mbs} x "
+                f"data-parallel size {dp}; use a multiple of {per_rank}"]
+    last_call = (val_samples // per_rank) % num_microbatches
+    if vp and last_call % pp:
+        return [f"training.val_samples={val_samples} leaves a last evaluation call of {last_call} microbatch(es) per "
+                f"rank, which the interleaved pipeline cannot run (it needs a multiple of parallelism.pp={pp}); use a "
+                f"multiple of {per_rank * pp}"]
+    return []
+
+
+def _blend_prefixes(blend: Any) -> list[str] | None:
+    """The prefixes of a blend, [prefix, ...] or [weight, prefix, weight, prefix, ...]; None for anything else."""
+    if not isinstance(blend, (list, tuple)) or not blend:
+        return None
+    if all(isinstance(x, str) for x in blend):
+        return list(blend)
+    if len(blend) % 2 == 0 and all(isinstance(w, (int, float)) and isinstance(p, str)
+                                   for w, p in zip(blend[::2], blend[1::2])):
+        return list(blend[1::2])
+    return None
+
+
+def missing_data(cfg: Mapping[str, Any]) -> list[str]:
+    """One line per blend (training.data.blend, valid_blend) whose .bin/.idx files are not there (real data)."""
+    data = cfg["training"]["data"]
+    if data.get("mock"):
+        return []
+    lines = []
+    for key in ("blend", "valid_blend"):
+        missing = [p for p in _blend_prefixes(data.get(key)) or []
+                   if not (os.path.exists(p + ".bin") and os.path.exists(p + ".idx"))]
+        if missing:
+            lines.append(f"training.data.{key}: no .bin/.idx for {', '.join(missing)}; run the data_preparation "
+                         "stage first or fix the prefixes")
+    return lines
+
+
 def _data_problems(cfg: Mapping[str, Any], data_will_be_prepared: bool) -> list[str]:
     data = cfg["training"]["data"]
     tokenizer = cfg["training"]["tokenizer"]
@@ -202,18 +249,13 @@ def _data_problems(cfg: Mapping[str, Any], data_will_be_prepared: bool) -> list[
     if not blend:
         return ["training.data.mock=false needs training.data.blend: [weight, prefix, ...] or [prefix, ...] "
                 "from data preparation"]
-    if all(isinstance(x, str) for x in blend):
-        prefixes = list(blend)
-    elif len(blend) % 2 == 0 and all(isinstance(w, (int, float)) and isinstance(p, str)
-                                     for w, p in zip(blend[::2], blend[1::2])):
-        prefixes = list(blend[1::2])
-    else:
+    if _blend_prefixes(blend) is None:
         return [f"training.data.blend must be [weight, prefix, weight, prefix, ...] or [prefix, ...]; got {blend}"]
+    valid = data.get("valid_blend")
+    if valid is not None and _blend_prefixes(valid) is None:
+        return [f"training.data.valid_blend must be null or [prefix, ...] (read in order); got {valid}"]
     if not data_will_be_prepared:
-        missing = [p for p in prefixes if not (os.path.exists(p + ".bin") and os.path.exists(p + ".idx"))]
-        if missing:
-            problems.append(f"training.data.blend: no .bin/.idx for {', '.join(missing)}; run the "
-                            "data_preparation stage first or fix the prefixes")
+        problems += missing_data(cfg)
     kind, path = tokenizer.get("type"), tokenizer.get("path")
     if kind not in ("huggingface", "sentencepiece"):
         problems.append(f"training.tokenizer.type={kind!r}: use huggingface or sentencepiece")
@@ -340,6 +382,8 @@ def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> P
         problems.append(f"the interleaved pipeline needs at least parallelism.pp={pp} microbatches per step; "
                         f"training.global_batch_size={gbs} gives {num_microbatches}")
 
+    problems += _eval_problems(train.get("val_samples"), mbs, dp, num_microbatches, pp, vp)
+
     # Precision.
     fp8 = dtype.get("fp8")
     if fp8 not in (None, "hybrid", "e4m3"):
@@ -372,7 +416,9 @@ def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> P
     if train["optimizer"]["min_lr"] > train["optimizer"]["lr"]:
         problems.append("training.optimizer.min_lr must not exceed training.optimizer.lr")
 
-    problems += _data_problems(cfg, data_will_be_prepared="data_preparation" in cfg["stages"])
+    # A dry run only warns about data that is not there yet (launcher.cli).
+    problems += _data_problems(cfg, data_will_be_prepared=("data_preparation" in cfg["stages"]
+                                                           or bool(cfg.get("dry_run"))))
 
     gpus_per_node, num_nodes, gpu_type, cannot_train, cluster_problems = _cluster_shape(cfg, num_gpus, local_gpus)
     problems += cluster_problems

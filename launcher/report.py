@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launcher.hardware import GPUS, gpu_spec
-from launcher import table
+from launcher import mlperf_report, table
 from launcher.plan import model_flops_per_sample
 
 TOKENS_TO_TRAIN = 1e12
@@ -183,7 +183,11 @@ def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, 
         return _info_from_plan(path.name, json.loads(plan_path.read_text()), steps), steps
     if not path.exists():
         raise ValueError(f"{path}: no such file or directory")
-    steps = parse_log(path.read_text(errors="replace"))
+    text = path.read_text(errors="replace")
+    steps = parse_log(text)
+    for key, value in mlperf_report.sizes_from_mllog(text).items():  # an MLPerf log states its own sizes
+        if not getattr(args, key):
+            setattr(args, key, value)
     if args.plan:
         return _info_from_plan(path.name, json.loads(Path(args.plan).read_text()), steps), steps
     missing = [flag for flag, value in (("--gbs", args.gbs), ("--seq", args.seq), ("--gpus", args.gpus)) if not value]
@@ -297,23 +301,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError:
             print(f"error: --window {args.window!r}: use START:END, e.g. 35:45", file=sys.stderr)
             return 2
-    reports = []
+    reports, mlperf_runs = [], []
     try:
         for path in args.paths:
-            info, steps = load(path, args)
-            reports.append(summarize(info, steps, window))
+            runs = mlperf_report.load_runs(path)
+            mlperf_runs += runs
+            try:
+                info, steps = load(path, args)
+                reports.append(summarize(info, steps, window))
+            except ValueError as err:
+                if not runs:  # an MLPerf log without step timings (mllog.txt) still has its score
+                    raise
+                print(f"note: no throughput for {path}: {err}")
     except (ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(format_table(reports))
-    peaks = sorted({f"{r.info.peak_label} = {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU"
-                    for r in reports if r.info.peak_flops})
-    print("step s: mean over the steps shown; MFU = GBS x model FLOPs per sample / step time / GPUs / peak"
-          + (f" ({'; '.join(peaks)})" if peaks else ""))
     out = args.plot or (args.paths[0] / "report.png" if len(args.paths) == 1 and args.paths[0].is_dir()
                         else Path("report.png"))
+    if reports:
+        print(format_table(reports))
+        peaks = sorted({f"{r.info.peak_label} = {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU"
+                        for r in reports if r.info.peak_flops})
+        print("step s: mean over the steps shown; MFU = GBS x model FLOPs per sample / step time / GPUs / peak"
+              + (f" ({'; '.join(peaks)})" if peaks else ""))
+    if mlperf_runs:
+        print("\n" + mlperf_report.format_section(mlperf_runs))
     try:
-        print(f"plot: {plot(reports, out)}")
+        if reports:
+            print(f"plot: {plot(reports, out)}")
+        if mlperf_runs:
+            print(f"plot: {mlperf_report.plot(mlperf_runs, out.with_name(out.stem + '_mlperf.png'))}")
     except ImportError:  # a training image without matplotlib still gets the table
         print("plot: skipped, matplotlib is not installed")
     return 0

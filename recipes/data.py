@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import os
 from typing import Any, Iterator, Mapping
 
+import numpy as np
 import torch
 
 from recipes.stop_signals import helpers_immune_to_stop_signals
@@ -35,10 +36,63 @@ def blend_of(data_cfg: Mapping[str, Any]) -> tuple[list[str], list[float] | None
     return [str(p) for p in blend[1::2]], [float(w) for w in blend[::2]]
 
 
-def split_sizes(train_steps: int, global_batch_size: int, val_interval: int, val_steps: int) -> list[int]:
-    """Samples per split (train, validation, test). Every evaluation reads the same val_steps global batches,
-    so validation losses compare across evaluations and across a resume."""
-    return [train_steps * global_batch_size, val_steps * global_batch_size if val_interval > 0 else 0, 0]
+def split_sizes(train_steps: int, global_batch_size: int, val_interval: int, val_samples: int) -> list[int]:
+    """Samples per split (train, validation, test). Every evaluation reads the same val_samples sequences, so
+    validation losses compare across evaluations and across a resume."""
+    return [train_steps * global_batch_size, val_samples if val_interval > 0 else 0, 0]
+
+
+def eval_samples(train: Mapping[str, Any], global_batch_size: int) -> int:
+    """Sequences per evaluation: training.val_samples, else val_steps global batches."""
+    return train.get("val_samples") or train["val_steps"] * global_batch_size
+
+
+def eval_microbatches(samples: int, micro_batch_size: int, dp_size: int, per_call: int) -> list[int]:
+    """Microbatches per data-parallel rank for each pipeline-schedule call of one evaluation: calls as large as
+    a training step's, the last one taking the rest (the plan checked that samples split into microbatches)."""
+    total = samples // (micro_batch_size * dp_size)
+    return [per_call] * (total // per_call) + ([total % per_call] if total % per_call else [])
+
+
+class InOrderSequences(torch.utils.data.Dataset):
+    """The first `num_samples` sequences of the documents of `prefixes` (data preparation outputs), read in order
+    and never shuffled: sample i is tokens [i*seq, (i+1)*seq] of the documents laid end to end (seq + 1 tokens:
+    inputs and labels shifted by one), cut as megatron's GPTDataset cuts its samples. MLPerf evaluates on exactly
+    these sequences."""
+
+    def __init__(self, prefixes: list[str], seq_length: int, num_samples: int):
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        self.seq_length = seq_length
+        self.parts = []
+        for prefix in prefixes:
+            dtype = IndexedDataset(prefix, mmap=True).index.dtype
+            self.parts.append(np.memmap(prefix + ".bin", dtype=dtype, mode="r"))
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        available = max(0, int(self.offsets[-1]) - 1) // seq_length
+        if num_samples > available:
+            raise SystemExit(f"training.data.valid_blend holds {available} sequences of {seq_length} tokens but an "
+                             f"evaluation reads {num_samples} (training.val_samples); prepare more validation data "
+                             "or evaluate fewer sequences")
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _tokens(self, start: int, stop: int) -> np.ndarray:
+        pieces = []
+        for part, first in zip(self.parts, self.offsets[:-1]):
+            lo, hi = max(start - first, 0), min(stop - first, len(part))
+            if lo < hi:
+                pieces.append(np.asarray(part[lo:hi], dtype=np.int64))
+        return np.concatenate(pieces)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        start = index * self.seq_length
+        window = torch.from_numpy(self._tokens(start, start + self.seq_length + 1))
+        return {"tokens": window[:-1], "labels": window[1:],
+                "loss_mask": torch.ones(self.seq_length, dtype=torch.float32),
+                "position_ids": torch.arange(self.seq_length, dtype=torch.int64)}
 
 
 def build_tokenizer(cfg: Mapping[str, Any]):
@@ -57,7 +111,8 @@ def build_tokenizer(cfg: Mapping[str, Any]):
 
 
 def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, build_here: bool, cache_dir: str):
-    """Train and validation datasets (None on ranks that do not read data)."""
+    """Train and validation datasets (None on ranks that do not read data). The validation set is the `split`
+    share of the blend, or training.data.valid_blend read in order."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
@@ -76,9 +131,14 @@ def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, b
         create_attention_mask=False,  # causal attention is implied by the TE kernels
         mmap_bin_files=True,
     )
-    sizes = split_sizes(train["train_steps"], plan["global_batch_size"], train["val_interval"], train["val_steps"])
+    val_samples = eval_samples(train, plan["global_batch_size"])
+    separate = bool(data.get("valid_blend")) and not data["mock"]
+    sizes = split_sizes(train["train_steps"], plan["global_batch_size"], train["val_interval"],
+                        0 if separate else val_samples)
     cls = MockGPTDataset if data["mock"] else GPTDataset
     train_ds, valid_ds, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: build_here, config).build()
+    if separate and build_here and train["val_interval"] > 0:
+        valid_ds = InOrderSequences(list(data["valid_blend"]), plan["seq_length"], val_samples)
     return train_ds, valid_ds
 
 

@@ -75,7 +75,7 @@ class Trainer:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from recipes import checkpoint, data, distributed, model, settings
+        from recipes import checkpoint, data, distributed, mlperf, model, settings
 
         self.run_dir = run_dir
         self.cfg, self.plan = _load_run(run_dir)
@@ -86,6 +86,8 @@ class Trainer:
         if deterministic:
             self.say("deterministic mode: " + " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items()))
         self.is_last_rank = self.info.rank == self.info.world_size - 1
+        # MLPerf runs: MLLOG from the last rank (cache_clear and init_start now); a no-op log for other runs.
+        self.mllog = mlperf.start(run_dir, cfg, plan, self.info.local_rank, logs_here=self.is_last_rank)
 
         self.config = settings.transformer_config(cfg, plan, grad_accum_fusion=True)
         if plan["tp_comm_overlap"]:
@@ -219,23 +221,27 @@ class Trainer:
         return reduce_loss(losses), float(grad_norm) if grad_norm is not None else float("nan")
 
     def evaluate(self) -> float | None:
+        """Mean loss over every token of the evaluation's sequences (the same ones each time)."""
         import torch
 
-        steps = self.train_cfg["val_steps"]
+        from recipes import data
+
+        plan = self.plan
+        samples = data.eval_samples(self.train_cfg, plan["global_batch_size"])
+        calls = data.eval_microbatches(samples, plan["micro_batch_size"], self.dp_size, plan["num_microbatches"])
+        if not calls:
+            return None
         reads = self.valid_ds is not None
         with self._synced_params(), torch.no_grad():
             for chunk in self.chunks:
                 chunk.eval()
             iters = self._iterators(self.valid_ds if reads else None, 0)
-            totals = []
-            for _ in range(steps):
-                losses = self._run_schedule(iters, self.plan["num_microbatches"], forward_only=True)
-                totals.append(reduce_loss(losses))
+            losses = []
+            for num_microbatches in calls:
+                losses += self._run_schedule(iters, num_microbatches, forward_only=True)
             for chunk in self.chunks:
                 chunk.train()
-        if totals and totals[0] is not None:
-            return sum(totals) / len(totals)
-        return None
+        return reduce_loss(losses)
 
     def save(self) -> None:
         with self._synced_params():
@@ -259,6 +265,11 @@ class Trainer:
         ckpt_interval = cfg["checkpoint"]["interval"]
         if cfg["checkpoint"].get("save_initial") and state.step == 0:
             self.save()
+        if self.cfg.get("mlperf"):
+            import torch
+
+            torch.distributed.barrier()  # the timed run starts on every rank together
+        self.mllog.run_start(state.consumed_samples, init_checkpoint_step=state.step)
         last_time = time.perf_counter()
         while state.step < cfg["train_steps"]:
             loss, grad_norm = self.train_step()
@@ -274,10 +285,14 @@ class Trainer:
                     print(f"[recipes] ERROR: {what} at step {state.step}: training stopped. Last good checkpoint: "
                           f"{self._last_good_checkpoint()} (lower training.optimizer.lr, check the data, and "
                           "resume from it)", flush=True)
+                self.mllog.run_stop(False, state.consumed_samples)
                 return 3
 
             val_loss = None
-            if cfg["val_interval"] and (state.step % cfg["val_interval"] == 0 or state.step == cfg["train_steps"]):
+            evaluated = bool(cfg["val_interval"]) and (state.step % cfg["val_interval"] == 0
+                                                       or state.step == cfg["train_steps"])
+            if evaluated:
+                self.mllog.eval_start(state.consumed_samples)
                 val_loss = self.evaluate()
             log_now = state.step % cfg["log_interval"] == 0 or val_loss is not None
             peak_memory = self._peak_memory_gib() if log_now else None
@@ -294,6 +309,10 @@ class Trainer:
 
             finished = state.step == cfg["train_steps"] or reached
             stopping = not finished and stop.agreed()
+            if evaluated:
+                self.mllog.eval_stop(state.consumed_samples, val_loss, run_goes_on=not (finished or stopping))
+            if finished or stopping:
+                self.mllog.run_stop(reached, state.consumed_samples)
             if ((ckpt_interval and state.step % ckpt_interval == 0) or stopping
                     or (finished and cfg["checkpoint"]["save_at_end"])):
                 self.save()

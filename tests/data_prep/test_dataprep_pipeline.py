@@ -323,3 +323,35 @@ def test_plain_text_lines_or_files(tmp_path, capsys, tokenizers_dir):
     assert run_cli(capsys, "run", "--config", cfg)[0] == 0
     assert_round_trip(str(out / "lines_text_document"), tok, ["first line", "second line", "third"])
     assert marker(str(out / "lines_text_document"))["skipped"] == {"blank_line": 1}
+
+
+def test_documents_without_eod_as_in_mlperf_c4(tmp_path, capsys, tokenizers_dir):
+    """append_eod=false: each document is its tokens alone (MLPerf's C4 files); verify accepts that, and turning
+    the setting back on redoes the shard with an EOD after every document."""
+    src = write_shard(tmp_path / "d.jsonl.gz", make_docs(40, seed=21))
+    spec = ("sentencepiece", tokenizers_dir["sentencepiece"])
+    tok = load_tokenizer(*spec)
+    out = tmp_path / "out"
+    prefix = str(out / "d_text_document")
+    cfg = write_config(tmp_path / "c.yaml", "files", spec, out, inputs=[str(src.path)], workers=2, append_eod=False)
+    assert run_cli(capsys, "run", "--config", cfg)[0] == 0
+    docs = read_documents(prefix)
+    assert [ids.tolist() for ids in docs] == [tok.encode(text) for text in src.docs]
+    assert marker(prefix)["append_eod"] is False
+    assert marker(prefix)["tokens"] == sum(len(tok.encode(text)) for text in src.docs)
+    rc, stdout, _ = run_cli(capsys, "verify", "--config", cfg)
+    assert rc == 0, stdout
+
+    cfg = write_config(tmp_path / "c.yaml", "files", spec, out, inputs=[str(src.path)], workers=2)
+    rc, stdout, _ = run_cli(capsys, "run", "--config", cfg)
+    assert rc == 0 and "made with other settings" in stdout
+    assert_round_trip(prefix, tok, src.docs)
+    assert marker(prefix)["append_eod"] is True
+
+
+def test_append_eod_must_be_a_boolean(tmp_path, capsys, tokenizers_dir):
+    src = write_shard(tmp_path / "d.jsonl", make_docs(3, seed=2))
+    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
+                       tmp_path / "out", inputs=[str(src.path)], append_eod="no")
+    rc, _, err = run_cli(capsys, "run", "--config", cfg)
+    assert rc == 2 and "data_preparation.append_eod='no': expected true or false" in err

@@ -134,8 +134,8 @@ def test_blend_forms():
 
 
 def test_split_sizes():
-    assert data.split_sizes(100, 8, 50, 4) == [800, 32, 0]
-    assert data.split_sizes(100, 8, 0, 4) == [800, 0, 0]
+    assert data.split_sizes(100, 8, 50, 32) == [800, 32, 0]
+    assert data.split_sizes(100, 8, 0, 32) == [800, 0, 0]
 
 
 def test_mock_tokenizer_for_mock_data():

@@ -168,7 +168,8 @@ def _names(requirements) -> set[str]:
 def test_pyproject_and_the_declared_stack_list_the_same_gpu_side_packages():
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    listed = _names(project["dependencies"] + project["optional-dependencies"]["dataprep"])
+    extras = project["optional-dependencies"]
+    listed = _names(project["dependencies"] + extras["dataprep"] + extras["mlperf"])
     assert _names(DECLARED["requirements"]) <= listed
     train = project["optional-dependencies"]["train"]
     assert f"megatron-core=={DECLARED['megatron_core']['tested']}" in train

@@ -75,13 +75,15 @@ class Trainer:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from recipes import checkpoint, data, distributed, model, settings
+        from recipes import checkpoint, data, distributed, model, observability, settings
 
         self.run_dir = run_dir
         self.cfg, self.plan = _load_run(run_dir)
         cfg, plan = self.cfg, self.plan
         self.train_cfg = cfg["training"]
         deterministic = settings.apply_determinism(cfg, os.environ)
+        # Tracking, profiling, GPU telemetry (conf/observability.yaml); a missing package stops every rank here.
+        self.observers = observability.Observers(run_dir, cfg, plan, distributed.rank_info())
         self.info = distributed.initialize(plan, cfg["seed"])
         if deterministic:
             self.say("deterministic mode: " + " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items()))
@@ -115,6 +117,7 @@ class Trainer:
         self.state = state
         if state.step:
             self.say(f"resumed at step {state.step} ({state.consumed_samples} samples consumed)")
+        self.observers.training_starts(self.config, state.step)
 
         # Data: read on TP rank 0 of the stages that need it, broadcast to the rest of the TP group.
         needs_data = [model.unwrap(c).pre_process or model.unwrap(c).post_process for c in self.chunks]
@@ -213,7 +216,8 @@ class Trainer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         losses = self._run_schedule(self.train_iters, self.plan["num_microbatches"], forward_only=False)
-        _, grad_norm, _ = self.optimizer.step()
+        with self.observers.range("optimizer"):
+            _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
         self._enable_pre_hooks()
         return reduce_loss(losses), float(grad_norm) if grad_norm is not None else float("nan")
@@ -238,7 +242,7 @@ class Trainer:
         return None
 
     def save(self) -> None:
-        with self._synced_params():
+        with self._synced_params(), self.observers.range("checkpoint"):
             self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state, self.say)
 
     def _last_good_checkpoint(self) -> str:
@@ -261,11 +265,13 @@ class Trainer:
             self.save()
         last_time = time.perf_counter()
         while state.step < cfg["train_steps"]:
+            self.observers.step_begins(state.step + 1)
             loss, grad_norm = self.train_step()
             state.step += 1
             state.consumed_samples += plan["global_batch_size"]
             now = time.perf_counter()
             step_time, last_time = now - last_time, now
+            self.observers.step_ended(state.step)
             self.checkpointer.poll()
 
             if not math.isfinite(grad_norm) or (loss is not None and not math.isfinite(loss)):
@@ -287,6 +293,7 @@ class Trainer:
                     consumed_samples=state.consumed_samples, val_loss=val_loss, peak_memory_gib=peak_memory)
                 print(metrics.progress_line(record, cfg["train_steps"]), flush=True)
                 self.metrics_writer.write(record)
+                self.observers.log(record)
             target = cfg.get("target_val_loss")
             reached = self._broadcast_val_reached(val_loss, target)
             if state.step % 100 == 0:
@@ -333,9 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from recipes import distributed
 
+    trainer = None
     try:
-        return Trainer(os.path.abspath(args.run_dir)).train()
+        trainer = Trainer(os.path.abspath(args.run_dir))
+        return trainer.train()
     finally:
+        if trainer is not None:
+            trainer.observers.close()  # the profile, the tracker's last events, the telemetry thread
         distributed.shutdown()
 
 

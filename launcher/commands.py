@@ -35,9 +35,18 @@ def training_entry(run_dir: Path) -> list[str]:
     return ["python", "-m", "recipes.train", "--run-dir", str(run_dir)]
 
 
-def torchrun_command(num_gpus: int, run_dir: Path) -> list[str]:
+def preflight_entry(run_dir: Path) -> list[str]:
+    """The network preflight every rank of the training job's shape runs (recipes/preflight.py)."""
+    return ["python", "-m", "recipes.preflight", "--run-dir", str(run_dir)]
+
+
+def torchrun_command(num_gpus: int, run_dir: Path, entry: list[str] | None = None) -> list[str]:
+    """torchrun over this machine's GPUs for an entry (default: training): `python -m ...`, or any other program
+    (e.g. the nsys wrapper), which torchrun then starts with --no-python."""
+    entry = entry or training_entry(run_dir)
+    program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
     # --standalone: a rendezvous on a free local port, so two local runs never collide.
-    return ["torchrun", "--standalone", "--nproc-per-node", str(num_gpus), *training_entry(run_dir)[1:]]
+    return ["torchrun", "--standalone", "--nproc-per-node", str(num_gpus), *program]
 
 
 def data_prep_command(run_dir: Path, shard: str | None = None) -> str:

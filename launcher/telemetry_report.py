@@ -65,10 +65,11 @@ def load(run_dir: Path) -> list[dict[str, Any]]:
 
 def during_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Samples taken while steps ran: from the end of step 1 (start-up and the first step's compilation left out)
-    until the last step finished, per node. Falls back to every sample after step 1, then to all of them."""
+    until the last step finished, per node, without those taken during a checkpoint save or validation. Falls back
+    to every sample after step 1, then to all of them."""
     chosen = []
     for node in sorted({r["node"] for r in rows}):
-        mine = [r for r in rows if r["node"] == node and r["step"] is not None]
+        mine = [r for r in rows if r["node"] == node and r["step"] is not None and not r.get("activity")]
         last = max((r["step"] for r in mine), default=0)
         steady = [r for r in mine if 1 <= r["step"] < last]
         chosen += steady or [r for r in mine if r["step"] >= 1] or [r for r in rows if r["node"] == node]

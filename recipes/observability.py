@@ -9,6 +9,10 @@ from typing import Any, Iterator, Mapping
 from recipes import profiling, telemetry, tracking
 
 
+# Ranges during which the GPUs do something other than training steps.
+SAMPLER_ACTIVITIES = ("validation", "checkpoint")
+
+
 def _print(message: str) -> None:
     print(f"[recipes] {message}", flush=True)
 
@@ -53,12 +57,20 @@ class Observers:
 
     @contextlib.contextmanager
     def range(self, name: str) -> Iterator[None]:
-        """A named range (optimizer, checkpoint) in the profile; nothing when this rank is not profiled."""
-        if self.window is None:
-            yield
-        else:
-            with self.window.range(name):
+        """A named range (optimizer, validation, checkpoint) in the profile of a profiled rank; validation and
+        checkpoint samples are marked in the telemetry, so the report's "during steps" leaves them out."""
+        marked = self.sampler is not None and name in SAMPLER_ACTIVITIES
+        if marked:
+            self.sampler.activity = name
+        try:
+            if self.window is None:
                 yield
+            else:
+                with self.window.range(name):
+                    yield
+        finally:
+            if marked:
+                self.sampler.activity = ""
 
     def step_begins(self, step: int) -> None:
         if self.window is not None:

@@ -1,7 +1,7 @@
 """GPU telemetry: on local rank 0 of every node, a thread samples the node's GPUs of the job through NVML
 (nvidia-ml-py) every telemetry.interval_s seconds into RUN_DIR/telemetry/<node>.csv, one row per GPU and sample:
-utilisation, memory, power, temperature, SM clock, clock event (throttle) reasons and the training step the
-sample fell in. `python -m launcher.report RUN_DIR` plots it and flags GPUs far below their peers.
+utilisation, memory, power, temperature, SM clock, clock event (throttle) reasons, the training step the
+sample fell in and what else the trainer was doing (checkpoint, validation). `python -m launcher.report RUN_DIR` plots it and flags GPUs far below their peers.
 
 NVML calls release the GIL (ctypes), so sampling a node's GPUs once a second costs the trainer nothing it would
 notice; a thread (unlike a process) also ends with the trainer however it ends."""
@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Sequence
 
 COLUMNS = ["time", "node", "step", "gpu", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
-           "power_w", "temp_c", "sm_clock_mhz", "sm_clock_max_mhz", "clock_events"]
+           "power_w", "temp_c", "sm_clock_mhz", "sm_clock_max_mhz", "clock_events", "activity"]
 
 # NVML clock event reasons (nvmlClocksEventReason*; the older name is "throttle reasons"), as bits.
 CLOCK_EVENTS = [
@@ -60,7 +60,8 @@ def job_gpu_ids(count: int) -> list[str]:
     try:
         import torch
 
-        return [f"GPU-{torch.cuda.get_device_properties(i).uuid}" for i in range(count)]
+        uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
+        return [u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}" for u in uuids]
     except Exception:
         visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
         return visible[:count] if visible else [str(i) for i in range(count)]
@@ -76,7 +77,8 @@ def _read(call: Callable[[], Any], scale: float = 1.0, digits: int = 1) -> str:
 
 
 class Sampler:
-    """The sampling thread; `step` is set by the trainer after every step."""
+    """The sampling thread; the trainer sets `step` after every step, and `activity` while it saves a checkpoint or
+    validates (those samples are not the steps' and the report leaves them out)."""
 
     def __init__(self, nvml: Any, gpu_ids: Sequence[str], path: str, node: str, interval_s: float,
                  clock: Callable[[], float] = time.time):
@@ -86,15 +88,19 @@ class Sampler:
         self.interval_s = interval_s
         self.clock = clock
         self.step = 0
+        self.activity = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         nvml.nvmlInit()
-        self.handles = [self._handle(gpu_id) for gpu_id in gpu_ids]
+        self.handles = [self._handle(gpu_id, position) for position, gpu_id in enumerate(gpu_ids)]
 
-    def _handle(self, gpu_id: str):
+    def _handle(self, gpu_id: str, position: int):
         if gpu_id.isdigit():
             return self.nvml.nvmlDeviceGetHandleByIndex(int(gpu_id))
-        return self.nvml.nvmlDeviceGetHandleByUUID(gpu_id)
+        try:
+            return self.nvml.nvmlDeviceGetHandleByUUID(gpu_id)
+        except Exception:  # a UUID form NVML does not take: the CUDA order, which matches NVML's on one model
+            return self.nvml.nvmlDeviceGetHandleByIndex(position)
 
     def _clock_events(self, handle) -> int:
         get = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
@@ -103,14 +109,14 @@ class Sampler:
 
     def sample(self) -> list[list[str]]:
         """One row per GPU, in COLUMNS order."""
-        nvml, now = self.nvml, self.clock()
+        nvml, now, step, activity = self.nvml, self.clock(), self.step, self.activity
         rows = []
         for index, handle in enumerate(self.handles):
             util = _try(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h))
             memory = _try(lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h))
             events = _try(lambda h=handle: self._clock_events(h))
             rows.append([
-                f"{now:.3f}", self.node, str(self.step), str(index),
+                f"{now:.3f}", self.node, str(step), str(index),
                 "" if util is None else str(util.gpu), "" if util is None else str(util.memory),
                 "" if memory is None else f"{memory.used / 2**20:.0f}",
                 "" if memory is None else f"{memory.total / 2**20:.0f}",
@@ -119,6 +125,7 @@ class Sampler:
                 _read(lambda h=handle: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM), digits=0),
                 _read(lambda h=handle: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM), digits=0),
                 "" if events is None else clock_event_names(events),
+                activity,
             ])
         return rows
 

@@ -149,11 +149,12 @@ class Tracker:
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = os.path.join(self.run_dir, "tensorboard")
-        # purge_step: events the interrupted run wrote after the checkpoint we resumed from are dropped by readers.
-        self.tensorboard = SummaryWriter(log_dir=log_dir, purge_step=resume_step + 1 if resume_step else None)
+        # purge_step: readers drop what an interrupted run wrote after the checkpoint this run resumes from (all of
+        # it when there was none), so every step appears once.
+        self.tensorboard = SummaryWriter(log_dir=log_dir, purge_step=resume_step + 1)
         if resume_step == 0:
             self._write_hparams(cfg, plan)
-        self.tensorboard.flush()
+        self.tensorboard.flush()  # the purge marker reaches the file even if no step follows
 
     def _write_hparams(self, cfg, plan) -> None:
         from torch.utils.tensorboard.summary import hparams
@@ -161,7 +162,7 @@ class Tracker:
         params = flatten({"config": cfg, "plan": {k: v for k, v in plan.items() if k != "env"}})
         # The session's metrics, so TensorBoard's HParams tab shows them next to the hyperparameters.
         metrics = {"train/loss": 0.0, "val/loss": 0.0, "perf/tokens_per_s_per_gpu": 0.0, "perf/mfu": 0.0}
-        writer = self.tensorboard._get_file_writer()
+        writer = self.tensorboard._get_file_writer()  # what add_hparams does, without its extra sub-run
         for summary in hparams(params, metrics):
             writer.add_summary(summary)
         import yaml

@@ -284,7 +284,8 @@ class Trainer:
 
             val_loss = None
             if cfg["val_interval"] and (state.step % cfg["val_interval"] == 0 or state.step == cfg["train_steps"]):
-                val_loss = self.evaluate()
+                with self.observers.range("validation"):
+                    val_loss = self.evaluate()
             log_now = state.step % cfg["log_interval"] == 0 or val_loss is not None
             peak_memory = self._peak_memory_gib() if log_now else None
             if self.is_last_rank and log_now:

@@ -34,7 +34,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 def test_rows_parse_and_a_line_cut_short_is_skipped():
     rows = telemetry_report.read_csv(FIXTURES / "gpu-b.csv")
-    assert len(rows) == 24  # 12 samples x 2 GPUs; the truncated 25th line is dropped
+    assert len(rows) == 26  # 13 samples x 2 GPUs; the truncated last line is dropped
     first = rows[0]
     assert (first["node"], first["gpu"], first["step"], first["util_pct"], first["sm_clock_mhz"]) == \
         ("gpu-b", 0, 0.0, 0.0, 345.0)
@@ -45,9 +45,10 @@ def test_samples_during_steps_leave_out_start_up_and_the_end(tmp_path):
     assert telemetry_report.load(tmp_path) == []  # no telemetry/ directory
     rows = telemetry_report.read_csv(FIXTURES / "gpu-a.csv") + telemetry_report.read_csv(FIXTURES / "gpu-b.csv")
     steady = telemetry_report.during_steps(rows)
-    # Steps 1..9 of a run whose last sample is at step 10: 9 samples per GPU, 4 GPUs.
+    # Steps 1..9 of a run whose last sample is at step 10: 9 samples per GPU, 4 GPUs; not the checkpoint save's.
     assert len(steady) == 36
     assert {r["step"] for r in steady} == set(range(1, 10))
+    assert any(r["activity"] == "checkpoint" for r in rows) and not any(r["activity"] for r in steady)
 
 
 def test_summary_and_flags_match_the_fixture_values():

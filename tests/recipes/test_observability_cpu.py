@@ -65,24 +65,26 @@ import time
 real_time = time.time
 time.time = lambda: real_time() - 3600  # started an hour before the resume (event files sort by start time)
 tracker = tracking.Tracker({run_dir!r}, cfg, plan, resume_step=0)
-for step in range(1, 14):
+for step in range(1, {killed_after} + 1):
     tracker.log(metrics.step_metrics(plan, step=step, loss=10.0 - 0.1 * step, lr=1e-3, grad_norm=0.5,
                                      step_time_s=0.25, consumed_samples=8 * step,
                                      val_loss=9.0 if step == 10 else None, peak_memory_gib=1.5))
-os._exit(9)  # killed after step 13; the checkpoint it will resume from is step 10's
+os._exit(9)  # killed; the run resumes from its last checkpoint (or from scratch when it saved none)
 """
 
 
-def test_tensorboard_has_every_step_once_across_a_crash_and_resume(tmp_path):
+@pytest.mark.parametrize("killed_after,resume_step", [(13, 10), (5, 0)])
+def test_tensorboard_has_every_step_once_across_a_crash_and_resume(tmp_path, killed_after, resume_step):
     cfg, plan = plan_for()
-    crashed = subprocess.run([sys.executable, "-c", FIRST_SEGMENT.format(repo=str(REPO), run_dir=str(tmp_path))],
+    crashed = subprocess.run([sys.executable, "-c", FIRST_SEGMENT.format(repo=str(REPO), run_dir=str(tmp_path),
+                                                                          killed_after=killed_after)],
                              capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 9, crashed.stderr
     before = scalars_by_tag(tmp_path / "tensorboard")
-    assert [s for s, _ in before["train/loss"]] == list(range(1, 14))
+    assert [s for s, _ in before["train/loss"]] == list(range(1, killed_after + 1))
 
-    resumed = tracking.Tracker(str(tmp_path), cfg, plan, resume_step=10)
-    for step in range(11, 21):
+    resumed = tracking.Tracker(str(tmp_path), cfg, plan, resume_step=resume_step)
+    for step in range(resume_step + 1, 21):
         resumed.log(record(plan, step, 20.0 + step, val_loss=8.0 if step == 20 else None))
     resumed.close()
 
@@ -91,8 +93,10 @@ def test_tensorboard_has_every_step_once_across_a_crash_and_resume(tmp_path):
                 "perf/tokens_per_s", "perf/tokens_per_s_per_gpu", "perf/tflops_per_gpu", "memory/peak_gib"):
         assert [s for s, _ in after[tag]] == list(range(1, 21)), tag
     loss = dict(after["train/loss"])
-    assert loss[10] == pytest.approx(9.0) and loss[11] == pytest.approx(31.0)  # steps 11-13 from the resumed run
-    assert after["val/loss"] == [(10, 9.0), (20, 8.0)]
+    # Steps up to the checkpoint from the killed run, every later one (re-run ones included) from the resumed run.
+    assert [loss[s] for s in range(1, 21)] == pytest.approx(
+        [10.0 - 0.1 * s if s <= resume_step else 20.0 + s for s in range(1, 21)])
+    assert after["val/loss"] == ([(10, 9.0)] if resume_step >= 10 else []) + [(20, 8.0)]
 
 
 def test_tensorboard_records_config_and_plan_as_hyperparameters(tmp_path):
@@ -317,9 +321,16 @@ def test_a_sample_has_one_row_per_gpu_with_every_metric(tmp_path):
     assert rows[0] == {"time": "1234.500", "node": "node7", "step": "42", "gpu": "0", "util_pct": "97",
                        "mem_util_pct": "40", "mem_used_mib": "30720", "mem_total_mib": "81920", "power_w": "650.0",
                        "temp_c": "61", "sm_clock_mhz": "1980", "sm_clock_max_mhz": "1980",
-                       "clock_events": "sw_power_cap"}
+                       "clock_events": "sw_power_cap", "activity": ""}
     assert rows[1]["power_w"] == "" and rows[1]["clock_events"] == "gpu_idle+sw_thermal_slowdown"
     assert rows[1]["gpu"] == "1" and rows[1]["sm_clock_mhz"] == "1410"
+    sampler.activity = "checkpoint"
+    assert [row[-1] for row in sampler.sample()] == ["checkpoint", "checkpoint"]
+
+
+def test_a_uuid_nvml_does_not_know_falls_back_to_the_cuda_order(tmp_path):
+    sampler = telemetry.Sampler(FakeNvml(), ["GPU-unknown", "GPU-a"], str(tmp_path / "n.csv"), "n", 1.0)
+    assert [row[4] for row in sampler.sample()] == ["97", "97"]  # position 0 -> NVML index 0 (GPU-a); then GPU-a
 
 
 def test_the_sampler_thread_writes_the_csv_the_report_reads_and_a_resume_appends(tmp_path):
@@ -376,15 +387,22 @@ def test_observers_on_other_ranks_do_nothing(tmp_path):
     assert model_config.timers is None and not any(tmp_path.iterdir())
 
 
-def test_telemetry_starts_on_local_rank_0_only(tmp_path, monkeypatch):
+def test_telemetry_starts_on_local_rank_0_only_and_marks_checkpoints_and_validation(tmp_path, monkeypatch):
     started = []
+    sampler = SimpleNamespace(step=0, activity="", stop=lambda: None)
     monkeypatch.setattr(telemetry, "missing_package", lambda cfg: None)
-    monkeypatch.setattr(telemetry, "start", lambda run_dir, cfg, gpus: started.append(gpus) or
-                        SimpleNamespace(step=0, stop=lambda: None))
+    monkeypatch.setattr(telemetry, "start", lambda run_dir, cfg, gpus: started.append(gpus) or sampler)
     cfg, plan = plan_for("logging.tensorboard=false")
-    for local_rank in (0, 1):
-        observability.Observers(str(tmp_path), cfg, plan, RankInfo(local_rank, local_rank, 2, "h", 0)).close()
-    assert started == [["0"]]  # plan.gpus_per_node GPUs of this node
+    observers = [observability.Observers(str(tmp_path), cfg, plan, RankInfo(r, r, 2, "h", 0)) for r in (0, 1)]
+    assert started == [["0"]]  # plan.gpus_per_node GPUs of this node, sampled by local rank 0 only
+    seen = []
+    for name in ("checkpoint", "validation", "optimizer"):
+        with observers[0].range(name):
+            seen.append(sampler.activity)
+    observers[0].step_ended(7)
+    assert seen == ["checkpoint", "validation", ""] and sampler.activity == "" and sampler.step == 7
+    for o in observers:
+        o.close()
 
 
 def test_missing_packages_stop_every_rank_with_one_line_each(tmp_path, monkeypatch):

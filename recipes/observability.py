@@ -61,7 +61,7 @@ class Observers:
         checkpoint samples are marked in the telemetry, so the report's "during steps" leaves them out."""
         marked = self.sampler is not None and name in SAMPLER_ACTIVITIES
         if marked:
-            self.sampler.activity = name
+            previous, self.sampler.activity = self.sampler.activity, name
         try:
             if self.window is None:
                 yield
@@ -70,7 +70,7 @@ class Observers:
                     yield
         finally:
             if marked:
-                self.sampler.activity = ""
+                self.sampler.activity = previous
 
     def step_begins(self, step: int) -> None:
         if self.window is not None:
@@ -81,6 +81,8 @@ class Observers:
             self.window.step_ended(step)
         if self.sampler is not None:
             self.sampler.step = step
+            if self.sampler.activity == "startup":
+                self.sampler.activity = ""
 
     def log(self, record: Any) -> None:
         if self.tracker is not None:

@@ -1,7 +1,7 @@
 """GPU telemetry: on local rank 0 of every node, a thread samples the node's GPUs of the job through NVML
 (nvidia-ml-py) every telemetry.interval_s seconds into RUN_DIR/telemetry/<node>.csv, one row per GPU and sample:
 utilisation, memory, power, temperature, SM clock, clock event (throttle) reasons, the training step the
-sample fell in and what else the trainer was doing (checkpoint, validation). `python -m launcher.report RUN_DIR` plots it and flags GPUs far below their peers.
+sample fell in and what else the trainer was doing (startup until its first step ends, checkpoint, validation). `python -m launcher.report RUN_DIR` plots it and flags GPUs far below their peers.
 
 NVML calls release the GIL (ctypes), so sampling a node's GPUs once a second costs the trainer nothing it would
 notice; a thread (unlike a process) also ends with the trainer however it ends."""
@@ -77,8 +77,9 @@ def _read(call: Callable[[], Any], scale: float = 1.0, digits: int = 1) -> str:
 
 
 class Sampler:
-    """The sampling thread; the trainer sets `step` after every step, and `activity` while it saves a checkpoint or
-    validates (those samples are not the steps' and the report leaves them out)."""
+    """The sampling thread; the trainer sets `step` after every step, and `activity` until its first step ends
+    (startup), while it saves a checkpoint or validates: those samples are not the steps' and the report leaves
+    them out."""
 
     def __init__(self, nvml: Any, gpu_ids: Sequence[str], path: str, node: str, interval_s: float,
                  clock: Callable[[], float] = time.time):
@@ -88,7 +89,7 @@ class Sampler:
         self.interval_s = interval_s
         self.clock = clock
         self.step = 0
-        self.activity = ""
+        self.activity = "startup"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         nvml.nvmlInit()

@@ -316,7 +316,8 @@ class FakeNvml:
 def test_a_sample_has_one_row_per_gpu_with_every_metric(tmp_path):
     sampler = telemetry.Sampler(FakeNvml(), ["GPU-a", "GPU-b"], str(tmp_path / "n.csv"), "node7", 1.0,
                                 clock=lambda: 1234.5)
-    sampler.step = 42
+    assert sampler.activity == "startup"  # until the trainer's first step ends
+    sampler.step, sampler.activity = 42, ""
     rows = [dict(zip(telemetry.COLUMNS, row)) for row in sampler.sample()]
     assert rows[0] == {"time": "1234.500", "node": "node7", "step": "42", "gpu": "0", "util_pct": "97",
                        "mem_util_pct": "40", "mem_used_mib": "30720", "mem_total_mib": "81920", "power_w": "650.0",
@@ -389,18 +390,23 @@ def test_observers_on_other_ranks_do_nothing(tmp_path):
 
 def test_telemetry_starts_on_local_rank_0_only_and_marks_checkpoints_and_validation(tmp_path, monkeypatch):
     started = []
-    sampler = SimpleNamespace(step=0, activity="", stop=lambda: None)
+    sampler = SimpleNamespace(step=0, activity="startup", stop=lambda: None)
     monkeypatch.setattr(telemetry, "missing_package", lambda cfg: None)
     monkeypatch.setattr(telemetry, "start", lambda run_dir, cfg, gpus: started.append(gpus) or sampler)
     cfg, plan = plan_for("logging.tensorboard=false")
     observers = [observability.Observers(str(tmp_path), cfg, plan, RankInfo(r, r, 2, "h", 0)) for r in (0, 1)]
     assert started == [["0"]]  # plan.gpus_per_node GPUs of this node, sampled by local rank 0 only
+    observers[0].training_starts(SimpleNamespace(timers=None), resume_step=6)
+    with observers[0].range("checkpoint"):  # e.g. training.checkpoint.save_initial
+        assert sampler.activity == "checkpoint"
+    assert sampler.activity == "startup" and sampler.step == 6
+    observers[0].step_ended(7)
+    assert sampler.activity == "" and sampler.step == 7
     seen = []
     for name in ("checkpoint", "validation", "optimizer"):
         with observers[0].range(name):
             seen.append(sampler.activity)
-    observers[0].step_ended(7)
-    assert seen == ["checkpoint", "validation", ""] and sampler.activity == "" and sampler.step == 7
+    assert seen == ["checkpoint", "validation", ""] and sampler.activity == ""
     for o in observers:
         o.close()
 

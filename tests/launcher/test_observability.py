@@ -3,7 +3,6 @@ stage (order, chain, scripts) and the nsys wrapping of the profiled ranks in loc
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 
 import pytest
@@ -11,7 +10,6 @@ import pytest
 from launcher import observability
 from launcher.cli import prepare
 from launcher.plan import PlanError
-from launcher.rundir import render
 
 from launcher_helpers import EIGHT_H100, NO_GPU, run_main
 from test_render import SQSH, check_golden, rendered

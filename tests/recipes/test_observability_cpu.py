@@ -8,7 +8,6 @@ import gzip
 import json
 import os
 from pathlib import Path
-import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -144,19 +143,32 @@ def wandb_history(run: Path) -> tuple[dict, dict[int, dict]]:
     return config, history
 
 
-def test_wandb_offline_run_is_readable_and_a_resume_continues_the_same_run(tmp_path, monkeypatch):
+WANDB_SEGMENTS = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from launcher.config import compose
+from launcher.plan import build_plan
+from recipes import metrics, tracking
+cfg = compose(["logging.wandb.enabled=true", "logging.wandb.mode=offline", "logging.tensorboard=false"])
+plan = build_plan(cfg).to_json_dict()
+said = []
+for resume_step, last in ((0, 5), (5, 8)):  # a run, then its resume from step 5
+    tracker = tracking.Tracker({run_dir!r}, cfg, plan, resume_step=resume_step, say=said.append)
+    for step in range(resume_step + 1, last + 1):
+        tracker.log(metrics.step_metrics(plan, step=step, loss=10.0 - step, lr=1e-3, grad_norm=0.5, step_time_s=0.25,
+                                         consumed_samples=8 * step, val_loss=3.0 if step == 8 else None))
+    tracker.close()
+print(json.dumps({{"said": said, "train_steps": cfg["training"]["train_steps"], "gbs": plan["global_batch_size"]}}))
+"""
+
+
+def test_wandb_offline_run_is_readable_and_a_resume_continues_the_same_run(tmp_path):
     pytest.importorskip("wandb", reason="wandb is not installed")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg, plan = plan_for("logging.wandb.enabled=true", "logging.wandb.mode=offline", "logging.tensorboard=false")
-    said: list[str] = []
-    first = tracking.Tracker(str(tmp_path), cfg, plan, resume_step=0, say=said.append)
-    for step in range(1, 6):
-        first.log(record(plan, step, 10.0 - step))
-    first.close()
-    second = tracking.Tracker(str(tmp_path), cfg, plan, resume_step=5, say=said.append)
-    for step in range(6, 9):
-        second.log(record(plan, step, 10.0 - step, val_loss=3.0 if step == 8 else None))
-    second.close()
+    # In a process of its own: W&B leaves threads behind, which would receive this process's signals.
+    run = subprocess.run([sys.executable, "-c", WANDB_SEGMENTS.format(repo=str(REPO), run_dir=str(tmp_path))],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "WANDB_SILENT": "true"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
 
     runs = tracking.offline_runs(str(tmp_path))
     assert len(runs) == 2
@@ -165,12 +177,12 @@ def test_wandb_offline_run_is_readable_and_a_resume_continues_the_same_run(tmp_p
     config, history = wandb_history(Path(runs[0]))
     assert sorted(history) == [1, 2, 3, 4, 5]
     assert history[3]["train/loss"] == 7.0 and history[3]["perf/step_time_s"] == 0.25
-    assert config["config"]["training"]["train_steps"] == cfg["training"]["train_steps"]
-    assert config["plan"]["global_batch_size"] == plan["global_batch_size"]
+    assert config["config"]["training"]["train_steps"] == result["train_steps"]
+    assert config["plan"]["global_batch_size"] == result["gbs"]
     _, history = wandb_history(Path(runs[1]))
     assert sorted(history) == [6, 7, 8] and history[8]["val/loss"] == 3.0
-    assert said[-1] == (f"wandb: offline run in {tmp_path / 'wandb'}; upload it from a machine with internet: "
-                        f"wandb sync {runs[0]} {runs[1]}")
+    assert result["said"][-1] == (f"wandb: offline run in {tmp_path / 'wandb'}; upload it from a machine with "
+                                  f"internet: wandb sync {runs[0]} {runs[1]}")
 
 
 # ----------------------------------------------------------------------------- profiling

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig
 
-from launcher import mlperf, sweep
+from launcher import mlperf, observability, sweep
 from launcher.config import to_plain
 from launcher.hardware import LocalGpus, detect_local_gpus
 from launcher.plan import Plan, PlanError, build_plan, missing_data
@@ -45,6 +45,7 @@ def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prep
     plan = build_plan(cfg, local_gpus)
     run_dir = run_dir_of(cfg)
     stages = plan_stages(cfg, plan, run_dir)
+    stages.warnings += observability.check(cfg, plan)
     plan.command = stages.command
     problems, notes = mlperf.check(cfg, plan)
     if problems:
@@ -119,8 +120,8 @@ def _submit(prepared: Prepared, say: Say) -> int:
 def _run_here(prepared: Prepared, say: Say) -> int:
     plan, run_dir = prepared.plan, prepared.run_dir
     jobs = prepared.stages.jobs
-    if plan.cannot_train_reason:
-        jobs = [j for j in jobs if j.stage != "training"]
+    if plan.cannot_train_reason:  # the stages that need this machine's GPUs
+        jobs = [j for j in jobs if j.stage not in ("preflight", "training")]
     code = run_here(jobs, run_dir, say)
     if code:
         return code

@@ -35,11 +35,19 @@ def training_entry(run_dir: Path) -> list[str]:
     return ["python", "-m", "recipes.train", "--run-dir", str(run_dir)]
 
 
-def torchrun_command(num_gpus: int, run_dir: Path) -> list[str]:
-    """torchrun through the job's `python` (a virtualenv over a system's packages has no torchrun script of its
-    own). --standalone: a rendezvous on a free local port, so two local runs never collide."""
-    return ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(num_gpus),
-            *training_entry(run_dir)[1:]]
+def preflight_entry(run_dir: Path) -> list[str]:
+    """The network preflight every rank of the training job's shape runs (recipes/preflight.py)."""
+    return ["python", "-m", "recipes.preflight", "--run-dir", str(run_dir)]
+
+
+def torchrun_command(num_gpus: int, run_dir: Path, entry: list[str] | None = None) -> list[str]:
+    """torchrun over this machine's GPUs for an entry (default: training): `python -m ...`, or any other program
+    (e.g. the nsys wrapper), which torchrun then starts with --no-python. It starts through the job's `python`
+    (a virtualenv over a system's packages has no torchrun script of its own). --standalone: a rendezvous on a
+    free local port, so two local runs never collide."""
+    entry = entry or training_entry(run_dir)
+    program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
+    return ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(num_gpus), *program]
 
 
 def stack_check_command(run_dir: Path) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launcher.hardware import GPUS, gpu_spec
-from launcher import mlperf_report, table
+from launcher import mlperf_report, table, telemetry_report
 from launcher.plan import model_flops_per_sample
 
 TOKENS_TO_TRAIN = 1e12
@@ -333,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"plot: {mlperf_report.plot(mlperf_runs, out.with_name(out.stem + '_mlperf.png'))}")
     except ImportError:  # a training image without matplotlib still gets the table
         print("plot: skipped, matplotlib is not installed")
+    for path in args.paths:  # GPU telemetry of each run directory that has it
+        if path.is_dir():
+            telemetry_report.report(path)
     return 0
 
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher import commands
+from launcher import commands, observability
 from launcher.plan import Plan, PlanError
 from launcher.render import Job
 
 # Execution order; `stages=[...]` picks a subset, dependencies follow this order.
-STAGES = ("container", "data_preparation", "training")
+STAGES = ("container", "data_preparation", "preflight", "training")
 
 
 @dataclass
@@ -126,6 +126,10 @@ def _cluster_problems(cfg: Mapping[str, Any], selected: list[str]) -> list[str]:
     if limit is not None and margin >= limit:
         return [f"cluster.signal_before_timeout_s={margin} must be shorter than cluster.time_limit="
                 f"{cluster['time_limit']} ({limit} s)"]
+    if "preflight" in selected:
+        problem = _time_problem("preflight.time_limit", cfg["preflight"]["time_limit"])
+        if problem:
+            return [problem]
     if "data_preparation" in selected:
         job = cfg["data_preparation"].get("job") or {}
         problem = job.get("time_limit") and _time_problem("data_preparation.job.time_limit", job["time_limit"])
@@ -179,12 +183,43 @@ def _data_preparation_jobs(cfg: Mapping[str, Any], run_dir: Path, num_shards: in
     ]
 
 
+# torch.distributed rendezvous of a job with one task per GPU (training, preflight) on Slurm.
+_SLURM_RENDEZVOUS = [
+    "# torch.distributed rendezvous on the first node; the port follows the job id so that jobs sharing",
+    "# a node never collide. Ranks come from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS.",
+    'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))",
+]
+
+
+def _preflight_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> Job:
+    """The training job's shape running recipes.preflight: it exits non-zero below preflight.min_busbw_gbps,
+    which stops the chain before training (afterok on Slurm, the exit status here)."""
+    cluster = cfg["cluster"]
+    title = f"Network preflight: all-reduce bandwidth over the {_gpus(plan.num_gpus)} of the training job"
+    entry = commands.preflight_entry(run_dir)
+    if cluster["name"] == "local":
+        command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
+        return Job("preflight", script_name("preflight", True), title,
+                   [_tee(command, run_dir / "logs" / "preflight.log")], env=dict(plan.env),
+                   path_first=_bare_path(cluster))
+    srun = commands.srun_prefix(cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"],
+                                extra=["--kill-on-bad-exit=1"])
+    return Job("preflight", script_name("preflight", False), title,
+               [*_SLURM_RENDEZVOUS, commands.shell_line(srun, shlex.join(entry))], env=dict(plan.env),
+               path_first=_bare_path(cluster), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
+               gpus_per_node=plan.gpus_per_node if cluster.get("gpus_per_node") else None,
+               exclusive=bool(cluster.get("exclusive")), time_limit=cfg["preflight"].get("time_limit"))
+
+
 def _training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> tuple[Job, str]:
     """The training job and its launch command (plan.command); the job ends with the report."""
     cluster = cfg["cluster"]
     report = shlex.join(commands.report_command(run_dir))
     if cluster["name"] == "local":
-        command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir))
+        # profile.tool=nsys: the profiled ranks run under nsys (torchrun numbers them in RANK).
+        entry = observability.nsys_entry(cfg, run_dir, commands.training_entry(run_dir), "RANK")
+        command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
         lines = ["# The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.",
                  _tee(shlex.join(commands.stack_check_command(run_dir)), run_dir / "logs" / "training.log"),
                  _tee(command, run_dir / "logs" / "training.log"),
@@ -197,13 +232,11 @@ def _training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> tuple[Jo
 
     srun = commands.srun_prefix(cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"],
                                 mpi=plan.tp_comm_overlap, extra=["--kill-on-bad-exit=1"])
-    entry = shlex.join(commands.training_entry(run_dir))
+    entry = shlex.join(observability.nsys_entry(cfg, run_dir, commands.training_entry(run_dir), "SLURM_PROCID")
+                       or commands.training_entry(run_dir))
     report_srun = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
     lines = [
-        "# torch.distributed rendezvous on the first node; the port follows the job id so that jobs sharing",
-        "# a node never collide. Ranks come from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS.",
-        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))",
+        *_SLURM_RENDEZVOUS,
         commands.shell_line(srun, entry),
         "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
         commands.shell_line(report_srun, report) + " || echo 'report: nothing to report (see above)'",
@@ -250,6 +283,8 @@ def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
             notes.append(f"container: {cluster['container']} exists; nothing to import")
     if "data_preparation" in selected:
         jobs += _data_preparation_jobs(cfg, run_dir, len(shards))
+    if "preflight" in selected:
+        jobs.append(_preflight_job(cfg, plan, run_dir))
     training, command = _training_job(cfg, plan, run_dir)
     if "training" in selected:
         jobs.append(training)

@@ -208,12 +208,14 @@ def requirement(component: Mapping[str, Any], cuda_major: Callable[[], str] = _c
 
 
 def missing_requirements(declared: Mapping[str, Any], found: Mapping[str, Found],
-                         installed: Callable[[str], str | None] = installed_version,
-                         cuda_major: Callable[[], str] = _cuda_major) -> list[str]:
+                         installed: Callable[[str], str | None] | None = None,
+                         cuda_major: Callable[[], str] | None = None) -> list[str]:
     """Pip requirements for what is missing or outside its range; components first (pinned to the tested
     version), then the project's own requirements."""
     from packaging.requirements import Requirement
 
+    installed = installed or installed_version
+    cuda_major = cuda_major or _cuda_major
     out = []
     for name in COMPONENTS:
         component, what = declared[name], found[name]

@@ -75,13 +75,15 @@ class Trainer:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from recipes import checkpoint, data, distributed, mlperf, model, settings
+        from recipes import checkpoint, data, distributed, mlperf, model, observability, settings
 
         self.run_dir = run_dir
         self.cfg, self.plan = _load_run(run_dir)
         cfg, plan = self.cfg, self.plan
         self.train_cfg = cfg["training"]
         deterministic = settings.apply_determinism(cfg, os.environ)
+        # Tracking, profiling, GPU telemetry (conf/observability.yaml); a missing package stops every rank here.
+        self.observers = observability.Observers(run_dir, cfg, plan, distributed.rank_info())
         self.info = distributed.initialize(plan, cfg["seed"])
         if deterministic:
             self.say("deterministic mode: " + " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items()))
@@ -117,6 +119,7 @@ class Trainer:
         self.state = state
         if state.step:
             self.say(f"resumed at step {state.step} ({state.consumed_samples} samples consumed)")
+        self.observers.training_starts(self.config, state.step)
 
         # Data: read on TP rank 0 of the stages that need it, broadcast to the rest of the TP group.
         needs_data = [model.unwrap(c).pre_process or model.unwrap(c).post_process for c in self.chunks]
@@ -215,7 +218,8 @@ class Trainer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         losses = self._run_schedule(self.train_iters, self.plan["num_microbatches"], forward_only=False)
-        _, grad_norm, _ = self.optimizer.step()
+        with self.observers.range("optimizer"):
+            _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
         self._enable_pre_hooks()
         return reduce_loss(losses), float(grad_norm) if grad_norm is not None else float("nan")
@@ -244,7 +248,7 @@ class Trainer:
         return reduce_loss(losses)
 
     def save(self) -> None:
-        with self._synced_params():
+        with self._synced_params(), self.observers.range("checkpoint"):
             self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state, self.say)
 
     def _last_good_checkpoint(self) -> str:
@@ -272,11 +276,13 @@ class Trainer:
         self.mllog.run_start(state.consumed_samples, init_checkpoint_step=state.step)
         last_time = time.perf_counter()
         while state.step < cfg["train_steps"]:
+            self.observers.step_begins(state.step + 1)
             loss, grad_norm = self.train_step()
             state.step += 1
             state.consumed_samples += plan["global_batch_size"]
             now = time.perf_counter()
             step_time, last_time = now - last_time, now
+            self.observers.step_ended(state.step)
             self.checkpointer.poll()
 
             if not math.isfinite(grad_norm) or (loss is not None and not math.isfinite(loss)):
@@ -293,7 +299,8 @@ class Trainer:
                                                        or state.step == cfg["train_steps"])
             if evaluated:
                 self.mllog.eval_start(state.consumed_samples)
-                val_loss = self.evaluate()
+                with self.observers.range("validation"):
+                    val_loss = self.evaluate()
             log_now = state.step % cfg["log_interval"] == 0 or val_loss is not None
             peak_memory = self._peak_memory_gib() if log_now else None
             if self.is_last_rank and log_now:
@@ -302,6 +309,7 @@ class Trainer:
                     consumed_samples=state.consumed_samples, val_loss=val_loss, peak_memory_gib=peak_memory)
                 print(metrics.progress_line(record, cfg["train_steps"]), flush=True)
                 self.metrics_writer.write(record)
+                self.observers.log(record)
             target = cfg.get("target_val_loss")
             reached = self._broadcast_val_reached(val_loss, target)
             if state.step % 100 == 0:
@@ -360,9 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         wgrad_fallback.install()
     info = distributed.rank_info()
     stack.check_run(run_dir, info.rank, info.local_rank)  # exits 2 with one line when the stack does not match
+    trainer = None
     try:
-        return Trainer(run_dir).train()
+        trainer = Trainer(run_dir)
+        return trainer.train()
     finally:
+        if trainer is not None:
+            trainer.observers.close()  # the profile, the tracker's last events, the telemetry thread
         distributed.shutdown()
 
 

@@ -279,6 +279,9 @@ def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> P
     dtype = cfg["dtype"]
     problems: list[str] = []
 
+    if par.get("auto") is not None:
+        raise PlanError(["parallelism=auto is a search, not a layout: main.py replaces it with the layout it picks "
+                         "(parallelism.auto.pick) before planning"])
     tp, pp, cp = par["tp"], par["pp"], par["cp"]
     vp = par.get("vp")
     num_gpus = par["num_gpus"]

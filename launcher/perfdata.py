@@ -46,18 +46,32 @@ class Reference:
     layout: str
     tokens_per_s_per_gpu: float
     source: str
+    gpu: str
+    seq_length: int
 
-    def mfu(self, model_cfg: Mapping[str, Any], seq_length: int, peak: str) -> float:
-        """MFU of the published throughput with the plan's FLOPs formula, against the H100's bf16 or fp8 peak."""
-        spec = gpu_spec("h100")
-        flops = self.tokens_per_s_per_gpu / seq_length * model_flops_per_sample(model_cfg, seq_length)
+    def mfu(self, model_cfg: Mapping[str, Any], peak: str = "bf16") -> float:
+        """MFU of the published throughput with the plan's FLOPs formula (model_cfg: the full model's
+        architecture), against the bf16 or fp8 peak of the GPU it ran on."""
+        spec = gpu_spec(self.gpu)
+        flops = self.tokens_per_s_per_gpu / self.seq_length * model_flops_per_sample(model_cfg, self.seq_length)
         return flops / (spec.fp8_peak_flops if peak == "fp8" else spec.bf16_peak_flops)
+
+
+def training_model(model: str) -> dict[str, Any]:
+    """The architecture of a training config by plan.json's name (llama31_70b -> conf/training/llama31/70b.yaml):
+    the full model, also for a run that overrode its layer count."""
+    from launcher.config import compose
+
+    family, _, size = model.partition("_")
+    return compose([f"training={family}/{size}"])["training"]["model"]
 
 
 def nvidia_reference(model: str, dtype: str, path: Path = NVIDIA_H100) -> Reference | None:
     """NVIDIA's row for this model (plan.json's `model`, e.g. llama31_70b) and dtype; None when there is none."""
-    for row in yaml.safe_load(path.read_text())["rows"]:
+    published = yaml.safe_load(path.read_text())
+    for row in published["rows"]:
         if row["model"] == model and row["dtype"] == dtype:
             return Reference(row["model"], row["dtype"], row["gpus"], row["layout"],
-                             float(row["tokens_per_s_per_gpu"]), row["source"])
+                             float(row["tokens_per_s_per_gpu"]), row["source"], published["gpu"],
+                             published["seq_length"])
     return None

@@ -234,8 +234,9 @@ def smallest_fitting_gpus(cfg: Mapping[str, Any], local_gpus: LocalGpus | None =
     if cfg["cluster"]["name"] == "local":
         local = local_gpus or LocalGpus(0, None, ())
         per_node = cfg["cluster"].get("gpus_per_node") or local.count or 8
+        gpu_type = cfg["cluster"].get("gpu_type") or local.gpu_type
         cfg = {**cfg, "cluster": {**cfg["cluster"], "name": "nodes", "gpus_per_node": per_node,
-                                  "ntasks_per_node": None, "gpu_type": cfg["cluster"].get("gpu_type") or local.gpu_type}}
+                                  "ntasks_per_node": None, "gpu_type": gpu_type}}
     return next((n for n in counts if _first_fitting(cfg, space, n, local_gpus)), None)
 
 
@@ -308,6 +309,11 @@ def decided_problems(overrides: Sequence[str]) -> list[str]:
     return problems
 
 
+def _shared_defaults() -> dict[str, Any]:
+    """What every layout starts from (conf/parallelism/_common.yaml)."""
+    return yaml.safe_load((CONF_DIR / "parallelism" / "_common.yaml").read_text())
+
+
 def layout_overrides(ranked: Ranked, cfg: Mapping[str, Any]) -> list[str]:
     """The layout as explicit overrides of parallelism=custom."""
     layout, auto = ranked.layout, cfg["parallelism"]["auto"]
@@ -316,7 +322,7 @@ def layout_overrides(ranked: Ranked, cfg: Mapping[str, Any]) -> list[str]:
     out = ["parallelism=custom", f"parallelism.name={layout.name(cfg['training']['micro_batch_size'])}",
            f"parallelism.num_gpus={ranked.plan.num_gpus}"]
     always = ("tp", "pp", "cp")
-    common = yaml.safe_load((CONF_DIR / "parallelism" / "_common.yaml").read_text())
+    common = _shared_defaults()
     for key, value in settings.items():
         if key in always or value != common.get(key):
             out.append(f"parallelism.{key}={'null' if value is None else str(value).lower()}")
@@ -330,7 +336,7 @@ def layout_overrides(ranked: Ranked, cfg: Mapping[str, Any]) -> list[str]:
 
 def _named_layouts(settings: Mapping[str, Any]) -> list[str]:
     """Named layouts (conf/parallelism/*.yaml) with the same TP/PP/CP/VP/asymmetric split."""
-    common = yaml.safe_load((CONF_DIR / "parallelism" / "_common.yaml").read_text())
+    common = _shared_defaults()
     names = []
     for path in sorted((CONF_DIR / "parallelism").glob("*.yaml")):
         if path.stem.startswith("_") or path.stem in ("auto", "custom"):
@@ -382,8 +388,9 @@ def resolve(user_overrides: Sequence[str], cfg: Mapping[str, Any], local_gpus: L
     _check_same_plan(build_plan(final, local_gpus), chosen.plan)
     if say:
         say(format_search(result, int(auto.get("top", 10)), pick))
-        say(f"pick {pick}: {layout_label(chosen.plan.tp, chosen.plan.pp, chosen.plan.cp, chosen.plan.vp, chosen.plan.dp)}"
-            f" MBS {chosen.plan.micro_batch_size}; the same run without the search:")
+        p = chosen.plan
+        say(f"pick {pick}: {layout_label(p.tp, p.pp, p.cp, p.vp, p.dp)} MBS {p.micro_batch_size}; the same run "
+            "without the search:")
         say("  python main.py " + " ".join(_quoted(o) for o in overrides))
     return final
 

@@ -61,7 +61,8 @@ def _gemm_seconds(c: Mapping[str, Any], peak: float, fp8: bool, m: float, n: flo
     return 3 * 2 * m * n * k / (peak * _gemm_efficiency(c, fp8, (m, n, k)))
 
 
-def _link_gb_s(c: Mapping[str, Any], gpu: Mapping[str, float], within_node: bool) -> float:
+def _link_bytes_per_s(c: Mapping[str, Any], gpu: Mapping[str, float], within_node: bool) -> float:
+    """What a collective moves per second and GPU: NVLink within a node, the GPU's NIC between nodes."""
     return (gpu["nvlink_gb_s"] if within_node else gpu["network_gb_s"]) * c["link_efficiency"] * GB
 
 
@@ -96,7 +97,8 @@ def _decoder_layer(c, gpu, spec, model, plan, par, tokens: float) -> _Layer:
         elem_s *= c["fp8_elementwise_factor"]
     tp_s = 0.0
     if tp > 1:
-        raw = c["tp_collectives_per_layer"] * (tp - 1) / tp * tokens * h * ACT_BYTES / _link_gb_s(c, gpu, True)
+        volume = c["tp_collectives_per_layer"] * (tp - 1) / tp * tokens * h * ACT_BYTES
+        raw = volume / _link_bytes_per_s(c, gpu, True)
         overlap = bool(plan["tp_comm_overlap"])
         tp_s = raw * c["tp_exposed"]["overlap" if overlap else "no_overlap"]
         # Ring collectives (and userbuffer ring exchange) take tp - 1 synchronised steps, each with a fixed cost.
@@ -107,7 +109,7 @@ def _decoder_layer(c, gpu, spec, model, plan, par, tokens: float) -> _Layer:
     if cp > 1:
         # Ring exchange of this rank's K and V, forward, and K, V, dK, dV backward.
         raw = 3 * (cp - 1) * tokens * kv / tp * ACT_BYTES
-        cp_s = c["cp_exposed"] * raw / _link_gb_s(c, gpu, plan["tp"] * cp <= plan["gpus_per_node"])
+        cp_s = c["cp_exposed"] * raw / _link_bytes_per_s(c, gpu, plan["tp"] * cp <= plan["gpus_per_node"])
     compute = gemm_s + attn_s + elem_s
     recompute = par.get("recompute_granularity")
     if recompute == "full":  # one more forward of the layer (a third of forward + backward)
@@ -154,7 +156,7 @@ def predict(cfg: Mapping[str, Any], plan: Mapping[str, Any], constants: Mapping[
     if pp > 1:  # activations forward and their gradients backward, once per model chunk
         sp_shard = tp if plan["sequence_parallel"] else 1
         raw = 2 * chunks * tokens * model["hidden_size"] / sp_shard * ACT_BYTES
-        raw /= _link_gb_s(c, gpu, tp * cp * dp < per_node)
+        raw /= _link_bytes_per_s(c, gpu, tp * cp * dp < per_node)
         overlapped = bool(par.get("overlap_p2p_comm")) and plan["vp"] is not None
         pp_s = raw * c["pp_exposed"]["overlap" if overlapped else "no_overlap"]
     stages = []  # (compute, comm, decoder layers) per microbatch
@@ -172,7 +174,7 @@ def predict(cfg: Mapping[str, Any], plan: Mapping[str, Any], constants: Mapping[
     dp_s = 0.0
     distributed = bool(par.get("use_distributed_optimizer"))
     if shards > 1:
-        link = _link_gb_s(c, gpu, tp * cp * dp <= per_node)
+        link = _link_bytes_per_s(c, gpu, tp * cp * dp <= per_node)
         grad_bytes = 4 if par.get("grad_reduce_in_fp32") else 2
         param_bytes = 1 if plan["fp8_param_gather"] else 2
         reduce_s = (shards - 1) / shards * params * grad_bytes / link * (1 if distributed else 2)

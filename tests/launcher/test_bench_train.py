@@ -49,7 +49,8 @@ def test_an_fp8_row_shows_both_peaks_and_its_ratio_to_nvidia(tmp_path):
     mfu = 32 * plan.model_flops_per_sample / 4.4 / 4 / h200.bf16_peak_flops
     assert row["mfu_bf16"] == pytest.approx(mfu)
     assert row["mfu_fp8"] == pytest.approx(mfu * h200.bf16_peak_flops / h200.fp8_peak_flops)
-    theirs = 14048 * model_flops_per_sample(training_model("llama31_8b"), 8192) / 8192 / gpu_spec("h100").bf16_peak_flops
+    flops_per_token = model_flops_per_sample(training_model("llama31_8b"), 8192) / 8192
+    theirs = 14048 * flops_per_token / gpu_spec("h100").bf16_peak_flops
     assert row["nvidia_mfu_bf16"] == pytest.approx(theirs)
     assert row["vs_nvidia"] == pytest.approx(mfu / theirs)
     assert "14,048 tokens/s/GPU on 8 H100" in row["nvidia"] and "DGX Cloud" in row["nvidia"]

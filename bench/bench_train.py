@@ -1,6 +1,7 @@
 """Training throughput on this machine's GPUs: each case is a `python main.py ... cluster=local` run on mock data;
-one table row per case with the step time (mean over the last steps), tokens/s/GPU, MFU against the bf16 peak,
-and peak memory.
+one table row per case with the step time (mean over the last steps), tokens/s/GPU, MFU against the bf16 and the
+fp8 peak, the ratio to NVIDIA's published H100 row for the model and dtype (conf/perf/nvidia_h100.yaml, its MFU
+recomputed with the same FLOPs formula), and peak memory.
 
     python bench/bench_train.py --model llama31/8b --gpus 2 --gbs 32 --steps 12 --window 6 \\
         --case dp2-bf16 "parallelism=tp1 dtype=bf16" --case dp2-fp8 "parallelism=tp1 dtype=fp8"
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.hardware import gpu_spec  # noqa: E402
+from launcher.perfdata import Reference, nvidia_reference, training_model  # noqa: E402
 from launcher.plan import Plan  # noqa: E402
 from launcher.report import RunInfo, read_metrics, summarize  # noqa: E402
 from launcher.table import layout  # noqa: E402
@@ -53,27 +55,57 @@ def table_row(name: str, run_dir: Path, window: int) -> dict:
     info = RunInfo(name, plan.global_batch_size, plan.seq_length, plan.num_gpus, plan.model_flops_per_sample,
                    gpu.bf16_peak_flops, f"{gpu.name} bf16")
     report = summarize(info, records, window=(max(0, len(records) - window), len(records)))
+    reference = nvidia_reference(plan.model, plan.dtype)
     return {
         "case": name, "model": plan.model, "layout": f"{layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp)} MBS{plan.micro_batch_size}",
         "dtype": plan.dtype, "gpus": plan.num_gpus, "gbs": plan.global_batch_size,
         "step_time_s": report.step_time_s, "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu,
-        "mfu_bf16": report.mfu, "peak_memory_gib": max((r.get("peak_memory_gib") or 0) for r in records),
+        "mfu_bf16": report.mfu,
+        "mfu_fp8": report.mfu * gpu.bf16_peak_flops / gpu.fp8_peak_flops if gpu.fp8_peak_flops else None,
+        **_versus(report.mfu, reference),
+        "peak_memory_gib": max((r.get("peak_memory_gib") or 0) for r in records),
         "final_loss": records[-1]["loss"],
     }
 
 
+def _versus(mfu_bf16: float, reference: Reference | None) -> dict:
+    """Our MFU over the published row's (both against the bf16 peak, with the full model's FLOPs for theirs, so a
+    layer-count proxy compares per layer shape)."""
+    if reference is None:
+        return {"nvidia": None, "nvidia_mfu_bf16": None, "vs_nvidia": None}
+    theirs = reference.mfu(training_model(reference.model))
+    label = (f"{reference.model} {reference.dtype}: {reference.tokens_per_s_per_gpu:,.0f} tokens/s/GPU on "
+             f"{reference.gpus} {reference.gpu.upper()}, {reference.layout} ({reference.source})")
+    return {"nvidia": label, "nvidia_mfu_bf16": theirs, "vs_nvidia": mfu_bf16 / theirs}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
 def print_table(rows: list[dict]) -> None:
     header = f"{'case':<22} {'model':<13} {'layout':<28} {'dtype':<5} {'GPUs':>4} {'GBS':>4} {'step s':>8} " \
-             f"{'tok/s/GPU':>10} {'MFU(bf16)':>9} {'mem GiB':>8}"
+             f"{'tok/s/GPU':>10} {'MFU(bf16)':>9} {'MFU(fp8)':>8} {'vs NVIDIA':>9} {'mem GiB':>8}"
     print(header)
     print("-" * len(header))
     for r in rows:
         if "error" in r:
             print(f"{r['case']:<22} {r['error']}")
             continue
+        versus = "-" if r["vs_nvidia"] is None else f"{r['vs_nvidia']:.2f}x"
         print(f"{r['case']:<22} {r['model']:<13} {r['layout']:<28} {r['dtype']:<5} {r['gpus']:>4} {r['gbs']:>4} "
-              f"{r['step_time_s']:>8.3f} {r['tokens_per_s_per_gpu']:>10,.0f} {r['mfu_bf16'] * 100:>8.1f}% "
-              f"{r['peak_memory_gib']:>8.1f}")
+              f"{r['step_time_s']:>8.3f} {r['tokens_per_s_per_gpu']:>10,.0f} {_pct(r['mfu_bf16']):>9} "
+              f"{_pct(r['mfu_fp8']):>8} {versus:>9} {r['peak_memory_gib']:>8.1f}")
+
+
+def print_references(rows: list[dict]) -> None:
+    """The published rows the ratios divide by, each once."""
+    seen = dict.fromkeys((r["nvidia"], r["nvidia_mfu_bf16"]) for r in rows if r.get("nvidia"))
+    if seen:
+        print("vs NVIDIA = MFU / the MFU of NVIDIA's published H100 row for the model and dtype, both against the "
+              "bf16 peak and the full model's FLOPs (conf/perf/nvidia_h100.yaml):")
+    for label, mfu in seen:
+        print(f"  {label}: {mfu * 100:.1f}% MFU (bf16 peak)")
 
 
 def main() -> None:
@@ -96,6 +128,7 @@ def main() -> None:
         print_table(rows[-1:])
     print()
     print_table(rows)
+    print_references(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

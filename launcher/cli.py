@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig
 
-from launcher import mlperf, observability, sweep
+from launcher import autoconf, mlperf, observability, sweep
 from launcher.config import to_plain
 from launcher.hardware import LocalGpus, detect_local_gpus
 from launcher.plan import Plan, PlanError, build_plan, missing_data
@@ -154,8 +154,10 @@ def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[
         for point in sweep.sweep_points(overrides):
             label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
             cfg = compose(point)
-            cfg["run_name"] += sweep.run_name_suffix(point, keys)
             try:
+                if autoconf.is_auto(cfg):
+                    cfg = autoconf.resolve(point, cfg, local_gpus, say=None)
+                cfg["run_name"] += sweep.run_name_suffix(point, keys)
                 prepared = prepare(cfg, local_gpus)
             except PlanError as err:
                 problems += [f"sweep point {label}: {p}" for p in err.problems]
@@ -177,7 +179,16 @@ def run(cfg: DictConfig) -> None:
     plain = to_plain(cfg)
     local_gpus = detect_local_gpus() if plain["cluster"]["name"] == "local" else None
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.MULTIRUN:
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if autoconf.is_auto(plain):  # the search prints its table once per sweep
+        try:
+            plain = autoconf.resolve(list(hydra_cfg.overrides.task), plain, local_gpus,
+                                     say=print if not multirun or hydra_cfg.job.num == 0 else None)
+        except PlanError as err:
+            for problem in err.problems:
+                _err(f"error: {problem}")
+            sys.exit(2)
+    if multirun:
         overrides = sweep.cli_overrides(sys.argv[1:])
         plain["run_name"] += sweep.run_name_suffix(hydra_cfg.overrides.task, sweep.swept_keys(overrides))
         if hydra_cfg.job.num == 0:  # check every point before the first one is submitted

@@ -1,6 +1,7 @@
 """Resolving the Hydra config into the plain dict the plan and the run directory use."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,3 +31,17 @@ def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)
         return to_plain(cfg)
+
+
+@contextmanager
+def hydra_state_kept():
+    """compose() re-initializes Hydra; a running Hydra app (main.py, a sweep) needs its own state back afterwards."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    saved_hydra, saved_cfg = GlobalHydra.instance().hydra, HydraConfig.instance().cfg
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().hydra = saved_hydra
+        HydraConfig.instance().cfg = saved_cfg

@@ -122,8 +122,12 @@ def estimate_memory_gib(model: Mapping[str, Any], *, tp: int, pp: int, cp: int, 
                         stage_layers: list[int], padded_vocab: int, seq_length: int, micro_batch_size: int,
                         distributed_optimizer: bool, grad_fp32: bool, fp8_params: bool,
                         recompute: str | None) -> float:
-    """Peak memory of the most loaded GPU, roughly: weights, gradient buffer, optimizer shard, activations
-    of the microbatches in flight, logits, and a fixed allowance for the CUDA context and workspaces."""
+    """Peak memory of the most loaded GPU, roughly: weights, gradient buffer and optimizer shard, plus the larger
+    of two transient peaks, and a fixed allowance for the CUDA context and workspaces:
+    - forward/backward: activations of the microbatches in flight and the logits;
+    - the optimizer step: megatron's distributed optimizer copies this rank's shard of the bf16 gradient buffer
+      into fp32 `.grad` tensors of the main parameters (`_copy_model_grads_to_main_grads`: `.float()`), which
+      live until the next step's `zero_grad`. With few data-parallel shards (a DP1 proxy) this is the peak."""
     h, ffn = model["hidden_size"], model["ffn_hidden_size"]
     groups, heads = model["num_query_groups"], model["num_attention_heads"]
     embed_params = padded_vocab * h
@@ -138,6 +142,8 @@ def estimate_memory_gib(model: Mapping[str, Any], *, tp: int, pp: int, cp: int, 
         grad_bytes = params * (4 if grad_fp32 else 2)
         shards = dp * cp if distributed_optimizer else 1
         optim_bytes = params * 12 / shards  # fp32 master weights + Adam m and v
+        # fp32 copy of the gradient shard during the step (`.float()` of an fp32 buffer copies nothing).
+        step_grad_bytes = 0.0 if grad_fp32 else params * 4 / shards
         # Activations per decoder layer per microbatch (bf16): norm inputs, QKV, attention output,
         # fc1 input/output and SwiGLU output; the s^2 attention scores are never stored (flash/fused).
         tokens = seq_length * micro_batch_size / cp
@@ -151,7 +157,8 @@ def estimate_memory_gib(model: Mapping[str, Any], *, tp: int, pp: int, cp: int, 
                 in_flight = in_flight + (pp - 1) / vp
         activation_bytes = per_layer * n_layers * in_flight
         logits_bytes = tokens * padded_vocab / tp * (2 + 4) if last else 0.0  # bf16 logits + fp32 softmax
-        total = weight_bytes + grad_bytes + optim_bytes + activation_bytes + logits_bytes + 3 * GIB
+        transient = max(activation_bytes + logits_bytes, step_grad_bytes)
+        total = weight_bytes + grad_bytes + optim_bytes + transient + 3 * GIB
         worst = max(worst, total)
     return round(worst / GIB, 1)
 
@@ -314,6 +321,9 @@ def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> P
     dtype = cfg["dtype"]
     problems: list[str] = []
 
+    if par.get("auto") is not None:
+        raise PlanError(["parallelism=auto is a search, not a layout: main.py replaces it with the layout it picks "
+                         "(parallelism.auto.pick) before planning"])
     tp, pp, cp = par["tp"], par["pp"], par["cp"]
     vp = par.get("vp")
     num_gpus = par["num_gpus"]

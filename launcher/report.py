@@ -3,6 +3,7 @@ and days to train 1T tokens, for run directories or bare training logs (NeMo's p
 PNG of loss and step time per run.
 
     python -m launcher.report results/RUN_A results/RUN_B
+    python -m launcher.report --rank results/llama31_8b_bf16_*      # fastest first, beside the model's prediction
     python -m launcher.report nemo.log --gbs 128 --seq 8192 --gpus 64 --model llama31/70b --peak fp8
 """
 from __future__ import annotations
@@ -277,6 +278,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("paths", nargs="+", type=Path, help="run directories and/or training log files")
     p.add_argument("--window", help="positions START:END (half-open) of the logged steps to average; "
                                     "default: 70%%..90%% of the run (35:45 of 50)")
+    p.add_argument("--rank", action="store_true", help="also rank the runs, fastest first, beside the step-time "
+                                                       "model's prediction for each (run directories)")
     p.add_argument("--plot", type=Path, help="PNG to write (default: RUN_DIR/report.png for one run directory, "
                                              "else ./report.png)")
     bare = p.add_argument_group("for log files without a run directory")
@@ -324,6 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for r in reports if r.info.peak_flops})
         print("step s: mean over the steps shown; MFU = GBS x model FLOPs per sample / step time / GPUs / peak"
               + (f" ({'; '.join(peaks)})" if peaks else ""))
+        if args.rank:
+            from launcher.ranking import format_ranking  # imports this module
+
+            print(format_ranking(reports, [path if path.is_dir() else None for path in args.paths]))
     if mlperf_runs:
         print("\n" + mlperf_report.format_section(mlperf_runs))
     try:

@@ -32,8 +32,10 @@ def _parse(overrides: Sequence[str]):
 
 
 def swept_keys(overrides: Sequence[str]) -> list[str]:
-    """Keys given several values (`dtype=bf16,fp8`): the ones that tell sweep points apart."""
-    return [o.get_key_element() for o in _parse(overrides) if o.is_sweep_override()]
+    """Keys given several values (`dtype=bf16,fp8`): the ones that tell sweep points apart. The auto-configurator's
+    own keys (parallelism.auto.pick=0,1,2) are not among them: they pick layouts, whose names are in the run name."""
+    keys = [o.get_key_element() for o in _parse(overrides) if o.is_sweep_override()]
+    return [k for k in keys if not k.lstrip("+~").startswith("parallelism.auto.")]
 
 
 def sweep_points(overrides: Sequence[str]) -> list[list[str]]:

@@ -1,0 +1,108 @@
+"""The step-time model that ranks parallelism=auto's layouts: held to every measured run (conf/perf/measured.yaml),
+ordering the layouts measured on one machine as they measured, and its terms behaving as the formulas say."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from launcher import steptime
+from launcher.config import compose
+from launcher.plan import build_plan
+
+from launcher_helpers import REPO
+
+CHECKS = steptime.check_rows()
+CONSTANTS = steptime.default_constants()
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[c.name for c in CHECKS])
+def test_every_measured_run_is_predicted_within_15_percent(check):
+    assert abs(check.error) < 0.15, f"{check.name}: measured {check.measured:.0f}, model " \
+                                    f"{check.predicted.tokens_per_s_per_gpu:.0f} tokens/s/GPU"
+
+
+def test_our_runs_on_h200_are_predicted_within_10_percent():
+    ours = [c for c in CHECKS if "NVIDIA" not in c.name]
+    assert len(ours) >= 10 and max(abs(c.error) for c in ours) < 0.10
+
+
+def test_layouts_measured_on_the_same_machine_keep_their_measured_order():
+    groups = defaultdict(list)  # the same model (and depth), dtype, GPUs and batch -> checks
+    for check in CHECKS:
+        p = check.plan
+        groups[(p.model, sum(p.layers_per_pipeline_stage), p.dtype, p.gpu_type, p.num_gpus,
+                p.global_batch_size)].append(check)
+    compared = 0
+    for checks in groups.values():
+        if len(checks) < 2:
+            continue
+        measured = sorted(checks, key=lambda c: -c.measured)
+        predicted = sorted(checks, key=lambda c: -c.predicted.tokens_per_s_per_gpu)
+        assert [c.name for c in predicted] == [c.name for c in measured]
+        compared += len(checks)
+    assert compared >= 5  # 8B DP2 / CP2 / TP2 on 2 H200, DP4 / CP2 DP2 on 4 H200
+
+
+def test_the_breakdown_adds_up_to_the_step():
+    for check in CHECKS:
+        p = check.predicted
+        assert p.total_s == pytest.approx(p.compute_s + p.bubble_s + p.comm_s + p.other_s)
+        assert p.comm_s == pytest.approx(sum(p.comm_parts.values()))
+        assert p.tokens_per_s_per_gpu == pytest.approx(
+            check.plan.global_batch_size * check.plan.seq_length / p.total_s / check.plan.num_gpus)
+
+
+def _predict(*overrides: str, constants=CONSTANTS):
+    cfg = compose(["cluster=bcm", "memory_check=false", *overrides])
+    plan = build_plan(cfg)
+    return steptime.predict(cfg, plan.to_json_dict(), constants), plan
+
+
+def test_the_bubble_is_pp_minus_one_over_vp_stage_times():
+    base = ["training=llama31/70b", "parallelism=tp4_pp8_vp5"]
+    for vp in (None, 2, 5):
+        t, plan = _predict(*base, f"parallelism.vp={'null' if vp is None else vp}")
+        stage = (t.compute_s + t.comm_s - t.comm_parts["dp"]) / plan.num_microbatches
+        assert t.bubble_s == pytest.approx((plan.pp - 1) / (vp or 1) * stage)
+    no_pp, _ = _predict("training=llama31/8b", "parallelism=tp1_cp2")
+    assert no_pp.bubble_s == 0
+
+
+def test_data_parallel_traffic_costs_more_across_nodes_than_within():
+    # The same 8B DP8 layout on one node of 8 and on 8 nodes of 1: only the DP link changes.
+    one_node, _ = _predict("training=llama31/8b", "parallelism=tp1", "parallelism.num_gpus=8", "cluster.gpu_type=h200")
+    spread, _ = _predict("training=llama31/8b", "parallelism=tp1", "parallelism.num_gpus=8", "cluster.gpu_type=h200",
+                         "cluster.gpus_per_node=1")
+    assert spread.comm_parts["dp"] > one_node.comm_parts["dp"] > 0
+    assert spread.compute_s == pytest.approx(one_node.compute_s)
+
+
+def test_tp_overlap_hides_communication_and_wider_tp_costs_more():
+    overlap, _ = _predict("training=llama31/8b", "parallelism=tp2_sp")
+    plain, _ = _predict("training=llama31/8b", "parallelism=tp2_sp", "parallelism.tp_comm_overlap=false")
+    assert plain.comm_parts["tp"] > overlap.comm_parts["tp"]
+    tp4, _ = _predict("training=llama31/70b", "parallelism=tp4_pp8_vp5")
+    tp8, _ = _predict("training=llama31/70b", "parallelism=tp4_pp8_vp5", "parallelism.tp=8",
+                      "parallelism.num_gpus=128")
+    assert tp8.comm_parts["tp"] > tp4.comm_parts["tp"] / 2  # per GPU, more than half of TP4's on half the work
+
+
+def test_fp8_is_faster_and_full_recomputation_slower():
+    bf16, _ = _predict("training=llama31/8b")
+    fp8, _ = _predict("training=llama31/8b", "dtype=fp8")
+    full, _ = _predict("training=llama31/8b", "parallelism.recompute_granularity=full",
+                       "parallelism.recompute_method=uniform", "parallelism.recompute_num_layers=1")
+    assert fp8.total_s < bf16.total_s < full.total_s
+    assert full.compute_s == pytest.approx(bf16.compute_s * 4 / 3, rel=0.02)  # one more forward of every layer
+
+
+def test_the_model_prints_against_the_measured_runs():
+    out = subprocess.run([sys.executable, "-m", "launcher.steptime"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    for check in CHECKS:
+        assert check.name in out.stdout
+    assert f"{len(CHECKS)} rows; largest error" in out.stdout

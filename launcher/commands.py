@@ -35,6 +35,13 @@ def shell_line(prefix: list[str], command: str, container: Sequence[str] = ()) -
     return " \\\n    ".join(parts + [command])
 
 
+def grouped_line(groups: Sequence[Sequence[str]], command: str) -> str:
+    """`group group ... command`, one group per line (a flag with its value, `apptainer exec`), for launchers
+    whose flags take separate values (mpirun -x NAME)."""
+    parts = [shlex.join(g) for g in groups if g]
+    return " \\\n    ".join(parts + [command])
+
+
 # --------------------------------------------------------------------------- what runs
 def training_entry(run_dir: Path) -> list[str]:
     """The training entry every rank runs; it reads config.yaml and plan.json from the run directory."""

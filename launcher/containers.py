@@ -111,7 +111,7 @@ def env_problems(cluster: Mapping[str, Any], env: Mapping[str, str]) -> list[str
     if runtime_of(cluster) != "apptainer":
         return []
     return [f"cluster.env.{key}={value!r} contains a comma, which apptainer --env cannot pass; set it without one"
-            for key, value in env.items() if "," in value]
+            for key, value in env.items() if "," in str(value)]
 
 
 # --------------------------------------------------------------------------- the container stage

@@ -62,6 +62,31 @@ def time_problem(key: str, value: Any, finite: bool = False, what: str = "a time
     return None
 
 
+def limits_problems(cfg: Mapping[str, Any], selected: list[str], what: str = "a time limit",
+                    finite: bool = False) -> list[str]:
+    """cluster.time_limit, the signal margin before it, and the data preparation tasks' limits and sizes."""
+    cluster = cfg["cluster"]
+    problem = time_problem("cluster.time_limit", cluster["time_limit"], finite=finite, what=what)
+    if problem:
+        return [problem]
+    limit = time_seconds(cluster["time_limit"])
+    margin = cluster.get("signal_before_timeout_s") or 0
+    if limit is not None and margin >= limit:
+        return [f"cluster.signal_before_timeout_s={margin} must be shorter than cluster.time_limit="
+                f"{cluster['time_limit']} ({limit} s)"]
+    if "data_preparation" in selected:
+        job = cfg["data_preparation"].get("job") or {}
+        problem = job.get("time_limit") and time_problem("data_preparation.job.time_limit", job["time_limit"],
+                                                         finite=finite, what=what)
+        if problem:
+            return [problem]
+        for key in ("cpus_per_task", "max_parallel"):
+            value = job.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                return [f"data_preparation.job.{key}={value!r} must be null or a positive integer"]
+    return []
+
+
 def hms(seconds: int) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from launcher import commands, containers
 from launcher.plan import Plan
 from launcher.platforms import Platform
-from launcher.platforms.common import (REPORT_FALLBACK, bare_path, image_checks, time_problem, time_seconds,
+from launcher.platforms.common import (REPORT_FALLBACK, bare_path, image_checks, limits_problems, time_seconds,
                                        training_title)
 from launcher.render import Job, render_sbatch
 from launcher.submit import SubmitError, Submitted
@@ -29,30 +29,7 @@ def problems(cfg: Mapping[str, Any], selected: list[str], dry_run: bool) -> tupl
         return found, []
     found, warnings = image_checks(cfg, selected, dry_run)
     found += containers.env_problems(cluster, cluster.get("env") or {})
-    return found + _time_problems(cfg, selected), warnings
-
-
-def _time_problems(cfg: Mapping[str, Any], selected: list[str]) -> list[str]:
-    cluster = cfg["cluster"]
-    problem = time_problem("cluster.time_limit", cluster["time_limit"], what="a Slurm time")
-    if problem:
-        return [problem]
-    limit = time_seconds(cluster["time_limit"])
-    margin = cluster.get("signal_before_timeout_s") or 0
-    if limit is not None and margin >= limit:
-        return [f"cluster.signal_before_timeout_s={margin} must be shorter than cluster.time_limit="
-                f"{cluster['time_limit']} ({limit} s)"]
-    if "data_preparation" in selected:
-        job = cfg["data_preparation"].get("job") or {}
-        problem = job.get("time_limit") and time_problem("data_preparation.job.time_limit", job["time_limit"],
-                                                         what="a Slurm time")
-        if problem:
-            return [problem]
-        for key in ("cpus_per_task", "max_parallel"):
-            value = job.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                return [f"data_preparation.job.{key}={value!r} must be null or a positive integer"]
-    return []
+    return found + limits_problems(cfg, selected, what="a Slurm time"), warnings
 
 
 def _container(cfg: Mapping[str, Any], env: Mapping[str, str] = {}) -> list[str]:

@@ -3,46 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from launcher.cli import prepare
-from launcher.commands import python_bin_dir
-from launcher.rundir import render, rendered_files
+from launcher.rundir import rendered_files
 
-from launcher_helpers import ONE_H100, REPO, run_main
+from launcher_helpers import ONE_H100, REPO, check_golden, rendered, run_main
 
-GOLDEN = REPO / "tests" / "golden"
 SQSH = "/shared/containers/nvidia+nemo+25.09.sqsh"
-
-
-def normalise(text: str, tmp: Path) -> str:
-    # The interpreter's bin dir may lie inside the repository (.venv): replace it first.
-    return (text.replace(python_bin_dir(), "<PYTHON_BIN>").replace(str(tmp), "<TMP>")
-            .replace(str(REPO), "<REPO>"))
-
-
-def check_golden(name: str, text: str, tmp: Path) -> None:
-    script = tmp / name
-    script.write_text(text)
-    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
-    assert syntax.returncode == 0, syntax.stderr
-    actual = normalise(text, tmp)
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(actual)
-    assert path.exists(), f"no golden file {path}; create it with UPDATE_GOLDEN=1"
-    assert actual == path.read_text(), f"{name} differs from its golden file (UPDATE_GOLDEN=1 after a deliberate change)"
-
-
-def rendered(cfg, local_gpus=None) -> dict[str, str]:
-    prepared = prepare(cfg, local_gpus)
-    return {job.script: render(job, prepared.cfg, prepared.run_dir) for job in prepared.stages.jobs}
-
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
@@ -145,7 +116,4 @@ def test_apptainer_container_stage_builds_a_sif_from_a_definition_file(cfg_for, 
     files = rendered_files(job, prepared.cfg, prepared.run_dir)
     assert list(files) == ["container.sbatch", "container.def"]
     check_golden("8b_bcm_apptainer_container.sbatch", files["container.sbatch"], tmp_path)
-    definition = normalise(files["container.def"], tmp_path)
-    if os.environ.get("UPDATE_GOLDEN"):
-        (GOLDEN / "8b_bcm_apptainer_container.def").write_text(definition)
-    assert definition == (GOLDEN / "8b_bcm_apptainer_container.def").read_text()
+    check_golden("8b_bcm_apptainer_container.def", files["container.def"], tmp_path, shell=False)

@@ -40,9 +40,9 @@ class Platform:
 
 
 def _registry() -> dict[str, Platform]:
-    from launcher.platforms import k8s, local, sge, slurm
+    from launcher.platforms import bcp, k8s, local, sge, slurm
 
-    return {p.name: p for p in (local.PLATFORM, slurm.PLATFORM, sge.PLATFORM, k8s.PLATFORM)}
+    return {p.name: p for p in (local.PLATFORM, slurm.PLATFORM, sge.PLATFORM, bcp.PLATFORM, k8s.PLATFORM)}
 
 
 def platform_of(cfg: Cfg) -> Platform:

@@ -10,12 +10,9 @@ from typing import Any, Mapping
 from launcher import commands, containers
 from launcher.plan import Plan
 from launcher.platforms import Platform
-from launcher.platforms.common import (REPORT_FALLBACK, bare_path, image_checks, limits_problems, time_seconds,
-                                       training_title)
+from launcher.platforms.common import REPORT_FALLBACK, bare_path, image_checks, limits_problems, training_title
 from launcher.render import Job, render_sbatch
 from launcher.submit import SubmitError, Submitted
-
-slurm_time_seconds = time_seconds
 
 
 def script_name(stage: str) -> str:

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One-time setup: the NeMo container as a squashfs image (through main.py's container stage) and the Llama 3.1
-# tokenizer from the Hugging Face hub.
+# One-time setup: the training image (the NeMo container with the declared stack installed, through main.py's
+# container stage) and the Llama 3.1 tokenizer from the Hugging Face hub.
 #
 #   HF_TOKEN=hf_... bash setup.sh                      # both
 #   HF_TOKEN=hf_... bash setup.sh cluster.partition=cpu cluster.account=llm   # overrides for the container stage
 #   SKIP_CONTAINER=1 HF_TOKEN=hf_... bash setup.sh     # the tokenizer only
 #   SKIP_TOKENIZER=1 bash setup.sh                     # the container only
 #
-# The container stage imports cluster.container from cluster.container_source with enroot: as a one-node Slurm
-# job when sbatch is on this machine (cluster=bcm), else here (cluster=local); pass cluster=... to choose.
-# It does nothing when the .sqsh file already exists.
+# The container stage builds cluster.container from cluster.container_source (enroot for a .sqsh, apptainer for a
+# .sif): as a one-node Slurm job when sbatch is on this machine (cluster=bcm), else here (cluster=local); pass
+# cluster=... to choose. It does nothing when the image already exists.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 

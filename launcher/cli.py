@@ -1,5 +1,5 @@
 """What `python main.py ...` does: plan and validate (nothing written on error), write the run directory, then
-submit (cluster=bcm), run here (cluster=local), or stop there (dry_run=true)."""
+submit (a cluster platform), run here (cluster=local), or stop there (dry_run=true)."""
 from __future__ import annotations
 
 import shutil
@@ -14,9 +14,10 @@ from launcher import autoconf, mlperf, observability, sweep
 from launcher.config import to_plain
 from launcher.hardware import LocalGpus, detect_local_gpus
 from launcher.plan import Plan, PlanError, build_plan, missing_data
+from launcher.platforms import platform_of
 from launcher.rundir import record_jobs, run_dir_of, write_run_dir
 from launcher.stages import StagePlan, plan_stages, selected_stages
-from launcher.submit import SubmitError, chain_as_shell, run_here, submit_chain
+from launcher.submit import SubmitError, run_here
 from launcher.table import format_plan
 
 Say = Callable[[str], None]
@@ -39,8 +40,8 @@ def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prep
     cfg = dict(cfg)
     cfg["stages"] = selected_stages(cfg)  # every later step reads this list
     cfg["results_dir"] = str(Path(cfg["results_dir"]).expanduser().absolute())
-    local = cfg["cluster"]["name"] == "local"
-    if local and local_gpus is None:
+    platform = platform_of(cfg)
+    if platform.client is None and local_gpus is None:
         local_gpus = detect_local_gpus()
     plan = build_plan(cfg, local_gpus)
     run_dir = run_dir_of(cfg)
@@ -53,9 +54,11 @@ def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prep
     stages.warnings += notes
     if cfg.get("dry_run") and "data_preparation" not in cfg["stages"]:
         stages.warnings += [f"{line} (a real run stops here)" for line in missing_data(cfg)]
-    if not local and not cfg.get("dry_run") and shutil.which("sbatch") is None:
-        raise PlanError(["cluster=bcm submits with sbatch, which is not on this machine's PATH: run from a Slurm "
-                         "login node, or add dry_run=true to only write the job"])
+    client = platform.client
+    if client and not cfg.get("dry_run") and stages.jobs and shutil.which(client) is None:
+        raise PlanError([f"cluster={cfg['cluster']['name']} submits with {client}, which is not on this machine's "
+                         "PATH: run where its client is installed and configured, or add dry_run=true to only "
+                         "write the jobs"])
     return Prepared(cfg, plan, run_dir, stages)
 
 
@@ -87,33 +90,33 @@ def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say
         say("dry run: nothing was submitted or run. Job script" + ("s, in order:" if len(scripts) > 1 else ":"))
         for path in scripts:
             say(f"  {path}")
-        if cfg["cluster"]["name"] != "local" and len(stages.jobs) > 1:
-            say("Submitting runs these, each job waiting for the previous one (afterok):")
-            for line in chain_as_shell(stages.jobs, run_dir):
+        platform = platform_of(cfg)
+        if platform.chain_as_shell and stages.jobs:
+            say(f"Submitting runs these, {platform.chain}:" if len(stages.jobs) > 1 else "Submitting runs:")
+            for line in platform.chain_as_shell(stages.jobs, run_dir, cfg):
                 say(f"  {line}")
         return 0
     if not stages.jobs:
         say("nothing to do for the selected stages")
         return 0
-    if cfg["cluster"]["name"] == "local":
+    if platform_of(cfg).client is None:
         return _run_here(prepared, say)
     return _submit(prepared, say)
 
 
 def _submit(prepared: Prepared, say: Say) -> int:
-    run_dir = prepared.run_dir
+    run_dir, jobs = prepared.run_dir, prepared.stages.jobs
+    platform = platform_of(prepared.cfg)
     try:
-        submitted = submit_chain(prepared.stages.jobs, run_dir)
+        submitted = platform.submit(jobs, run_dir, prepared.cfg, say)
     except SubmitError as err:
+        if err.submitted:
+            record_jobs(run_dir, [s.as_dict() for s in err.submitted])
         _err(f"error: {err}")
         return 1
     record_jobs(run_dir, [s.as_dict() for s in submitted])
-    for job, sub in zip(prepared.stages.jobs, submitted):
-        after = f" (--dependency={sub.dependency})" if sub.dependency else ""
-        logs = f"{run_dir}/logs/{job.stage}_{sub.job_id}" + ("_*" if job.array else "") + ".out"
-        say(f"submitted {job.stage}: job {sub.job_id}{after}; log {logs}")
-    say(f"  follow with: squeue -j {','.join(s.job_id for s in submitted)}   "
-        f"report: python -m launcher.report {run_dir}")
+    for line in platform.follow(jobs, submitted, run_dir):
+        say(line)
     return 0
 
 
@@ -129,7 +132,8 @@ def _run_here(prepared: Prepared, say: Say) -> int:
         say(f"did not train: {plan.cannot_train_reason}.")
         say("  The plan and the launch script are in the run directory above. To train on a Slurm cluster: "
             "python main.py cluster=bcm cluster.partition=... cluster.account=... (add dry_run=true to write the "
-            "sbatch script without submitting it).")
+            "sbatch script without submitting it; cluster=sge, cluster=bcp and cluster=k8s are the other "
+            "platforms).")
         return 0
     if any(j.stage == "training" for j in jobs):
         say(f"done: log {run_dir / 'logs' / 'training.log'}, report {run_dir / 'logs' / 'report.txt'}")
@@ -177,7 +181,7 @@ def run(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     plain = to_plain(cfg)
-    local_gpus = detect_local_gpus() if plain["cluster"]["name"] == "local" else None
+    local_gpus = detect_local_gpus() if plain["cluster"].get("platform") == "local" else None
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     if autoconf.is_auto(plain):  # the search prints its table once per sweep

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -17,16 +17,29 @@ def python_bin_dir() -> str:
 
 
 def in_container(cluster: Mapping[str, Any]) -> bool:
-    return cluster["name"] != "local" and bool(cluster.get("container"))
+    """Cluster jobs run in cluster.container unless it is null or cluster.container_runtime=none; jobs on this
+    machine run with the Python that runs main.py."""
+    return (cluster["platform"] != "local" and bool(cluster.get("container"))
+            and cluster.get("container_runtime") != "none")
 
 
-def shell_line(prefix: list[str], command: str) -> str:
-    """`prefix command` with one srun flag per line when long, so a rendered script reads (and diffs) flag by
-    flag; `command` is already shell text."""
-    text = shlex.join(prefix)
+def shell_line(prefix: list[str], command: str, container: Sequence[str] = ()) -> str:
+    """`prefix [container] command` with one flag per line when long, so a rendered script reads (and diffs) flag
+    by flag; `container` (e.g. `apptainer exec ... image.sif`) starts its own line; `command` is shell text."""
+    text = shlex.join([*prefix, *container])
     if len(text) <= 40:
         return f"{text} {command}"
-    return " \\\n    ".join([shlex.quote(a) for a in prefix] + [command])
+    parts = [shlex.quote(a) for a in prefix]
+    if container:
+        parts += [shlex.join(container[:2])] + [shlex.quote(a) for a in container[2:]]
+    return " \\\n    ".join(parts + [command])
+
+
+def grouped_line(groups: Sequence[Sequence[str]], command: str) -> str:
+    """`group group ... command`, one group per line (a flag with its value, `apptainer exec`), for launchers
+    whose flags take separate values (mpirun -x NAME)."""
+    parts = [shlex.join(g) for g in groups if g]
+    return " \\\n    ".join(parts + [command])
 
 
 # --------------------------------------------------------------------------- what runs
@@ -70,19 +83,6 @@ def report_command(run_dir: Path) -> list[str]:
     return ["python", "-m", "launcher.report", str(run_dir)]
 
 
-def enroot_import_lines(sqsh: str, source: str) -> list[str]:
-    """Import the image atomically (temporary file, then rename): an interrupted import never leaves a .sqsh
-    that later jobs would take for complete."""
-    path, partial = shlex.quote(sqsh), shlex.quote(sqsh + ".partial")
-    return [
-        f"if [ -f {path} ]; then echo \"container: {sqsh} exists; nothing to import\"; exit 0; fi",
-        f"mkdir -p {shlex.quote(str(Path(sqsh).parent))}",
-        f"rm -f {partial}",
-        shlex.join(["enroot", "import", "--output", sqsh + ".partial", "docker://" + source]),
-        f"mv -f {partial} {path}",
-    ]
-
-
 # --------------------------------------------------------------------------- srun + pyxis
 def _abs_paths(value: Any) -> Iterable[str]:
     if isinstance(value, str):
@@ -124,12 +124,12 @@ def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
 
 def srun_prefix(cfg: Mapping[str, Any], *, env_keys: Iterable[str] = (), mpi: bool = False,
                 extra: Iterable[str] = ()) -> list[str]:
-    """srun with the pyxis flags (when the cluster has a container) and the cluster's own srun_args."""
+    """srun with the pyxis flags (when the job runs in a pyxis container) and the cluster's own srun_args."""
     cluster = cfg["cluster"]
     args = ["srun", *extra]
     if mpi and cluster.get("mpi"):
         args.append(f"--mpi={cluster['mpi']}")
-    if in_container(cluster):
+    if in_container(cluster) and cluster["container_runtime"] == "pyxis":
         args += [
             f"--container-image={cluster['container']}",
             f"--container-mounts={','.join(container_mounts(cfg))}",

@@ -280,7 +280,7 @@ def _cluster_shape(cfg: Mapping[str, Any], num_gpus: int, local_gpus: LocalGpus 
     problems: list[str] = []
     reason = None
     gpu_type = cluster.get("gpu_type")
-    if cluster["name"] == "local":
+    if cluster["platform"] == "local":
         local = local_gpus or LocalGpus(0, None, ())
         available = cluster.get("gpus_per_node") or local.count
         gpu_type = gpu_type or local.gpu_type
@@ -441,7 +441,7 @@ def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> P
     if fp8 and spec is not None and spec.fp8_peak_flops is None:
         problems.append(f"dtype=fp8 needs FP8 tensor cores (Hopper or newer); cluster.gpu_type={gpu_type} has none; "
                         "use dtype=bf16")
-    if tp > gpus_per_node and cfg["cluster"]["name"] != "local":
+    if tp > gpus_per_node and cfg["cluster"]["platform"] != "local":
         problems.append(f"parallelism.tp={tp} spans nodes (cluster.gpus_per_node={gpus_per_node}); keep TP within a node")
 
     if problems:

@@ -1,4 +1,5 @@
-"""Jobs as data, and their two renderings: a bash script for this machine, an sbatch script for Slurm."""
+"""Jobs as data, and the two renderings every platform builds on: a bash script for this machine, an sbatch script
+for Slurm (launcher/platforms/ picks one, or renders its own)."""
 from __future__ import annotations
 
 import shlex
@@ -17,11 +18,13 @@ class Job:
     lines: list[str]      # the shell body, after the environment
     env: dict[str, str] = field(default_factory=dict)
     path_first: str | None = None   # a bin directory put first on PATH (local and bare-metal jobs)
-    # Slurm resources (ignored when run on this machine).
+    files: dict[str, str] = field(default_factory=dict)  # other files the job reads, written beside it
+    # Resources (ignored when run on this machine).
     nodes: int = 1
     ntasks_per_node: int | None = 1
     gpus_per_node: int | None = None
-    array: str | None = None        # e.g. "0-7": one task per data shard
+    array_size: int | None = None   # one task per data shard
+    max_parallel: int | None = None  # at most this many array tasks at once
     cpus_per_task: int | None = None
     exclusive: bool = False
     time_limit: str | None = None   # None: cluster.time_limit
@@ -58,7 +61,7 @@ def render_local(job: Job, run_dir: Path) -> str:
 
 def render_sbatch(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> str:
     """#SBATCH header from the job's resources and the cluster's settings; logs go to RUN_DIR/logs/."""
-    log = f"{run_dir}/logs/{job.stage}_" + ("%A_%a" if job.array else "%j")
+    log = f"{run_dir}/logs/{job.stage}_" + ("%A_%a" if job.array_size else "%j")
     prefix = cluster.get("job_name_prefix")
     directives = [f"--job-name={prefix + ':' if prefix else ''}{job.stage}:{run_dir.name}",
                   f"--nodes={job.nodes}"]
@@ -68,8 +71,9 @@ def render_sbatch(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> str:
         directives.append(f"--gpus-per-node={job.gpus_per_node}")
     if job.cpus_per_task:
         directives.append(f"--cpus-per-task={job.cpus_per_task}")
-    if job.array:
-        directives.append(f"--array={job.array}")
+    if job.array_size:
+        limit = f"%{job.max_parallel}" if job.max_parallel else ""
+        directives.append(f"--array=0-{job.array_size - 1}{limit}")
     directives.append(f"--time={job.time_limit or cluster['time_limit']}")
     for key in ("partition", "account"):
         if cluster.get(key):

@@ -1,4 +1,5 @@
-"""The run directory: config.yaml (fully resolved), plan.json, the rendered jobs, logs/, jobs.json."""
+"""The run directory: config.yaml (fully resolved), plan.json, the rendered jobs (and the files they read), logs/,
+jobs.json."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,8 @@ from typing import Any, Mapping
 import yaml
 
 from launcher.plan import Plan
-from launcher.render import Job, render_local, render_sbatch
+from launcher.platforms import platform_of
+from launcher.render import Job
 
 
 def run_dir_of(cfg: Mapping[str, Any]) -> Path:
@@ -31,10 +33,14 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
+def rendered_files(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
+    """File name -> text for one job, as its platform renders it; the job's own script first."""
+    return platform_of(cfg).render(job, cfg, run_dir)
+
+
 def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> str:
-    if cfg["cluster"]["name"] == "local":
-        return render_local(job, run_dir)
-    return render_sbatch(job, cfg["cluster"], run_dir)
+    """The job's own script (what is run or submitted)."""
+    return rendered_files(job, cfg, run_dir)[job.script]
 
 
 def write_run_dir(run_dir: Path, cfg: Mapping[str, Any], plan: Plan, jobs: list[Job]) -> list[Path]:
@@ -44,9 +50,9 @@ def write_run_dir(run_dir: Path, cfg: Mapping[str, Any], plan: Plan, jobs: list[
     _write_atomic(run_dir / "plan.json", json.dumps(plan.to_json_dict(), indent=2) + "\n")
     scripts = []
     for job in jobs:
-        path = run_dir / job.script
-        _write_atomic(path, render(job, cfg, run_dir), mode=0o755)
-        scripts.append(path)
+        for name, text in rendered_files(job, cfg, run_dir).items():
+            _write_atomic(run_dir / name, text, mode=0o755 if name.endswith((".sh", ".sbatch", ".qsub")) else 0o644)
+        scripts.append(run_dir / job.script)
     return scripts
 
 

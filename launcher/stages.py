@@ -1,17 +1,16 @@
-"""Stages (container, data_preparation, training) as jobs: what each runs, on what resources, in which order.
-Validates what only the stages know (stage names, container paths, Slurm time limits) before anything is
-written."""
+"""Stages (container, data_preparation, training) as jobs, in order, laid out by the cluster's platform
+(launcher/platforms/). Validates what only the stages know (stage names, container paths, time limits) before
+anything is written."""
 from __future__ import annotations
 
-import re
-import shlex
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher import commands, observability
+from launcher import commands, containers, observability
 from launcher.plan import Plan, PlanError
+from launcher.platforms import Platform, platform_of
+from launcher.platforms.common import time_seconds as slurm_time_seconds  # noqa: F401  (kept for callers)
 from launcher.render import Job
 
 # Execution order; `stages=[...]` picks a subset, dependencies follow this order.
@@ -24,29 +23,6 @@ class StagePlan:
     command: str                                         # the training launch command (plan.command)
     notes: list[str] = field(default_factory=list)       # e.g. a stage skipped because its output exists
     warnings: list[str] = field(default_factory=list)    # would be errors outside a dry run
-
-
-def script_name(stage: str, local: bool) -> str:
-    if stage == "training":
-        return "launch.sh" if local else "submission.sbatch"
-    return f"{stage}.sh" if local else f"{stage}.sbatch"
-
-
-def slurm_time_seconds(value: Any) -> int | None:
-    """Seconds in a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None for unlimited.
-    Raises ValueError for anything sbatch would reject."""
-    text = str(value).strip()
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if not match:
-        raise ValueError(text)
-    days, a, b, c = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    if c is not None:     # HH:MM:SS
-        return int(a) * 3600 + int(b) * 60 + int(c)
-    return int(a) * 60 + int(b or 0)  # MM[:SS]
 
 
 def list_data_shards(dp_cfg: Mapping[str, Any]) -> list[Any]:
@@ -74,182 +50,27 @@ def selected_stages(cfg: Mapping[str, Any]) -> list[str]:
     return [s for s in STAGES if s in stages]
 
 
-def _container_problems(cfg: Mapping[str, Any], selected: list[str], dry_run: bool
-                        ) -> tuple[list[str], list[str], bool]:
-    """(problems, warnings, import_needed) for cluster.container."""
-    cluster = cfg["cluster"]
-    image = cluster.get("container")
-    local = cluster["name"] == "local"
-    problems: list[str] = []
-    warnings: list[str] = []
-    is_sqsh = bool(image) and str(image).endswith(".sqsh")
-    if "container" in selected:
-        if not is_sqsh:
-            problems.append(f"stages has container but cluster.container={image!r} is not a .sqsh path to import "
-                            "into; set cluster.container=/abs/path/image.sqsh or drop container from stages")
-        elif not str(image).startswith("/"):
-            problems.append(f"cluster.container={image} must be an absolute path (pyxis and enroot resolve "
-                            "relative paths on the compute node)")
-        elif Path(image).exists():
-            return problems, warnings, False
-        elif local and not dry_run and shutil.which("enroot") is None:
-            problems.append("stages has container with cluster=local but enroot is not installed here; install "
-                            "enroot, or import on a compute node with cluster=bcm")
-        return problems, warnings, not problems
-    if local or not image:
-        return problems, warnings, False
-    if is_sqsh and not str(image).startswith("/"):
-        problems.append(f"cluster.container={image} must be an absolute path (pyxis resolves relative paths on "
-                        "the compute node)")
-    elif is_sqsh and not Path(image).exists():
-        msg = (f"cluster.container={image} does not exist: run `bash setup.sh`, add the container stage "
-               "(stages=[container,training]), or set cluster.container to an existing image")
-        (warnings if dry_run else problems).append(msg)
-    return problems, warnings, False
+def _container_stage(cfg: Mapping[str, Any], platform: Platform, dry_run: bool) -> tuple[list[str], bool]:
+    """(problems, build_needed) for stages=[container, ...]."""
+    if platform.container_job is None:
+        return [f"stages has container but cluster={cfg['cluster']['name']} runs images by name from a registry "
+                "and builds none: build and push the image with docker (README: Images for NGC Base Command and "
+                "Kubernetes), set cluster.container to its name and drop container from stages"], False
+    return containers.build_problems(cfg, platform.client is None, dry_run)
 
 
-def _time_problem(key: str, value: Any) -> str | None:
-    try:
-        slurm_time_seconds(value)
-    except ValueError:
-        return f"{key}={value!r} is not a Slurm time (HH:MM:SS, D-HH:MM:SS or minutes)"
-    return None
-
-
-def _cluster_problems(cfg: Mapping[str, Any], selected: list[str]) -> list[str]:
-    cluster = cfg["cluster"]
-    problem = _time_problem("cluster.time_limit", cluster["time_limit"])
-    if problem:
-        return [problem]
-    limit = slurm_time_seconds(cluster["time_limit"])
-    margin = cluster.get("signal_before_timeout_s") or 0
-    if limit is not None and margin >= limit:
-        return [f"cluster.signal_before_timeout_s={margin} must be shorter than cluster.time_limit="
-                f"{cluster['time_limit']} ({limit} s)"]
-    if "preflight" in selected:
-        problem = _time_problem("preflight.time_limit", cfg["preflight"]["time_limit"])
-        if problem:
-            return [problem]
-    if "data_preparation" in selected:
-        job = cfg["data_preparation"].get("job") or {}
-        problem = job.get("time_limit") and _time_problem("data_preparation.job.time_limit", job["time_limit"])
-        if problem:
-            return [problem]
-        for key in ("cpus_per_task", "max_parallel"):
-            value = job.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                return [f"data_preparation.job.{key}={value!r} must be null or a positive integer"]
-    return []
-
-
-def _gpus(n: int) -> str:
-    return f"{n} GPU" + ("s" if n != 1 else "")
-
-
-def _tee(cmd: str, log: Path, append: bool = True) -> str:
-    """Output to the console and into the run directory's log, through render.py's `keep_log`."""
-    return f"{cmd} 2>&1 | keep_log {'-a ' if append else ''}{shlex.quote(str(log))}"
-
-
-def _bare_path(cluster: Mapping[str, Any]) -> str | None:
-    # Local and bare-metal jobs run with the Python that runs main.py; container jobs with the image's.
-    return None if commands.in_container(cluster) else commands.python_bin_dir()
-
-
-def _data_preparation_jobs(cfg: Mapping[str, Any], run_dir: Path, num_shards: int) -> list[Job]:
-    cluster = cfg["cluster"]
-    name = cfg["data_preparation"].get("name")
-    check = shlex.join(commands.data_check_command(run_dir))
-    if cluster["name"] == "local":
-        log = run_dir / "logs" / "data_preparation.log"
-        return [Job("data_preparation", script_name("data_preparation", True),
-                    f"Data preparation ({name}, {num_shards} shards) on this machine, then a check of every shard",
-                    [_tee(commands.data_prep_command(run_dir), log), _tee(check, log)],
-                    path_first=_bare_path(cluster))]
-    srun = commands.srun_prefix(cfg)
-    prep = commands.data_prep_command(run_dir, shard='"$SLURM_ARRAY_TASK_ID"')
-    job = cfg["data_preparation"].get("job") or {}
-    array = f"0-{num_shards - 1}" + (f"%{job['max_parallel']}" if job.get("max_parallel") else "")
-    cpus = job.get("cpus_per_task")
-    return [
-        Job("data_preparation", script_name("data_preparation", False),
-            f"Data preparation ({name}): one array task per shard ({num_shards} shards)",
-            [commands.shell_line(srun, prep)], path_first=_bare_path(cluster), array=array, cpus_per_task=cpus,
-            # Tokenizer workers use every CPU they get: a whole node per task unless sized.
-            exclusive=bool(cluster.get("exclusive")) and not cpus, time_limit=job.get("time_limit")),
-        Job("data_check", script_name("data_check", False),
-            f"Check every prepared shard ({num_shards}) before training starts",
-            [commands.shell_line(srun, check)], path_first=_bare_path(cluster), time_limit=job.get("time_limit")),
-    ]
-
-
-# torch.distributed rendezvous of a job with one task per GPU (training, preflight) on Slurm.
-_SLURM_RENDEZVOUS = [
-    "# torch.distributed rendezvous on the first node; the port follows the job id so that jobs sharing",
-    "# a node never collide. Ranks come from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS.",
-    'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))",
-]
-
-
-def _preflight_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> Job:
-    """The training job's shape running recipes.preflight: it exits non-zero below preflight.min_busbw_gbps,
-    which stops the chain before training (afterok on Slurm, the exit status here)."""
-    cluster = cfg["cluster"]
-    title = f"Network preflight: all-reduce bandwidth over the {_gpus(plan.num_gpus)} of the training job"
-    entry = commands.preflight_entry(run_dir)
-    if cluster["name"] == "local":
-        command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
-        return Job("preflight", script_name("preflight", True), title,
-                   [_tee(command, run_dir / "logs" / "preflight.log")], env=dict(plan.env),
-                   path_first=_bare_path(cluster))
-    srun = commands.srun_prefix(cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"],
-                                extra=["--kill-on-bad-exit=1"])
-    return Job("preflight", script_name("preflight", False), title,
-               [*_SLURM_RENDEZVOUS, commands.shell_line(srun, shlex.join(entry))], env=dict(plan.env),
-               path_first=_bare_path(cluster), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
-               gpus_per_node=plan.gpus_per_node if cluster.get("gpus_per_node") else None,
-               exclusive=bool(cluster.get("exclusive")), time_limit=cfg["preflight"].get("time_limit"))
-
-
-def _training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> tuple[Job, str]:
-    """The training job and its launch command (plan.command); the job ends with the report."""
-    cluster = cfg["cluster"]
-    report = shlex.join(commands.report_command(run_dir))
-    if cluster["name"] == "local":
-        # profile.tool=nsys: the profiled ranks run under nsys (torchrun numbers them in RANK).
-        entry = observability.nsys_entry(cfg, run_dir, commands.training_entry(run_dir), "RANK")
-        command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
-        lines = ["# The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.",
-                 _tee(shlex.join(commands.stack_check_command(run_dir)), run_dir / "logs" / "training.log"),
-                 _tee(command, run_dir / "logs" / "training.log"),
-                 "# The throughput / MFU table and the loss and step-time plot of this run.",
-                 _tee(report, run_dir / "logs" / "report.txt", append=False)
-                 + " || echo 'report: nothing to report (see above)'"]
-        return Job("training", script_name("training", True),
-                   f"Train {plan.model} ({plan.dtype}) on {_gpus(plan.num_gpus)} of this machine",
-                   lines, env=dict(plan.env), path_first=_bare_path(cluster)), command
-
-    srun = commands.srun_prefix(cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"],
-                                mpi=plan.tp_comm_overlap, extra=["--kill-on-bad-exit=1"])
-    entry = shlex.join(observability.nsys_entry(cfg, run_dir, commands.training_entry(run_dir), "SLURM_PROCID")
-                       or commands.training_entry(run_dir))
-    report_srun = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
-    lines = [
-        *_SLURM_RENDEZVOUS,
-        commands.shell_line(srun, entry),
-        "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
-        commands.shell_line(report_srun, report) + " || echo 'report: nothing to report (see above)'",
-    ]
-    margin = cluster.get("signal_before_timeout_s")
-    job = Job("training", script_name("training", False),
-              f"Train {plan.model} ({plan.dtype}) on {_gpus(plan.num_gpus)}: {plan.num_nodes} node"
-              f"{'s' if plan.num_nodes > 1 else ''} x {plan.gpus_per_node}, one task per GPU",
-              lines, env=dict(plan.env), path_first=_bare_path(cluster), nodes=plan.num_nodes,
-              ntasks_per_node=plan.gpus_per_node,
-              gpus_per_node=plan.gpus_per_node if cluster.get("gpus_per_node") else None,
-              exclusive=bool(cluster.get("exclusive")), signal=f"USR1@{margin}" if margin else None)
-    return job, f"{shlex.join(srun)} {entry}"
+def _unsupported(cfg: Mapping[str, Any], platform: Platform, selected: list[str]) -> list[str]:
+    """What the stages ask of a platform that it cannot do yet."""
+    name = cfg["cluster"]["name"]
+    problems = []
+    if "preflight" in selected and platform.preflight_job is None:
+        problems.append(f"stages has preflight but cluster={name} has no preflight job yet: drop preflight from "
+                        "stages, or run it on cluster=local or a Slurm cluster")
+    profile = cfg.get("profile") or {}
+    if profile.get("enabled") and profile.get("tool") == "nsys" and platform.rank_variable is None:
+        problems.append(f"profile.tool=nsys cannot wrap the profiled ranks on cluster={name} yet: use "
+                        "profile.tool=torch")
+    return problems
 
 
 def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
@@ -257,9 +78,14 @@ def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
     written."""
     selected = cfg["stages"]
     cluster = cfg["cluster"]
-    problems, warnings, import_needed = _container_problems(cfg, selected, bool(cfg.get("dry_run")))
-    if cluster["name"] != "local":
-        problems += _cluster_problems(cfg, selected)
+    dry_run = bool(cfg.get("dry_run"))
+    platform = platform_of(cfg)
+    problems, warnings = platform.problems(cfg, selected, dry_run)
+    build_needed = False
+    if "container" in selected:
+        found, build_needed = _container_stage(cfg, platform, dry_run)
+        problems += found
+    problems += _unsupported(cfg, platform, selected)
     shards: list[Any] = []
     if "data_preparation" in selected and not problems:
         shards = list_data_shards(cfg["data_preparation"])
@@ -275,17 +101,18 @@ def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
     jobs: list[Job] = []
     notes: list[str] = []
     if "container" in selected:
-        if import_needed:
-            jobs.append(Job("container", script_name("container", cluster["name"] == "local"),
-                            f"Import {cluster['container_source']} into {cluster['container']}",
-                            commands.enroot_import_lines(cluster["container"], cluster["container_source"])))
+        if build_needed:
+            jobs.append(platform.container_job(cfg, run_dir))
         else:
-            notes.append(f"container: {cluster['container']} exists; nothing to import")
+            notes.append(f"container: {cluster['container']} exists; nothing to build")
     if "data_preparation" in selected:
-        jobs += _data_preparation_jobs(cfg, run_dir, len(shards))
+        jobs += platform.data_preparation_jobs(cfg, run_dir, len(shards))
     if "preflight" in selected:
-        jobs.append(_preflight_job(cfg, plan, run_dir))
-    training, command = _training_job(cfg, plan, run_dir)
+        jobs.append(platform.preflight_job(cfg, plan, run_dir))
+    # profile.tool=nsys: the profiled ranks run under nsys, found by the platform's rank variable.
+    entry = commands.training_entry(run_dir)
+    entry = observability.nsys_entry(cfg, run_dir, entry, platform.rank_variable or "RANK") or entry
+    training, command = platform.training_job(cfg, plan, run_dir, entry)
     if "training" in selected:
         jobs.append(training)
     return StagePlan(jobs=jobs, command=command, notes=notes, warnings=warnings)

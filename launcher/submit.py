@@ -1,4 +1,5 @@
-"""Submission: a chain of sbatch jobs linked by afterok, or the same stages run one after another here."""
+"""Submission records, the stages run one after another on this machine, and the chain for platforms whose jobs
+cannot wait for each other (each platform's own submission lives in launcher/platforms/)."""
 from __future__ import annotations
 
 import subprocess
@@ -9,9 +10,10 @@ from typing import Callable
 from launcher.render import Job
 
 
-
 class SubmitError(RuntimeError):
-    pass
+    def __init__(self, message: str, submitted: list["Submitted"] | None = None):
+        super().__init__(message)
+        self.submitted = submitted or []  # jobs submitted before the error, still to be recorded
 
 
 @dataclass
@@ -25,50 +27,32 @@ class Submitted:
         return {"stage": self.stage, "job_id": self.job_id, "script": self.script, "dependency": self.dependency}
 
 
-def sbatch_command(script: Path, dependency: str | None) -> list[str]:
-    cmd = ["sbatch", "--parsable"]
-    if dependency:
-        cmd.append(f"--dependency={dependency}")
-    cmd.append(str(script))
-    return cmd
-
-
-def chain_as_shell(jobs: list[Job], run_dir: Path) -> list[str]:
-    """What submit_chain runs, as shell lines with the job ids in variables (shown by a dry run, and a way to
-    submit the chain by hand)."""
-    lines = []
-    for index, job in enumerate(jobs, start=1):
-        dependency = f"afterok:$JOB{index - 1}" if index > 1 else None
-        lines.append(f"JOB{index}=$({' '.join(sbatch_command(run_dir / job.script, dependency))})")
-    return lines
-
-
-def sbatch(script: Path, dependency: str | None) -> str:
-    proc = subprocess.run(sbatch_command(script, dependency), capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SubmitError(f"sbatch {script.name} failed: {(proc.stderr or proc.stdout).strip()}")
-    # --parsable prints "jobid" or "jobid;cluster"
-    job_id = proc.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
-        raise SubmitError(f"sbatch {script.name} printed no job id: {proc.stdout.strip()!r}")
-    return job_id
-
-
-def submit_chain(jobs: list[Job], run_dir: Path) -> list[Submitted]:
-    """Each job waits for the previous one with afterok (never singleton: names are not dependencies).
-    If a later sbatch fails, the jobs already queued are cancelled so no half chain runs."""
+def submit_in_order(jobs: list[Job], run_dir: Path, submit_one: Callable[[Job, str | None], str],
+                    wait_one: Callable[[Job, str], str | None], say: Callable[[str], None] = print
+                    ) -> list[Submitted]:
+    """For platforms without job dependencies: submit each job once the one before it has succeeded, waiting
+    here. submit_one(job, previous_id) returns the new job id; wait_one(job, job_id) returns None on success or
+    why it did not succeed. A failure (or Ctrl-C while waiting) stops the chain: later jobs are not submitted."""
     submitted: list[Submitted] = []
-    for job in jobs:
-        dependency = f"afterok:{submitted[-1].job_id}" if submitted else None
+    for index, job in enumerate(jobs):
+        previous = submitted[-1].job_id if submitted else None
         try:
-            job_id = sbatch(run_dir / job.script, dependency)
+            job_id = submit_one(job, previous)
         except SubmitError as err:
-            if submitted:
-                ids = [s.job_id for s in submitted]
-                subprocess.run(["scancel", *ids], capture_output=True, text=True)
-                raise SubmitError(f"{err}; cancelled the jobs already queued for this run: {', '.join(ids)}") from err
-            raise
-        submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script), dependency))
+            raise SubmitError(str(err), submitted=submitted) from err
+        submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script),
+                                   f"succeeded:{previous}" if previous else None))
+        if index == len(jobs) - 1:
+            break
+        rest = ", ".join(j.stage for j in jobs[index + 1:])
+        say(f"submitted {job.stage}: job {job_id}; waiting for it to succeed before submitting {rest} "
+            "(Ctrl-C stops waiting; the job keeps running)")
+        try:
+            failure = wait_one(job, job_id)
+        except KeyboardInterrupt:
+            failure = "is still running: stopped waiting (Ctrl-C)"
+        if failure:
+            raise SubmitError(f"{job.stage} (job {job_id}) {failure}; not submitted: {rest}", submitted=submitted)
     return submitted
 
 

@@ -21,7 +21,7 @@ def format_plan(plan: Plan, cfg: Mapping[str, Any]) -> str:
     cluster = cfg["cluster"]
     gpu = plan.gpu_type or "GPU type unknown"
     where = (f"{plan.num_nodes} node{'s' if plan.num_nodes > 1 else ''} x {plan.gpus_per_node}"
-             if cluster["name"] != "local" else "this machine")
+             if cluster["platform"] != "local" else "this machine")
     features = [name for name, on in (("sequence parallel", plan.sequence_parallel),
                                       ("TP comm overlap", plan.tp_comm_overlap),
                                       ("asymmetric pipeline", plan.asymmetric_pipeline),

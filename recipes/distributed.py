@@ -1,4 +1,4 @@
-"""Process-group setup: ranks from torchrun or, when it did not start us, from Slurm's task variables."""
+"""Process-group setup: ranks from whichever launcher started this process (torchrun, srun, mpirun, bcprun)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,16 +16,28 @@ class RankInfo:
     master_port: int
 
 
+# (launcher, rank, local rank, world size), first match wins. torchrun's variables come first: Kubernetes pods
+# run torchrun, and bcprun with --array-type PYTORCH sets the same ones; srun tasks on Slurm; mpirun ranks on
+# Grid Engine (and bcprun with --array-type MPI) carry Open MPI's, MPICH's or Intel MPI's.
+RANK_VARIABLES = (
+    ("torchrun", "RANK", "LOCAL_RANK", "WORLD_SIZE"),
+    ("srun", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"),
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("MPICH / Intel MPI", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
+)
+
+
 def rank_info(env: Mapping[str, str] = os.environ) -> RankInfo:
-    """torchrun sets RANK/LOCAL_RANK/WORLD_SIZE; srun sets SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS and the job
-    script exports MASTER_ADDR/MASTER_PORT. A plain `python -m recipes.train` is a world of one."""
-    if "RANK" in env:
-        rank, local, world = int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"])
-    elif "SLURM_PROCID" in env:
-        rank, local, world = int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"])
-    else:
-        rank, local, world = 0, 0, 1
-    return RankInfo(rank, local, world, env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)))
+    """This process's rank, local rank and world size, and the rendezvous address: MASTER_ADDR/MASTER_PORT as the
+    job script exports them (torchrun and bcprun set them too), else NGC_MASTER_ADDR on Base Command. A plain
+    `python -m recipes.train` is a world of one."""
+    rank, local, world = 0, 0, 1
+    for _, rank_key, local_key, world_key in RANK_VARIABLES:
+        if rank_key in env:
+            rank, local, world = int(env[rank_key]), int(env.get(local_key, 0)), int(env[world_key])
+            break
+    addr = env.get("MASTER_ADDR") or env.get("NGC_MASTER_ADDR") or "127.0.0.1"
+    return RankInfo(rank, local, world, addr, int(env.get("MASTER_PORT", 29500)))
 
 
 def initialize(plan: Mapping, seed: int) -> RankInfo:

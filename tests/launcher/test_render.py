@@ -3,45 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import re
 from pathlib import Path
 
 import pytest
 
 from launcher.cli import prepare
-from launcher.commands import python_bin_dir
-from launcher.rundir import render
+from launcher.rundir import rendered_files
 
-from launcher_helpers import ONE_H100, REPO
+from launcher_helpers import ONE_H100, REPO, check_golden, rendered, run_main
 
-GOLDEN = REPO / "tests" / "golden"
 SQSH = "/shared/containers/nvidia+nemo+25.09.sqsh"
-
-
-def normalise(text: str, tmp: Path) -> str:
-    # The interpreter's bin dir may lie inside the repository (.venv): replace it first.
-    return (text.replace(python_bin_dir(), "<PYTHON_BIN>").replace(str(tmp), "<TMP>")
-            .replace(str(REPO), "<REPO>"))
-
-
-def check_golden(name: str, text: str, tmp: Path) -> None:
-    script = tmp / name
-    script.write_text(text)
-    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
-    assert syntax.returncode == 0, syntax.stderr
-    actual = normalise(text, tmp)
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(actual)
-    assert path.exists(), f"no golden file {path}; create it with UPDATE_GOLDEN=1"
-    assert actual == path.read_text(), f"{name} differs from its golden file (UPDATE_GOLDEN=1 after a deliberate change)"
-
-
-def rendered(cfg, local_gpus=None) -> dict[str, str]:
-    prepared = prepare(cfg, local_gpus)
-    return {job.script: render(job, prepared.cfg, prepared.run_dir) for job in prepared.stages.jobs}
-
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
@@ -103,3 +75,45 @@ def test_container_stage_on_bcm(cfg_for, tmp_path):
                                f"cluster.container={tmp_path}/images/nemo.sqsh", "dry_run=true"))
     assert list(scripts) == ["container.sbatch", "submission.sbatch"]
     check_golden("8b_bcm_container.sbatch", scripts["container.sbatch"], tmp_path)
+
+
+def test_container_stage_alone_builds_the_tested_image(tmp_path):
+    """`python main.py stages=[container] cluster=bcm dry_run=true`, as the README has it: import the base, install
+    the declared stack into it with the repository mounted, export the .sqsh under a temporary name."""
+    out = run_main("stages=[container]", "cluster=bcm", "dry_run=true", f"results_dir={tmp_path}/results")
+    assert out.returncode == 0, out.stderr
+    (script,) = (tmp_path / "results").glob("*/container.sbatch")
+    assert [p.name for p in script.parent.iterdir() if p.suffix == ".sbatch"] == ["container.sbatch"]
+    check_golden("bcm_container.sbatch", script.read_text(), tmp_path)
+
+
+def test_apptainer_on_slurm_runs_the_same_commands_with_the_same_mounts(cfg_for, tmp_path, corpus):
+    """cluster.container_runtime=apptainer: `apptainer exec --nv` with the pyxis path's mounts and working
+    directory, the plan's environment passed explicitly, for training and data preparation."""
+    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
+    common = ["cluster=bcm", "dry_run=true", "stages=[data_preparation,training]", "data_preparation=files",
+              f"data_preparation.inputs=[{corpus}/*.jsonl]", f"data_preparation.output_dir={tmp_path}/data",
+              "training=llama31/70b", "cluster.partition=batch"]
+    sif = f"{tmp_path}/images/llama31.sif"
+    apptainer = rendered(cfg_for(*common, "cluster.container_runtime=apptainer", f"cluster.container={sif}"))
+    pyxis = rendered(cfg_for(*common, f"cluster.container={tmp_path}/images/llama31.sqsh"))
+    for name, text in apptainer.items():
+        check_golden(f"70b_bcm_apptainer_{name}", text, tmp_path)
+        assert "--container-" not in text
+        mounts = re.search(r"--container-mounts=(\S+)", pyxis[name]).group(1)
+        assert f"--bind={mounts} \\" in text and f"--pwd={REPO} \\" in text
+    plan_env = prepare(cfg_for(*common, f"cluster.container={tmp_path}/x.sqsh")).plan.env
+    training = apptainer["submission.sbatch"]
+    assert [f"{k}={v}" for k, v in plan_env.items()] == re.findall(r"--env=(\S+)", training) and plan_env
+    assert training.count("apptainer exec \\") == 2  # the ranks and the report
+
+
+def test_apptainer_container_stage_builds_a_sif_from_a_definition_file(cfg_for, tmp_path):
+    prepared = prepare(cfg_for("training=llama31/8b", "cluster=bcm", "stages=[container]", "dry_run=true",
+                               "cluster.container_runtime=apptainer", f"cluster.container={tmp_path}/img/llama31.sif",
+                               f"cluster.wheel_dir={tmp_path}/wheels"))
+    (job,) = prepared.stages.jobs
+    files = rendered_files(job, prepared.cfg, prepared.run_dir)
+    assert list(files) == ["container.sbatch", "container.def"]
+    check_golden("8b_bcm_apptainer_container.sbatch", files["container.sbatch"], tmp_path)
+    check_golden("8b_bcm_apptainer_container.def", files["container.def"], tmp_path, shell=False)

@@ -1,4 +1,4 @@
-"""setup.sh: a clear stop without HF_TOKEN, and the container import through the container stage."""
+"""setup.sh: a clear stop without HF_TOKEN, and the container build through the container stage."""
 from __future__ import annotations
 
 import os
@@ -25,6 +25,7 @@ def test_container_goes_through_the_container_stage(tmp_path):
     assert out.returncode == 0, out.stderr
     (script,) = (tmp_path / "results").glob("*/container.sbatch")
     text = script.read_text()
-    assert f"enroot import --output {sqsh}.partial 'docker://nvcr.io#nvidia/nemo:25.09'" in text
+    assert f"enroot import --output {sqsh}.base.partial 'docker://nvcr.io#nvidia/nemo:25.09'" in text
+    assert "python -m recipes.stack install" in text
     assert f"mv -f {sqsh}.partial {sqsh}" in text
     assert str(script) in out.stdout

@@ -30,13 +30,13 @@ def test_stages_run_in_pipeline_order_whatever_the_listing(cfg_for, tmp_path):
     assert [j.stage for j in prepared.stages.jobs] == ["container", "training"]
 
 
-def test_an_existing_container_is_not_imported_again(cfg_for, tmp_path):
+def test_an_existing_container_is_not_built_again(cfg_for, tmp_path):
     image = tmp_path / "nemo.sqsh"
     image.write_bytes(b"hsqs")
     prepared = prepare(cfg_for("cluster=bcm", "stages=[container,training]", f"cluster.container={image}",
                                "dry_run=true"))
     assert [j.stage for j in prepared.stages.jobs] == ["training"]
-    assert prepared.stages.notes == [f"container: {image} exists; nothing to import"]
+    assert prepared.stages.notes == [f"container: {image} exists; nothing to build"]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -67,7 +67,7 @@ def test_data_preparation_array_has_one_task_per_shard(cfg_for, tmp_path):
     prepared = prepare(cfg_for("cluster=bcm", "stages=[data_preparation]", "data_preparation.file_numbers=0-5",
                                "dry_run=true"))
     (array, check) = prepared.stages.jobs
-    assert array.array == "0-5" and array.exclusive and check.stage == "data_check"
+    assert array.array_size == 6 and array.exclusive and check.stage == "data_check"
 
 
 def test_data_preparation_config_errors_are_plan_errors(cfg_for):

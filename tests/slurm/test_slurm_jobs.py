@@ -12,36 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from cluster_jobs import train_tokenizer, write_corpus
+
 pytestmark = pytest.mark.slurm
 pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
 
 REPO = Path(__file__).resolve().parents[2]
-WORDS = "the llama reads tokens from every shard of the corpus before its training starts on many nodes".split()
 BARE_METAL = ["cluster=bcm", "cluster.container=null", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1",
               "cluster.exclusive=false", "cluster.time_limit=00:10:00"]
 
 
-def write_corpus(directory: Path, names: list[str]) -> list[Path]:
-    directory.mkdir(parents=True)
-    paths = []
-    for k, name in enumerate(names):
-        lines = [json.dumps({"text": " ".join(WORDS[(i + j + k) % len(WORDS)] for j in range(6 + i % 9))})
-                 for i in range(120)]
-        path = directory / f"{name}.jsonl"
-        path.write_text("\n".join(lines) + "\n")
-        paths.append(path)
-    return paths
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tokenizer")
-    corpus = write_corpus(root / "corpus", ["a", "b"])
-    out = subprocess.run([sys.executable, "-m", "data_prep", "train-tokenizer", "--input", *map(str, corpus),
-                          "--output", str(root / "sp"), "--vocab-size", "400"], cwd=REPO, capture_output=True,
-                         text=True)
-    assert out.returncode == 0, out.stderr
-    return root / "sp.model"
+    return train_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:

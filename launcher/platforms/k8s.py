@@ -1,0 +1,264 @@
+"""cluster.platform=k8s (cluster=k8s): batch/v1 manifests. Training is one Indexed Job, one pod per node with its
+GPUs, torchrun in every pod (JOB_COMPLETION_INDEX is its node rank), plus a headless Service through which the
+pods find pod 0 for the rendezvous; data preparation is an Indexed Job with one pod per shard, then a one-pod
+check. Images run by name from a registry; the repository, results and data live on PersistentVolumeClaims
+mounted at the paths they have where main.py runs. Kubernetes has no job dependencies: main.py submits each
+job once the previous one has completed."""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from launcher import commands
+from launcher.commands import REPO
+from launcher.plan import Plan
+from launcher.platforms import Platform
+from launcher.platforms.common import (REPORT_FALLBACK, dns_name, job_paths, limits_problems, outside_mounts,
+                                       time_seconds, training_title)
+from launcher.render import Job
+from launcher.submit import SubmitError, Submitted, submit_in_order
+
+SHORT = {"data_preparation": "data", "data_check": "check", "training": "train"}
+IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
+
+
+def script_name(stage: str) -> str:
+    return "submission.yaml" if stage == "training" else f"{stage}.yaml"
+
+
+def job_name(cfg: Mapping[str, Any], stage: str, run_dir: Path) -> str:
+    """A DNS label short enough for the pods' host names (<name>-<index>)."""
+    return dns_name(cfg["cluster"].get("job_name_prefix") or "", SHORT[stage], run_dir.name)
+
+
+def problems(cfg: Mapping[str, Any], selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
+    cluster = cfg["cluster"]
+    found = []
+    image = cluster.get("container")
+    if not image or str(image).startswith("/"):
+        found.append(f"cluster.container={image!r}: cluster=k8s runs an image by name from a registry; set "
+                     f"cluster.container=<registry>/<image>:<tag> ({IMAGE_HELP})")
+    volumes = cluster.get("volumes") or []
+    bad = [v for v in volumes if not (isinstance(v, Mapping) and v.get("claim") and str(v.get("mount", "")).startswith("/"))]
+    if bad:
+        found.append(f"cluster.volumes: each entry needs claim (a PersistentVolumeClaim) and an absolute mount; got "
+                     f"{bad[0]!r}")
+    else:
+        missing = outside_mounts(job_paths(cfg), [str(v["mount"]) for v in volumes])
+        if missing:
+            found.append(f"cluster=k8s: pods see only cluster.volumes, and {', '.join(missing)} lie on none of them; "
+                         "put the repository, results_dir and the data on a PersistentVolumeClaim mounted at the "
+                         "same path here and in the pods, e.g. cluster.volumes=[{claim: llama31, mount: /mnt/llama31}]")
+    return found + limits_problems(cfg, selected, finite=True), []
+
+
+# --------------------------------------------------------------------------- jobs
+def data_preparation_jobs(cfg: Mapping[str, Any], run_dir: Path, num_shards: int) -> list[Job]:
+    name = cfg["data_preparation"].get("name")
+    prep = commands.data_prep_command(run_dir, shard='"$JOB_COMPLETION_INDEX"')
+    check = shlex.join(commands.data_check_command(run_dir))
+    job = cfg["data_preparation"].get("job") or {}
+    return [
+        Job("data_preparation", script_name("data_preparation"),
+            f"Data preparation ({name}): one pod per shard ({num_shards} shards)", [prep],
+            array_size=num_shards, max_parallel=job.get("max_parallel"), cpus_per_task=job.get("cpus_per_task"),
+            time_limit=job.get("time_limit")),
+        Job("data_check", script_name("data_check"),
+            f"Check every prepared shard ({num_shards}) before training starts", [check],
+            time_limit=job.get("time_limit")),
+    ]
+
+
+def _torchrun(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> str:
+    master = job_name(cfg, "training", run_dir)
+    program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
+    return " ".join([
+        shlex.join(["torchrun", "--nnodes", str(plan.num_nodes), "--nproc-per-node", str(plan.gpus_per_node)]),
+        '--node-rank "$JOB_COMPLETION_INDEX"',
+        shlex.join(["--master-addr", f"{master}-0.{master}", "--master-port", str(cfg["cluster"]["master_port"]),
+                    *program]),
+    ])
+
+
+def training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    """torchrun in each pod, its node rank the pod's completion index; pod 0 ends with the report."""
+    command = _torchrun(cfg, plan, run_dir, entry)
+    report = shlex.join(commands.report_command(run_dir))
+    lines = [
+        command,
+        "# The throughput / MFU table (into pod 0's log) and the loss and step-time plot (into the run directory).",
+        f'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then {report}{REPORT_FALLBACK}; fi',
+    ]
+    job = Job("training", script_name("training"), training_title(plan, "one pod per node, torchrun in each"),
+              lines, env=dict(plan.env), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
+              gpus_per_node=plan.gpus_per_node)
+    return job, command
+
+
+# --------------------------------------------------------------------------- manifests
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # every document spelled out, no &anchors
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    # Pod scripts as literal blocks, readable in the manifest.
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _metadata(cfg: Mapping[str, Any], name: str, job: Job, run_dir: Path) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": "llama31-recipes", "app.kubernetes.io/component": job.stage.replace("_", "-"),
+              "llama31-recipes/run": dns_name(run_dir.name, limit=63)}
+    meta: dict[str, Any] = {"name": name}
+    if cfg["cluster"].get("namespace"):
+        meta["namespace"] = cfg["cluster"]["namespace"]
+    meta["labels"] = labels
+    return meta
+
+
+def _pod(cfg: Mapping[str, Any], job: Job, name: str) -> dict[str, Any]:
+    cluster = cfg["cluster"]
+    volumes = cluster.get("volumes") or []
+    env = {"PYTHONPATH": str(REPO), **job.env}
+    limits: dict[str, Any] = {}
+    requests: dict[str, Any] = {}
+    if job.stage == "training":
+        limits["nvidia.com/gpu"] = job.gpus_per_node
+        limits.update(cluster.get("resources") or {})
+    elif job.cpus_per_task:
+        requests["cpu"] = job.cpus_per_task
+    container: dict[str, Any] = {
+        "name": job.stage.replace("_", "-"),
+        "image": cluster["container"],
+        "workingDir": str(REPO),
+        "command": ["bash", "-c", "\n".join(["set -euo pipefail", *job.lines]) + "\n"],
+        "env": [{"name": k, "value": str(v)} for k, v in env.items()],
+        "volumeMounts": [{"name": f"volume-{i}", "mountPath": str(v["mount"])} for i, v in enumerate(volumes)]
+        + [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {"restartPolicy": "Never"}
+    if job.stage == "training":
+        pod["subdomain"] = name  # <name>-<index>.<name> resolves to each pod through the headless Service
+        # Kubernetes sends SIGTERM at the deadline and waits this long: the trainer checkpoints and exits.
+        pod["terminationGracePeriodSeconds"] = cluster.get("signal_before_timeout_s") or 30
+    pod["containers"] = [container]
+    # NCCL and the data loaders need more shared memory than a container's default 64 MiB.
+    pod["volumes"] = [{"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": str(v["claim"])}}
+                      for i, v in enumerate(volumes)] + [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(cluster["shm_size"])}}]
+    for key, field in (("node_selector", "nodeSelector"), ("tolerations", "tolerations")):
+        if cluster.get(key):
+            pod[field] = cluster[key]
+    if cluster.get("image_pull_secrets"):
+        pod["imagePullSecrets"] = [{"name": s} for s in cluster["image_pull_secrets"]]
+    return pod
+
+
+def manifests(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    name = job_name(cfg, job.stage, run_dir)
+    meta = _metadata(cfg, name, job, run_dir)
+    completions = job.nodes if job.stage == "training" else (job.array_size or 1)
+    spec: dict[str, Any] = {"completionMode": "Indexed", "completions": completions,
+                            "parallelism": min(job.max_parallel or completions, completions)}
+    if job.array_size:
+        spec["backoffLimitPerIndex"] = 0  # a failed shard fails alone; the others run to the end
+    else:
+        spec["backoffLimit"] = 0  # one failed pod ends the job (torchrun's peers cannot go on without it)
+    limit = time_seconds(job.time_limit or cfg["cluster"]["time_limit"])
+    spec["activeDeadlineSeconds"] = limit
+    spec["template"] = {"metadata": {"labels": dict(meta["labels"])}, "spec": _pod(cfg, job, name)}
+    documents = [{"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}]
+    if job.stage == "training":
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": dict(meta), "spec": {
+            "clusterIP": "None", "publishNotReadyAddresses": True,
+            "selector": {"batch.kubernetes.io/job-name": name},
+            "ports": [{"name": "rendezvous", "port": cfg["cluster"]["master_port"]}]}}
+        documents.insert(0, service)
+    return documents
+
+
+def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
+    header = (f"# {job.title}\n# Written by main.py for {run_dir.name}; submit it again with: "
+              f"kubectl create -f {run_dir / job.script}\n")
+    body = yaml.dump_all(manifests(job, cfg, run_dir), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                         width=120)
+    return {job.script: header + body}
+
+
+# --------------------------------------------------------------------------- submission
+def _kubectl(cfg: Mapping[str, Any], *args: str) -> list[str]:
+    namespace = cfg["cluster"].get("namespace")
+    return ["kubectl", *(["--namespace", namespace] if namespace else []), *args]
+
+
+def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for index, job in enumerate(jobs):
+        lines.append(shlex.join(_kubectl(cfg, "create", "-f", str(run_dir / job.script))))
+        if index < len(jobs) - 1:
+            name = job_name(cfg, job.stage, run_dir)
+            lines.append(shlex.join(_kubectl(cfg, "wait", "--for=condition=complete", "--timeout=-1s",
+                                             f"job/{name}")))
+    return lines
+
+
+def _run(cmd: list[str], what: str) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SubmitError(f"{what} failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
+    def submit_one(job: Job, previous: str | None) -> str:
+        out = _run(_kubectl(cfg, "create", "-f", str(run_dir / job.script), "-o", "name"),
+                   f"kubectl create -f {job.script}")
+        names = [line.split("/", 1)[1] for line in out.split() if line.startswith("job.batch/")]
+        if not names:
+            raise SubmitError(f"kubectl create -f {job.script} printed no job: {out.strip()!r}")
+        return names[0]
+
+    def wait_one(job: Job, name: str) -> str | None:
+        interval = float(cfg["cluster"]["poll_interval_s"])
+        while True:
+            out = _run(_kubectl(cfg, "get", f"job/{name}", "-o", "json"), f"kubectl get job/{name}")
+            conditions = json.loads(out).get("status", {}).get("conditions") or []
+            done = {c.get("type") for c in conditions if c.get("status") == "True"}
+            if "Complete" in done:
+                return None
+            if "Failed" in done:
+                reason = next((c.get("reason") for c in conditions if c.get("type") == "Failed"), "")
+                return f"failed ({reason})" if reason else "failed"
+            time.sleep(interval)
+
+    return submit_in_order(jobs, run_dir, submit_one, wait_one, say)
+
+
+def follow(jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
+    lines = [f"submitted {sub.stage}: job {sub.job_id}" + (f" (after {sub.dependency.split(':')[1]} completed)"
+                                                           if sub.dependency else "") for sub in submitted]
+    last = submitted[-1].job_id
+    lines.append(f"  follow with: {shlex.join(['kubectl', 'logs', '-f', f'job/{last}'])}   "
+                 f"report: python -m launcher.report {run_dir}")
+    return lines
+
+
+PLATFORM = Platform(
+    name="k8s", client="kubectl",
+    chain="in order: Kubernetes jobs cannot wait for each other, so main.py submits each job once the previous "
+          "one has completed, and waits here",
+    script_name=script_name, problems=problems, data_preparation_jobs=data_preparation_jobs,
+    training_job=training_job, render=render, submit=submit, chain_as_shell=chain_as_shell, follow=follow,
+)

@@ -1,0 +1,224 @@
+"""cluster.platform=sge (cluster=sge): Grid Engine job scripts (`#$` directives, TSUBAME-style resource lines from
+the config), ranks started by mpirun, one per GPU, in an Apptainer container or bare metal; each job waits for
+the previous one with -hold_jid."""
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping
+
+from launcher import commands, containers
+from launcher.commands import REPO
+from launcher.plan import Plan, PlanError
+from launcher.platforms import Platform
+from launcher.platforms.common import (REPORT_FALLBACK, bare_path, hms, image_checks, limits_problems,
+                                       time_seconds, training_title)
+from launcher.render import Job
+from launcher.submit import SubmitError, Submitted
+
+# A job script that exits with 100 is set into the error state, and Grid Engine never starts the jobs that wait
+# for it (-hold_jid): the afterok of this platform. Only jobs that something waits for use it.
+FAIL_HOLDS_DEPENDENTS = "trap 'exit 100' ERR"
+
+
+def script_name(stage: str) -> str:
+    return "submission.qsub" if stage == "training" else f"{stage}.qsub"
+
+
+def problems(cfg: Mapping[str, Any], selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
+    cluster = cfg["cluster"]
+    found = containers.runtime_problems(cluster, ("apptainer", "none"))
+    if found:
+        return found, []
+    found, warnings = image_checks(cfg, selected, dry_run)
+    found += containers.env_problems(cluster, cluster.get("env") or {})
+    return found + limits_problems(cfg, selected), warnings
+
+
+def _container(cfg: Mapping[str, Any], env: Mapping[str, str] = {}) -> list[str]:
+    return containers.apptainer_exec(cfg, env) if commands.in_container(cfg["cluster"]) else []
+
+
+def container_job(cfg: Mapping[str, Any], run_dir: Path) -> Job:
+    lines, files = containers.build_lines(cfg, run_dir)
+    return Job("container", script_name("container"), containers.build_title(cfg["cluster"]), lines, files=files)
+
+
+def data_preparation_jobs(cfg: Mapping[str, Any], run_dir: Path, num_shards: int) -> list[Job]:
+    """An array job, one task per shard (task ids start at 1, shards at 0), then a one-task check of every shard
+    (-hold_jid on the array)."""
+    cluster = cfg["cluster"]
+    name = cfg["data_preparation"].get("name")
+    container = _container(cfg)
+    prep = commands.data_prep_command(run_dir, shard='"$((SGE_TASK_ID - 1))"')
+    check = shlex.join(commands.data_check_command(run_dir))
+    job = cfg["data_preparation"].get("job") or {}
+    return [
+        Job("data_preparation", script_name("data_preparation"),
+            f"Data preparation ({name}): one array task per shard ({num_shards} shards)",
+            [commands.shell_line([], prep, container)], path_first=bare_path(cluster), array_size=num_shards,
+            max_parallel=job.get("max_parallel"), cpus_per_task=job.get("cpus_per_task"),
+            time_limit=job.get("time_limit")),
+        Job("data_check", script_name("data_check"),
+            f"Check every prepared shard ({num_shards}) before training starts",
+            [commands.shell_line([], check, container)], path_first=bare_path(cluster),
+            time_limit=job.get("time_limit")),
+    ]
+
+
+def training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    """mpirun starts one rank per GPU on the hosts Grid Engine gave the job; ranks come from the MPI launcher's
+    variables (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE). The job ends with the report."""
+    cluster = cfg["cluster"]
+    if plan.num_nodes > 1 and "training" in cfg["stages"] and not (
+            cluster.get("node_resource") or cluster.get("parallel_environment")):
+        raise PlanError([f"cluster=sge: the training job needs {plan.num_nodes} nodes but neither "
+                         "cluster.node_resource (TSUBAME: node_f) nor cluster.parallel_environment requests them"])
+    exported = ["PYTHONPATH", "PATH", *plan.env, "MASTER_ADDR", "MASTER_PORT"]
+    mpirun = [["mpirun", "-np", str(plan.num_gpus), "-npernode", str(plan.gpus_per_node)],
+              ["--bind-to", "none"], *[["-x", key] for key in exported],
+              *[shlex.split(str(a)) for a in cluster.get("mpirun_args") or []]]
+    container = _container(cfg, plan.env)
+    groups = [*mpirun, *([container[:2], *[[a] for a in container[2:]]] if container else [])]
+    program = shlex.join(entry)
+    report = shlex.join(commands.report_command(run_dir))
+    lines = [
+        "# torch.distributed rendezvous on the job's first host; the port follows the job id so that jobs",
+        "# sharing a node never collide. Ranks come from mpirun (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE).",
+        'export MASTER_ADDR=$(if [ -n "${PE_HOSTFILE:-}" ]; then head -n 1 "$PE_HOSTFILE" | cut -d " " -f 1; '
+        "else hostname; fi)",
+        "export MASTER_PORT=$((20000 + JOB_ID % 40000))",
+        commands.grouped_line(groups, program),
+        "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
+        commands.shell_line([], report, _container(cfg)) + REPORT_FALLBACK,
+    ]
+    margin = cluster.get("signal_before_timeout_s")
+    job = Job("training", script_name("training"), training_title(plan, "mpirun, one rank per GPU"), lines,
+              env=dict(plan.env), path_first=bare_path(cluster), nodes=plan.num_nodes,
+              ntasks_per_node=plan.gpus_per_node, gpus_per_node=plan.gpus_per_node,
+              signal=f"USR1@{margin}" if margin else None)
+    return job, " ".join(shlex.join(g) for g in [*groups, entry])
+
+
+# --------------------------------------------------------------------------- the job script
+def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str]:
+    prefix = cluster.get("job_name_prefix")
+    # Grid Engine job names take neither ':' nor '/'.
+    name = ".".join(p for p in (prefix, job.stage, run_dir.name) if p)
+    log = f"{run_dir}/logs/{job.stage}_$JOB_ID" + ("_$TASK_ID" if job.array_size else "") + ".out"
+    lines = [f"-N {name}", "-S /bin/bash", "-cwd", "-j y", f"-o {log}"]
+    limit = time_seconds(job.time_limit or cluster["time_limit"])
+    if limit is not None:
+        lines.append(f"-l h_rt={hms(limit)}")
+        margin = job.signal and int(job.signal.split("@")[1])
+        if margin:
+            # Grid Engine sends SIGUSR1 at the soft limit: the trainer checkpoints and exits before h_rt.
+            lines.append(f"-l s_rt={hms(limit - margin)}")
+    if cluster.get("node_resource"):
+        lines.append(f"-l {cluster['node_resource']}={job.nodes}")
+    if cluster.get("parallel_environment"):
+        slots = job.nodes * (job.ntasks_per_node or 1) if job.stage == "training" else (job.cpus_per_task or 1)
+        lines.append(f"-pe {cluster['parallel_environment']} {slots}")
+    lines += [f"-l {r}" for r in cluster.get("resources") or []]
+    if job.array_size:
+        lines.append(f"-t 1-{job.array_size}")
+        if job.max_parallel:
+            lines.append(f"-tc {job.max_parallel}")
+    lines += [str(a) for a in cluster.get("qsub_args") or []]
+    return lines
+
+
+def render_qsub(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> str:
+    """#$ directives from the job's resources and the cluster's settings; output and errors go to one log in
+    RUN_DIR/logs/. Modules load before `set -u`, which many module scripts do not survive."""
+    setup = [str(line) for line in cluster.get("setup") or []]
+    modules = [f"module load {m}" for m in cluster.get("modules") or []]
+    env = [f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    if job.path_first:
+        env.append(f"export PATH={shlex.quote(job.path_first)}:$PATH")
+    env += [f"export {key}={shlex.quote(value)}" for key, value in job.env.items()]
+    waited_for = job.stage != "training"
+    return "\n".join([
+        "#!/bin/bash",
+        f"# {job.title}",
+        f"# Written by main.py for {run_dir.name}; submit it again with: qsub {run_dir / job.script}",
+        *[f"#$ {d}" for d in _directives(job, cluster, run_dir)],
+        *setup,
+        *modules,
+        "set -euo pipefail",
+        *(["# Exit 100 on failure: Grid Engine then never starts the jobs that wait for this one (-hold_jid).",
+           FAIL_HOLDS_DEPENDENTS] if waited_for else []),
+        *(["# Grid Engine signals the whole job at s_rt; the shell waits for mpirun, which passes it to the ranks.",
+           "trap 'echo \"SIGUSR1: the time limit is near\"' USR1"] if job.signal else []),
+        *env,
+        "",
+        *job.lines,
+        "",
+    ])
+
+
+def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
+    return {job.script: render_qsub(job, cfg["cluster"], run_dir), **job.files}
+
+
+# --------------------------------------------------------------------------- submission
+def qsub_command(script: Path, hold: str | None) -> list[str]:
+    return ["qsub", "-terse", *(["-hold_jid", hold] if hold else []), str(script)]
+
+
+def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> list[str]:
+    """What submit runs, with the job ids in variables (qsub -terse prints an array job as ID.1-N:1)."""
+    lines = []
+    for index, job in enumerate(jobs, start=1):
+        command = shlex.join(qsub_command(run_dir / job.script, None))
+        if index > 1:
+            command = command.replace("qsub -terse ", f"qsub -terse -hold_jid $JOB{index - 1} ", 1)
+        lines.append(f"JOB{index}=$({command} | cut -d. -f1)")
+    return lines
+
+
+def qsub(script: Path, hold: str | None) -> str:
+    proc = subprocess.run(qsub_command(script, hold), capture_output=True, text=True, cwd=script.parent)
+    if proc.returncode != 0:
+        raise SubmitError(f"qsub {script.name} failed: {(proc.stderr or proc.stdout).strip()}")
+    job_id = proc.stdout.strip().split(".")[0]
+    if not job_id.isdigit():
+        raise SubmitError(f"qsub {script.name} printed no job id: {proc.stdout.strip()!r}")
+    return job_id
+
+
+def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
+    """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_qsub). If a
+    later qsub fails, the jobs already queued are deleted so no half chain runs."""
+    submitted: list[Submitted] = []
+    for job in jobs:
+        hold = submitted[-1].job_id if submitted else None
+        try:
+            job_id = qsub(run_dir / job.script, hold)
+        except SubmitError as err:
+            if submitted:
+                ids = [s.job_id for s in submitted]
+                subprocess.run(["qdel", *ids], capture_output=True, text=True)
+                raise SubmitError(f"{err}; deleted the jobs already queued for this run: {', '.join(ids)}") from err
+            raise
+        submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script), f"hold_jid:{hold}" if hold else None))
+    return submitted
+
+
+def follow(jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
+    lines = []
+    for job, sub in zip(jobs, submitted):
+        after = f" (-hold_jid {sub.dependency.split(':')[1]})" if sub.dependency else ""
+        logs = f"{run_dir}/logs/{job.stage}_{sub.job_id}" + ("_*" if job.array_size else "") + ".out"
+        lines.append(f"submitted {job.stage}: job {sub.job_id}{after}; log {logs}")
+    lines.append(f"  follow with: qstat -j {','.join(s.job_id for s in submitted)}   "
+                 f"report: python -m launcher.report {run_dir}")
+    return lines
+
+
+PLATFORM = Platform(
+    name="sge", client="qsub", chain="each job waiting for the previous one (-hold_jid)", script_name=script_name,
+    problems=problems, data_preparation_jobs=data_preparation_jobs, training_job=training_job, render=render,
+    container_job=container_job, submit=submit, chain_as_shell=chain_as_shell, follow=follow,
+)

@@ -82,14 +82,15 @@ def _abs_paths(value: Any) -> Iterable[str]:
 
 def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
     """host:container mounts at identical paths: the repository, results_dir, and the directories of every
-    absolute path the training and data preparation configs name (tokenizer, blend prefixes, data dirs), so
+    absolute path the training and data preparation configs name (tokenizer, blend prefixes, data dirs, weights
+    to start from), so
     paths in config.yaml mean the same thing inside the container."""
     dirs: list[Path] = [REPO, Path(cfg["results_dir"])]
     output_dir = (cfg.get("data_preparation") or {}).get("output_dir")
     if output_dir and str(output_dir).startswith("/"):
         dirs.append(Path(output_dir))  # created before the data preparation job is submitted
     for path in _abs_paths([cfg["training"].get("tokenizer"), cfg["training"].get("data"),
-                            cfg.get("data_preparation")]):
+                            cfg["training"].get("checkpoint"), cfg.get("data_preparation")]):
         p = Path(path)
         # A directory is mounted itself; a file or a prefix (.bin/.idx without extension) through its parent.
         mount = p if p.is_dir() else p.parent

@@ -114,7 +114,9 @@ def _run_here(prepared: Prepared, say: Say) -> int:
     plan, run_dir = prepared.plan, prepared.run_dir
     jobs = prepared.stages.jobs
     if plan.cannot_train_reason:
-        jobs = [j for j in jobs if j.stage != "training"]
+        # Nor export the checkpoint that this training would have written.
+        skipped = {"training", "export"} if "training" in prepared.cfg["stages"] else {"training"}
+        jobs = [j for j in jobs if j.stage not in skipped]
     code = run_here(jobs, run_dir, say)
     if code:
         return code

@@ -50,6 +50,14 @@ def data_check_command(run_dir: Path) -> list[str]:
     return ["python", "-m", "data_prep", "verify", "--config", str(run_dir / "config.yaml"), "--shard", "all"]
 
 
+def export_hf_command(cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
+    """The newest complete checkpoint of the run to Hugging Face format (recipes/export_hf.py)."""
+    ckpt = cfg["training"]["checkpoint"]
+    out = ckpt.get("export_dir") or str(run_dir / "hf")
+    return ["python", "-m", "recipes.export_hf", "--checkpoint", str(run_dir / "checkpoints"), "--out", str(out),
+            "--max-shard-size", str(ckpt["export_max_shard_size"])]
+
+
 def report_command(run_dir: Path) -> list[str]:
     return ["python", "-m", "launcher.report", str(run_dir)]
 

@@ -15,7 +15,7 @@ from launcher.plan import Plan, PlanError
 from launcher.render import Job
 
 # Execution order; `stages=[...]` picks a subset, dependencies follow this order.
-STAGES = ("container", "data_preparation", "training")
+STAGES = ("container", "data_preparation", "training", "export")
 
 
 @dataclass
@@ -217,6 +217,20 @@ def _training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> tuple[Jo
     return job, f"{shlex.join(srun)} {entry}"
 
 
+def _export_job(cfg: Mapping[str, Any], run_dir: Path) -> Job:
+    """The run's newest complete checkpoint to Hugging Face format: one process on one node (CPU work, next to
+    the checkpoint)."""
+    cluster = cfg["cluster"]
+    export = shlex.join(commands.export_hf_command(cfg, run_dir))
+    title = f"Export the newest checkpoint of {run_dir.name} to Hugging Face format"
+    if cluster["name"] == "local":
+        return Job("export", script_name("export", True), title, [_tee(export, run_dir / "logs" / "export.log")],
+                   path_first=_bare_path(cluster))
+    srun = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
+    return Job("export", script_name("export", False), title, [commands.shell_line(srun, export)],
+               path_first=_bare_path(cluster), exclusive=bool(cluster.get("exclusive")))
+
+
 def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
     """The jobs of cfg.stages (as selected_stages returned them), in order. Raises PlanError before anything is
     written."""
@@ -251,4 +265,6 @@ def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
     training, command = _training_job(cfg, plan, run_dir)
     if "training" in selected:
         jobs.append(training)
+    if "export" in selected:
+        jobs.append(_export_job(cfg, run_dir))
     return StagePlan(jobs=jobs, command=command, notes=notes, warnings=warnings)

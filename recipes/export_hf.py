@@ -41,11 +41,13 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     from recipes.checkpoint import STATE_FILE, latest_checkpoint
 
     path = Path(path).expanduser().absolute()
-    for root in (path, path / "checkpoints"):
-        if root.is_dir() and not (root / STATE_FILE).exists() and not (root / ".metadata").exists():
-            latest = latest_checkpoint(str(root))
-            if latest:
-                return Path(latest[1])
+    if path.is_dir() and not (path / STATE_FILE).exists() and not (path / ".metadata").exists():
+        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path  # a run directory, or its checkpoints/
+        latest = latest_checkpoint(str(root))
+        if latest:
+            return Path(latest[1])
+        if not path.name.startswith(("iter_", ".partial_")):
+            raise ExportError(f"no complete checkpoint under {root} (train first, or name an iter_NNNNNNN directory)")
     if not path.is_dir():
         raise ExportError(f"--checkpoint {path} does not exist")
     if not (path / STATE_FILE).is_file():

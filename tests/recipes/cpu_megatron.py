@@ -82,7 +82,9 @@ def build_chunks(cfg: dict, plan: dict, dtype: torch.dtype = torch.float32) -> l
                                  context_parallel_size=plan["cp"])
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
     kwargs = settings.transformer_config_kwargs(cfg, plan, grad_accum_fusion=False)
-    kwargs.update(use_cpu_initialization=True, bf16=dtype == torch.bfloat16, params_dtype=dtype,
+    on_meta = torch.empty(0).device.type == "meta"  # megatron's CPU init builds whole weights on the CPU
+    kwargs.update(use_cpu_initialization=True, perform_initialization=not on_meta,
+                  bf16=dtype == torch.bfloat16, params_dtype=dtype,
                   pipeline_dtype=dtype, autocast_dtype=dtype, apply_rope_fusion=False,
                   bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
                   cross_entropy_loss_fusion=False, deallocate_pipeline_outputs=False)

@@ -332,3 +332,17 @@ def test_training_ranks_check_the_config_before_touching_a_gpu(tmp_path):
     assert last.startswith("error: training.checkpoint.init_from_hf=") and "num_key_value_heads=16" in last, \
         rank.stderr[-2000:]
     assert "CUDA" not in rank.stderr and "GPU" not in rank.stderr
+
+
+def test_the_export_stage_exports_the_newest_checkpoint_of_a_run(source, pp_checkpoint, tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(pp_checkpoint.parent, results / "r" / "checkpoints")
+    overrides = [o for o in SMALL if not o.startswith("cluster.")]
+    result = main_py(*overrides, *LAYOUTS["pp2_vp2_asym"], *with_tokenizer(source), "stages=[export]",
+                     f"results_dir={results}", "run_name=r", "training.checkpoint.export_max_shard_size=150KB",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    exported, original = tensors_of(results / "r" / "hf"), tensors_of(source["dir"])
+    assert sorted(exported) == sorted(original)
+    assert all(torch.equal(exported[k], original[k]) for k in original)
+    assert "exported" in (results / "r" / "logs" / "export.log").read_text()

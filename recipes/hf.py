@@ -70,8 +70,8 @@ def pieces(name: str, layer: int | None, model: Mapping[str, Any], padded_vocab:
     vocab, hidden = model["vocab_size"], model["hidden_size"]
     if name in (EMBEDDING, OUTPUT):
         hf_name = "model.embed_tokens.weight" if name == EMBEDDING else "lm_head.weight"
-        rows = [Piece(hf_name, 0, vocab)]
-        return rows + ([Piece(hf_name, vocab - 1, padded_vocab - vocab, repeat=True)] if padded_vocab > vocab else [])
+        padding = [Piece(hf_name, vocab - 1, padded_vocab - vocab, repeat=True)] if padded_vocab > vocab else []
+        return [Piece(hf_name, 0, vocab), *padding]
     if name == FINAL_NORM:
         return [Piece("model.norm.weight", 0, hidden)]
     suffix = layer_suffix(name)

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
+import tempfile
 import traceback
 from typing import Any, Callable
 
 import torch
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_only() -> None:
@@ -28,11 +22,11 @@ def _cpu_only() -> None:
     torch.cuda.synchronize = lambda *args, **kwargs: None
 
 
-def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -> None:
+def _entry(rank: int, world: int, rendezvous: str, fn: Callable, args: tuple, queue) -> None:
     try:
         _cpu_only()
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+        torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                                             world_size=world)
         queue.put((rank, True, fn(rank, *args)))
     except BaseException:  # noqa: BLE001 - reported to the test
         queue.put((rank, False, traceback.format_exc()))
@@ -49,8 +43,9 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600) -> lis
     with its traceback."""
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    # A rendezvous file rather than a TCP port: no port to collide with other processes on the machine.
+    rendezvous = tempfile.mktemp(prefix="gloo_rendezvous_")
+    procs = [ctx.Process(target=_entry, args=(r, world, rendezvous, fn, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -65,6 +60,8 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600) -> lis
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+        if os.path.exists(rendezvous):
+            os.unlink(rendezvous)
     return [results[r] for r in range(world)]
 
 

@@ -56,7 +56,8 @@ def write_tokenizer(directory: Path) -> None:
     tok.train_from_iterator(["def f(x):\n    return x + 1\n"] * 50, trainer=trainer)
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "tokenizer_class": "PreTrainedTokenizerFast"}))
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+         "tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +219,9 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
         path.unlink()
     stamp = shards[0].stat().st_mtime_ns
     checkpoint = export_hf.resolve_checkpoint(pp_checkpoint)
+    model = yaml.safe_load((pp_checkpoint.parents[1] / "config.yaml").read_text())["training"]["model"]
     manifest = {"checkpoint": str(checkpoint), "dtype": "bfloat16",
-                "shards": export_hf.shard_plan(hf.hf_shapes(yaml.safe_load((pp_checkpoint.parents[1] / "config.yaml")
-                                                                         .read_text())["training"]["model"]), 2, 150_000)}
+                "shards": export_hf.shard_plan(hf.hf_shapes(model), 2, 150_000)}
     (out / export_hf.MANIFEST).write_text(json.dumps(manifest))
     assert export_hf.main(args) == 0
     assert shards[0].stat().st_mtime_ns == stamp  # kept, not rewritten
@@ -346,3 +347,51 @@ def test_the_export_stage_exports_the_newest_checkpoint_of_a_run(source, pp_chec
     assert sorted(exported) == sorted(original)
     assert all(torch.equal(exported[k], original[k]) for k in original)
     assert "exported" in (results / "r" / "logs" / "export.log").read_text()
+
+
+# --------------------------------------------------------------------------- hub ids
+def fake_hub_snapshot(cache: Path, repo_id: str, **changes) -> Path:
+    """The layout huggingface_hub leaves in its cache: refs/main names the snapshot of the main revision."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    return fake_llama_dir(repo / "snapshots" / "abc123", **changes)
+
+
+def test_the_plan_checks_a_cached_hub_id_and_refuses_one_for_several_nodes(tmp_path, monkeypatch):
+    from launcher.cli import prepare
+    from launcher.plan import PlanError
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    fake_hub_snapshot(tmp_path / "hub", "meta-llama/Llama-3.1-8B", num_hidden_layers=80)
+    base = ["training=llama31/8b", "cluster=bcm", "cluster.container=null", "dry_run=true",
+            f"results_dir={tmp_path / 'results'}", "memory_check=false"]
+    with pytest.raises(PlanError, match="num_hidden_layers=80 vs training.model.num_layers=32"):
+        prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-8B"]))
+    # Not cached: nothing to check yet (rank 0 downloads it); with several nodes a shared directory is required.
+    prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-70B", "parallelism=tp1",
+                     "parallelism.num_gpus=8", "training.global_batch_size=8"]))
+    with pytest.raises(PlanError, match=r"hub id.*2-node job.*recipes.hf_import fetch"):
+        prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-70B", "parallelism=tp1",
+                         "parallelism.num_gpus=16", "training.global_batch_size=16"]))
+    with pytest.raises(PlanError, match="init_from and training.checkpoint.init_from_hf are both set"):
+        prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-8B",
+                         "training.checkpoint.init_from=/somewhere/iter_0000010"]))
+
+
+def test_rank_zero_downloads_a_hub_id_and_the_others_read_where(tmp_path, monkeypatch):
+    snapshot = fake_llama_dir(tmp_path / "snapshot")
+    downloads = []
+    monkeypatch.setattr(hf_import, "download", lambda repo, local_dir=None: downloads.append(repo) or str(snapshot))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert hf_import.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=0) == str(snapshot)
+    assert hf_import.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=5) == str(snapshot)
+    assert downloads == ["meta-llama/Llama-3.1-8B"]  # once, by rank 0
+    cfg = {"training": {"model": compose(["training=llama31/8b"])["training"]["model"],
+                        "checkpoint": {"init_from_hf": "meta-llama/Llama-3.1-8B", "load": True}}}
+    assert hf_import.source_for_run(cfg, str(run_dir), rank=3) == str(snapshot)
+    # A rank that cannot see rank 0's download says so, with the fix.
+    (run_dir / ".init_from_hf.json").write_text(json.dumps({"source": "org/other", "path": "/not/shared"}))
+    with pytest.raises(hf_import.SourceError, match="cannot see /not/shared.*HF_HOME"):
+        hf_import.locate("org/other", str(run_dir), rank=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 import shutil
@@ -29,6 +30,7 @@ INDEX = "model.safetensors.index.json"
 MANIFEST = ".export.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 _ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 class ExportError(ValueError):
@@ -162,7 +164,7 @@ def shard_plan(shapes: Mapping[str, tuple[int, ...]], itemsize: int, max_bytes: 
     shards: list[list[str]] = [[]]
     size = 0
     for name, shape in shapes.items():
-        nbytes = itemsize * _numel(shape)
+        nbytes = itemsize * math.prod(shape)
         if shards[-1] and size + nbytes > max_bytes:
             shards.append([])
             size = 0
@@ -171,19 +173,12 @@ def shard_plan(shapes: Mapping[str, tuple[int, ...]], itemsize: int, max_bytes: 
     return shards
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def safetensors_header(names: list[str], shapes: Mapping[str, tuple[int, ...]], dtype: str, itemsize: int) -> bytes:
     """The header of a safetensors file holding `names` in this order (contiguous, no gaps)."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name in names:
-        end = offset + itemsize * _numel(shapes[name])
+        end = offset + itemsize * math.prod(shapes[name])
         header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shapes[name]), "data_offsets": [offset, end]}
         offset = end
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -226,12 +221,49 @@ class HFTensors:
         return self._cached[1][hf_name]
 
 
+class _Progress:
+    """Bytes done / total, with tensors done / total beside them."""
+
+    def __init__(self, total_bytes: int, total_tensors: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="export_hf", disable=not enabled,
+                        mininterval=1.0)
+        self.tensors, self.total_tensors = 0, total_tensors
+
+    def add(self, nbytes: int, tensors: int = 1) -> None:
+        self.tensors += tensors
+        self.bar.update(nbytes)
+        self.bar.set_postfix_str(f"{self.tensors}/{self.total_tensors} tensors", refresh=False)
+
+
+def _write_shard(target: Path, names: list[str], shapes: Mapping[str, tuple[int, ...]], dtype: str,
+                 tensors: HFTensors, progress: _Progress) -> None:
+    """One safetensors file, tensor by tensor, under a temporary name until it is complete."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    tmp = target.with_name(f".{target.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(safetensors_header(names, shapes, dtype, itemsize))
+        for name in names:
+            tensor = tensors.get(name).to(torch_dtype).contiguous()
+            if tuple(tensor.shape) != tuple(shapes[name]):
+                raise ExportError(f"{tensors.ckpt.path}: {name} has shape {list(tensor.shape)} in the checkpoint, "
+                                  f"{list(shapes[name])} from the run's training.model")
+            f.write(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")
+            progress.add(tensor.numel() * itemsize)
+            del tensor
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
 def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config: Mapping[str, Any],
            dtype: str = "bfloat16", max_shard_bytes: int = 5 * 10**9, tokenizer: str | None = None,
            copy_tokenizer: bool = True, progress: bool = True) -> Path:
-    import torch
-    from tqdm import tqdm
-
+    """Write the Hugging Face model of `checkpoint` (a run's training.model in `run_config`) into `out`."""
     model = run_config["training"]["model"]
     if dtype not in _ST_DTYPES:
         raise ExportError(f"--dtype {dtype}: use one of {', '.join(_ST_DTYPES)}")
@@ -240,46 +272,25 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config:
     ckpt = DistCheckpoint(path)
     tensors = HFTensors(ckpt, model)
     ckpt.check_files(tensors.checkpoint_keys())
-    torch_dtype = getattr(torch, dtype)
-    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    itemsize = _ITEMSIZE[dtype]
     shapes = hf.hf_shapes(model)
     shards = shard_plan(shapes, itemsize, max_shard_bytes)
-    manifest = {"checkpoint": str(path), "dtype": dtype, "shards": shards}
-    _prepare_out(out, manifest)
+    _prepare_out(out, {"checkpoint": str(path), "dtype": dtype, "shards": shards})
 
-    total = sum(itemsize * _numel(s) for s in shapes.values())
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="export_hf", disable=not progress, mininterval=1.0)
-    done = 0
+    total = sum(itemsize * math.prod(s) for s in shapes.values())
+    bar = _Progress(total, len(shapes), progress)
     for index, names in enumerate(shards):
         target = out / shard_name(index, len(shards))
         if target.is_file():  # finished by an earlier, interrupted run of the same export
-            done += len(names)
-            bar.update(sum(itemsize * _numel(shapes[n]) for n in names))
-            continue
-        tmp = target.with_name(f".{target.name}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(safetensors_header(names, shapes, dtype, itemsize))
-            for name in names:
-                tensor = tensors.get(name).to(torch_dtype).contiguous()
-                if tuple(tensor.shape) != tuple(shapes[name]):
-                    raise ExportError(f"{path}: {name} has shape {list(tensor.shape)} in the checkpoint, "
-                                      f"{list(shapes[name])} from the run's training.model")
-                f.write(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")
-                done += 1
-                bar.update(tensor.numel() * itemsize)
-                bar.set_postfix_str(f"{done}/{len(shapes)} tensors", refresh=False)
-                del tensor
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    bar.close()
+            bar.add(sum(itemsize * math.prod(shapes[n]) for n in names), len(names))
+        else:
+            _write_shard(target, names, shapes, dtype, tensors, bar)
+    bar.bar.close()
 
     index = {"metadata": {"total_size": total},
              "weight_map": {n: shard_name(i, len(shards)) for i, names in enumerate(shards) for n in names}}
     _write_atomically(out / INDEX, json.dumps(index, indent=2) + "\n")
-    bos, eos = None, None
-    if copy_tokenizer:
-        bos, eos = _copy_tokenizer(run_config, tokenizer, out)
+    bos, eos = _copy_tokenizer(run_config, tokenizer, out) if copy_tokenizer else (None, None)
     config = hf_config.llama_config(model, torch_dtype=dtype, bos_token_id=bos, eos_token_id=eos)
     _write_atomically(out / "config.json", json.dumps(config, indent=2) + "\n")
     generation = {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos)) if v is not None}

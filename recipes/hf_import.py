@@ -185,14 +185,6 @@ def read_sharded_tensor(src: SafetensorsDir, sh_ten, model: Mapping[str, Any], p
     return tensor.to(sh_ten.dtype)
 
 
-def _local_tensor_bytes(sharded) -> int:
-    from megatron.core.dist_checkpointing.dict_utils import nested_values
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-
-    return sum(int(x.data.numel()) * x.data.element_size() for x in nested_values(sharded)
-               if isinstance(x, ShardedTensor))
-
-
 def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_vocab: int,
                     say: Callable[[str], None], show_progress: bool) -> None:
     """Fill this rank's model chunks from a Hugging Face directory: what dist_checkpointing.load does with a
@@ -213,9 +205,11 @@ def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_voc
         sharded = unwrap(chunk).sharded_state_dict()
         force_all_tensors_to_non_fp8(sharded)  # FP8 parameters: load the high-precision values
         prepared.append(load_preprocess(sharded))
-    count = sum(1 for sharded, _, _ in prepared for _ in _sharded_tensors(sharded))
-    bar = tqdm(total=sum(_local_tensor_bytes(s) for s, _, _ in prepared), unit="B", unit_scale=True,
+    local = [t for sharded, _, _ in prepared for t in _sharded_tensors(sharded)]
+    count = len(local)
+    bar = tqdm(total=sum(t.data.numel() * t.data.element_size() for t in local), unit="B", unit_scale=True,
                desc="init_from_hf", disable=not show_progress, mininterval=2.0)
+    del local
     done = 0
 
     def fill(value):

@@ -7,6 +7,7 @@ test fits this machine's disk and time; 32 is the whole 8B model, 16 GB).
 - Export of a TP2 checkpoint of the same model (saved by CPU ranks with dist_checkpointing) in its own process:
   peak RSS below twice the largest tensor plus one shard."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def write_random_model(directory: Path, model: dict) -> int:
         save_file({n: torch.randn(shapes[n], generator=generator).to(torch.bfloat16) for n in names},
                   str(directory / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in names})
-    total = sum(2 * export_hf._numel(s) for s in shapes.values())
+    total = sum(2 * math.prod(s) for s in shapes.values())
     (directory / hf_import.INDEX).write_text(json.dumps({"metadata": {"total_size": total},
                                                          "weight_map": weight_map}))
     return total
@@ -99,7 +100,7 @@ def source(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("source")
     start = time.time()
     total = write_random_model(directory, model)
-    largest = max(2 * export_hf._numel(s) for s in hf.hf_shapes(model).values())
+    largest = max(2 * math.prod(s) for s in hf.hf_shapes(model).values())
     print(f"\nmodel: 8B widths, {LAYERS} layers, {gib(total)} of bf16 weights (largest tensor {gib(largest)}), "
           f"written in {time.time() - start:.0f} s")
     return {"dir": directory, "cfg": cfg, "plan": plan, "total": total, "largest": largest}

@@ -6,6 +6,8 @@
 #   HF_TOKEN=hf_... bash setup.sh cluster.partition=cpu cluster.account=llm   # overrides for the container stage
 #   SKIP_CONTAINER=1 HF_TOKEN=hf_... bash setup.sh     # the tokenizer only
 #   SKIP_TOKENIZER=1 bash setup.sh                     # the container only
+#   HF_WEIGHTS=meta-llama/Llama-3.1-8B HF_TOKEN=hf_... bash setup.sh   # also the weights, into models/<name>
+#                                                      # (start runs from them: training.checkpoint.init_from_hf)
 #
 # The container stage builds cluster.container from cluster.container_source (enroot for a .sqsh, apptainer for a
 # .sif): as a one-node Slurm job when sbatch is on this machine (cluster=bcm), else here (cluster=local); pass
@@ -59,4 +61,10 @@ except HfHubHTTPError as err:
     sys.exit(f"setup: downloading {repo} failed: {err}")
 EOF
     echo "setup: tokenizer ready; use it with training.tokenizer.path=$TOKENIZER_DIR (data preparation follows it)"
+fi
+
+if [ -n "${HF_WEIGHTS:-}" ]; then
+    WEIGHTS_DIR=${WEIGHTS_DIR:-$PWD/models/$(basename "$HF_WEIGHTS")}
+    echo "setup: weights: $HF_WEIGHTS -> $WEIGHTS_DIR"
+    bash dev.sh python -m recipes.hf_import fetch "$HF_WEIGHTS" --local-dir "$WEIGHTS_DIR"
 fi

@@ -123,8 +123,10 @@ def _submit(prepared: Prepared, say: Say) -> int:
 def _run_here(prepared: Prepared, say: Say) -> int:
     plan, run_dir = prepared.plan, prepared.run_dir
     jobs = prepared.stages.jobs
-    if plan.cannot_train_reason:  # the stages that need this machine's GPUs
-        jobs = [j for j in jobs if j.stage not in ("preflight", "training")]
+    if plan.cannot_train_reason:  # the stages that need this machine's GPUs, and the export of what they train
+        skipped = {"preflight", "training", "export"} if "training" in prepared.cfg["stages"] else {"preflight",
+                                                                                                    "training"}
+        jobs = [j for j in jobs if j.stage not in skipped]
     code = run_here(jobs, run_dir, say)
     if code:
         return code

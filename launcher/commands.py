@@ -79,6 +79,14 @@ def data_check_command(run_dir: Path) -> list[str]:
     return ["python", "-m", "data_prep", "verify", "--config", str(run_dir / "config.yaml"), "--shard", "all"]
 
 
+def export_hf_command(cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
+    """The newest complete checkpoint of the run to Hugging Face format (recipes/export_hf.py)."""
+    ckpt = cfg["training"]["checkpoint"]
+    out = ckpt.get("export_dir") or str(run_dir / "hf")
+    return ["python", "-m", "recipes.export_hf", "--checkpoint", str(run_dir / "checkpoints"), "--out", str(out),
+            "--max-shard-size", str(ckpt["export_max_shard_size"])]
+
+
 def report_command(run_dir: Path) -> list[str]:
     return ["python", "-m", "launcher.report", str(run_dir)]
 
@@ -98,14 +106,15 @@ def _abs_paths(value: Any) -> Iterable[str]:
 
 def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
     """host:container mounts at identical paths: the repository, results_dir, and the directories of every
-    absolute path the training and data preparation configs name (tokenizer, blend prefixes, data dirs), so
+    absolute path the training and data preparation configs name (tokenizer, blend prefixes, data dirs, weights
+    to start from), so
     paths in config.yaml mean the same thing inside the container."""
     dirs: list[Path] = [REPO, Path(cfg["results_dir"])]
     output_dir = (cfg.get("data_preparation") or {}).get("output_dir")
     if output_dir and str(output_dir).startswith("/"):
         dirs.append(Path(output_dir))  # created before the data preparation job is submitted
     for path in _abs_paths([cfg["training"].get("tokenizer"), cfg["training"].get("data"),
-                            cfg.get("data_preparation")]):
+                            cfg["training"].get("checkpoint"), cfg.get("data_preparation")]):
         p = Path(path)
         # A directory is mounted itself; a file or a prefix (.bin/.idx without extension) through its parent.
         mount = p if p.is_dir() else p.parent

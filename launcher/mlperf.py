@@ -76,8 +76,8 @@ def initial_weights_problem(cfg: Mapping[str, Any]) -> str | None:
     if ckpt.get("init_from") or ckpt.get("init_from_hf"):
         return None
     return (f"mlperf {ml['benchmark']} starts from Meta's checkpoint (init_checkpoint_step 0): set "
-            "training.checkpoint.init_from=<checkpoint directory> (or training.checkpoint.init_from_hf=<Hugging Face "
-            "directory> where the Hugging Face import exists), or mlperf.allow_random_init=true for a smoke test")
+            "training.checkpoint.init_from_hf=<directory of meta-llama/Llama-3.1-405B> (or "
+            "training.checkpoint.init_from=<checkpoint directory>), or mlperf.allow_random_init=true for a smoke test")
 
 
 def _lookup(section: Mapping[str, Any], dotted: str) -> Any:

@@ -8,6 +8,7 @@ import os
 from typing import Any, Mapping
 
 from launcher.hardware import GpuSpec, LocalGpus, gpu_spec
+from launcher.init_weights import init_problems
 
 GIB = 1024**3
 
@@ -432,6 +433,7 @@ def build_plan(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> P
 
     gpus_per_node, num_nodes, gpu_type, cannot_train, cluster_problems = _cluster_shape(cfg, num_gpus, local_gpus)
     problems += cluster_problems
+    problems += init_problems(cfg, num_nodes)
     spec: GpuSpec | None = None
     if gpu_type:
         try:

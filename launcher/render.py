@@ -12,7 +12,7 @@ from launcher.commands import REPO
 
 @dataclass
 class Job:
-    stage: str            # container | data_preparation | data_check | training
+    stage: str            # container | data_preparation | data_check | preflight | training | export
     script: str           # file name in the run directory
     title: str            # one line for the script's header
     lines: list[str]      # the shell body, after the environment
@@ -29,6 +29,7 @@ class Job:
     exclusive: bool = False
     time_limit: str | None = None   # None: cluster.time_limit
     signal: str | None = None       # e.g. "USR1@300"
+    followed: bool = False          # a later job of the chain waits for this one (set by the stage plan)
 
 
 def _env_lines(job: Job) -> list[str]:

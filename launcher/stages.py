@@ -14,7 +14,7 @@ from launcher.platforms.common import time_seconds as slurm_time_seconds  # noqa
 from launcher.render import Job
 
 # Execution order; `stages=[...]` picks a subset, dependencies follow this order.
-STAGES = ("container", "data_preparation", "preflight", "training")
+STAGES = ("container", "data_preparation", "preflight", "training", "export")
 
 
 @dataclass
@@ -63,6 +63,10 @@ def _unsupported(cfg: Mapping[str, Any], platform: Platform, selected: list[str]
     """What the stages ask of a platform that it cannot do yet."""
     name = cfg["cluster"]["name"]
     problems = []
+    if "export" in selected and platform.export_job is None:
+        problems.append(f"stages has export but cluster={name} has no export job yet: drop export from stages and "
+                        "run `python -m recipes.export_hf --checkpoint RUN_DIR/checkpoints --out DIR` where the "
+                        "checkpoint is")
     if "preflight" in selected and platform.preflight_job is None:
         problems.append(f"stages has preflight but cluster={name} has no preflight job yet: drop preflight from "
                         "stages, or run it on cluster=local or a Slurm cluster")
@@ -115,4 +119,8 @@ def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
     training, command = platform.training_job(cfg, plan, run_dir, entry)
     if "training" in selected:
         jobs.append(training)
+    if "export" in selected:
+        jobs.append(platform.export_job(cfg, run_dir))
+    for job in jobs[:-1]:
+        job.followed = True
     return StagePlan(jobs=jobs, command=command, notes=notes, warnings=warnings)

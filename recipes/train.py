@@ -75,12 +75,15 @@ class Trainer:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from recipes import checkpoint, data, distributed, mlperf, model, observability, settings
+        from recipes import checkpoint, data, distributed, hf_import, mlperf, model, observability, settings
 
         self.run_dir = run_dir
         self.cfg, self.plan = _load_run(run_dir)
         cfg, plan = self.cfg, self.plan
         self.train_cfg = cfg["training"]
+        # Hugging Face weights to start from: located (a hub id downloaded once, by rank 0) and checked against
+        # training.model on every rank before CUDA or NCCL start.
+        hf_weights = hf_import.source_for_run(cfg, run_dir, distributed.rank_info().rank)
         deterministic = settings.apply_determinism(cfg, os.environ)
         # Tracking, profiling, GPU telemetry (conf/observability.yaml); a missing package stops every rank here.
         self.observers = observability.Observers(run_dir, cfg, plan, distributed.rank_info())
@@ -114,6 +117,10 @@ class Trainer:
             state = checkpoint.TrainState(step=0, consumed_samples=0)
             if ckpt_cfg.get("init_from"):
                 checkpoint.load_model_weights(ckpt_cfg["init_from"], self.chunks, self.say)
+            elif hf_weights:
+                hf_import.load_hf_weights(hf_weights, self.chunks, cfg["training"]["model"],
+                                          plan["padded_vocab_size"], self.say, show_progress=self.info.rank == 0)
+            if ckpt_cfg.get("init_from") or hf_weights:
                 # The optimizer's fp32 master weights were copied from the random init: copy them again.
                 self.optimizer.reload_model_params()
         self.state = state

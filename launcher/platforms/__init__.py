@@ -38,6 +38,9 @@ class Platform:
     chain_as_shell: Optional[Callable[[list[Job], Path, Cfg], list[str]]] = None
     # Lines printed after submitting: where the logs go and how to follow the jobs.
     follow: Optional[Callable[[list[Job], list[Submitted], Path], list[str]]] = None
+    # One process on one node exporting the run's newest checkpoint to Hugging Face format; None where the
+    # platform has none yet.
+    export_job: Optional[Callable[[Cfg, Path], Job]] = None
     # The network preflight in the training job's shape; None where the platform has none yet.
     preflight_job: Optional[Callable[[Cfg, Plan, Path], Job]] = None
     # The variable holding a rank's global number, which the nsys wrapper reads (profile.tool=nsys); None where

@@ -25,6 +25,10 @@ def training_title(plan: Plan, how: str) -> str:
     return f"Train {plan.model} ({plan.dtype}) on {gpus(plan.num_gpus)}: {nodes_text(plan)}, {how}"
 
 
+def export_title(run_dir: Path) -> str:
+    return f"Export the newest checkpoint of {run_dir.name} to Hugging Face format"
+
+
 def preflight_title(plan: Plan) -> str:
     return f"Network preflight: all-reduce bandwidth over the {gpus(plan.num_gpus)} of the training job"
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from launcher import commands, containers
 from launcher.plan import Plan
 from launcher.platforms import Platform
-from launcher.platforms.common import REPORT_FALLBACK, bare_path, gpus, preflight_title, tee
+from launcher.platforms.common import REPORT_FALLBACK, bare_path, export_title, gpus, preflight_title, tee
 from launcher.render import Job, render_local
 
 
@@ -64,6 +64,12 @@ def preflight_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> Job:
                path_first=bare_path(cfg["cluster"]))
 
 
+def export_job(cfg: Mapping[str, Any], run_dir: Path) -> Job:
+    export = shlex.join(commands.export_hf_command(cfg, run_dir))
+    return Job("export", script_name("export"), export_title(run_dir), [tee(export, run_dir / "logs" / "export.log")],
+               path_first=bare_path(cfg["cluster"]))
+
+
 def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
     return {job.script: render_local(job, run_dir), **job.files}
 
@@ -71,5 +77,6 @@ def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
 PLATFORM = Platform(
     name="local", client=None, chain="one after another on this machine", script_name=script_name,
     problems=problems, data_preparation_jobs=data_preparation_jobs, training_job=training_job, render=render,
-    container_job=container_job, preflight_job=preflight_job, rank_variable="RANK",  # torchrun's
+    container_job=container_job, export_job=export_job, preflight_job=preflight_job,
+    rank_variable="RANK",  # torchrun's
 )

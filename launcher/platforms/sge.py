@@ -12,8 +12,8 @@ from launcher import commands, containers
 from launcher.commands import REPO
 from launcher.plan import Plan, PlanError
 from launcher.platforms import Platform
-from launcher.platforms.common import (REPORT_FALLBACK, bare_path, hms, image_checks, limits_problems,
-                                       time_seconds, training_title)
+from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, hms, image_checks,
+                                       limits_problems, time_seconds, training_title)
 from launcher.render import Job
 from launcher.submit import SubmitError, Submitted
 
@@ -65,6 +65,13 @@ def data_preparation_jobs(cfg: Mapping[str, Any], run_dir: Path, num_shards: int
             [commands.shell_line([], check, container)], path_first=bare_path(cluster),
             time_limit=job.get("time_limit")),
     ]
+
+
+def export_job(cfg: Mapping[str, Any], run_dir: Path) -> Job:
+    """One process on one node, where the checkpoint is (CPU work)."""
+    export = shlex.join(commands.export_hf_command(cfg, run_dir))
+    return Job("export", script_name("export"), export_title(run_dir),
+               [commands.shell_line([], export, _container(cfg))], path_first=bare_path(cfg["cluster"]))
 
 
 def training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
@@ -138,7 +145,6 @@ def render_qsub(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> str:
     if job.path_first:
         env.append(f"export PATH={shlex.quote(job.path_first)}:$PATH")
     env += [f"export {key}={shlex.quote(value)}" for key, value in job.env.items()]
-    waited_for = job.stage != "training"
     return "\n".join([
         "#!/bin/bash",
         f"# {job.title}",
@@ -148,7 +154,7 @@ def render_qsub(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> str:
         *modules,
         "set -euo pipefail",
         *(["# Exit 100 on failure: Grid Engine then never starts the jobs that wait for this one (-hold_jid).",
-           FAIL_HOLDS_DEPENDENTS] if waited_for else []),
+           FAIL_HOLDS_DEPENDENTS] if job.followed else []),
         *(["# Grid Engine signals the whole job at s_rt; the shell waits for mpirun, which passes it to the ranks.",
            "trap 'echo \"SIGUSR1: the time limit is near\"' USR1"] if job.signal else []),
         *env,
@@ -220,5 +226,5 @@ def follow(jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[s
 PLATFORM = Platform(
     name="sge", client="qsub", chain="each job waiting for the previous one (-hold_jid)", script_name=script_name,
     problems=problems, data_preparation_jobs=data_preparation_jobs, training_job=training_job, render=render,
-    container_job=container_job, submit=submit, chain_as_shell=chain_as_shell, follow=follow,
+    container_job=container_job, submit=submit, chain_as_shell=chain_as_shell, follow=follow, export_job=export_job,
 )

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 from launcher import commands, containers
 from launcher.plan import Plan
 from launcher.platforms import Platform
-from launcher.platforms.common import (REPORT_FALLBACK, bare_path, image_checks, limits_problems, preflight_title,
-                                       training_title)
+from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, image_checks, limits_problems,
+                                       preflight_title, training_title)
 from launcher.render import Job, render_sbatch
 from launcher.submit import SubmitError, Submitted
 
@@ -108,6 +108,15 @@ def training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[
     return job, " ".join([shlex.join(srun), *([shlex.join(container)] if container else []), program])
 
 
+def export_job(cfg: Mapping[str, Any], run_dir: Path) -> Job:
+    """One task on one node, where the checkpoint is (CPU work)."""
+    cluster = cfg["cluster"]
+    srun = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
+    line = commands.shell_line(srun, shlex.join(commands.export_hf_command(cfg, run_dir)), _container(cfg))
+    return Job("export", script_name("export"), export_title(run_dir), [line], path_first=bare_path(cluster),
+               exclusive=bool(cluster.get("exclusive")))
+
+
 def preflight_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> Job:
     """The training job's nodes and tasks running recipes.preflight; afterok stops the chain when it fails."""
     srun = _every_rank(cfg, plan, mpi=False)
@@ -182,5 +191,5 @@ PLATFORM = Platform(
     name="slurm", client="sbatch", chain="each job waiting for the previous one (afterok)", script_name=script_name,
     problems=problems, data_preparation_jobs=data_preparation_jobs, training_job=training_job, render=render,
     container_job=container_job, submit=submit, chain_as_shell=chain_as_shell, follow=follow,
-    preflight_job=preflight_job, rank_variable="SLURM_PROCID",
+    export_job=export_job, preflight_job=preflight_job, rank_variable="SLURM_PROCID",
 )

@@ -65,16 +65,17 @@ def training_messages(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[s
 
 
 def message_sizes(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[tuple[int, str]]:
-    """(bytes, label) ascending: preflight.sizes_mib, or powers of two from 1 MiB up to the largest training
-    message plus those messages, all capped at preflight.max_size_mib; multiples of 4 bytes."""
+    """(bytes, label) ascending: preflight.sizes_mib, or powers of two from 1 MiB up to preflight.max_size_mib
+    plus the training messages (capped there too); multiples of 4 bytes. The verdict reads the largest size:
+    small messages are latency-bound, so a healthy link shows its bandwidth only on large ones, whatever the size
+    of a small model's gradient buckets."""
     pre = cfg["preflight"]
     cap = int(pre["max_size_mib"] * MIB)
     if pre.get("sizes_mib"):
         chosen = {int(float(s) * MIB) // 4 * 4: "" for s in pre["sizes_mib"]}
     else:
         messages = {min(b, cap) // 4 * 4: label for label, b in training_messages(cfg, plan).items()}
-        top = max(messages, default=cap)
-        chosen = {MIB * 2**k: "" for k in range(64) if MIB * 2**k <= top}
+        chosen = {MIB * 2**k: "" for k in range(64) if MIB * 2**k <= cap}
         chosen.update(messages)
     return sorted((size, label) for size, label in chosen.items() if size > 0)
 

@@ -35,17 +35,21 @@ def wgrad_gemm_accum_fp16(total_input: torch.Tensor, grad_output: torch.Tensor, 
 
 
 def install() -> bool:
-    """Register the stand-in under apex's module name unless the real one imports. Must run before megatron
-    is imported (megatron checks for the module at import). Returns True when the stand-in is in use."""
+    """Register the stand-in under apex's module name unless the real one imports. Returns True when the
+    stand-in is in use. megatron's tensor-parallel layers look for the module once, at import, and keep the
+    answer in two globals: when they were imported first (a process that imported megatron before training
+    code ran), those globals are set too."""
     try:
         import fused_weight_gradient_mlp_cuda  # noqa: F401
         return False
     except ImportError:
         pass
-    if "megatron.core.tensor_parallel.layers" in sys.modules:
-        raise RuntimeError("install the wgrad fallback before importing megatron.core")
     module = types.ModuleType("fused_weight_gradient_mlp_cuda")
     module.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
     module.wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp16
     sys.modules["fused_weight_gradient_mlp_cuda"] = module
+    layers = sys.modules.get("megatron.core.tensor_parallel.layers")
+    if layers is not None:
+        layers.fused_weight_gradient_mlp_cuda = module
+        layers._grad_accum_fusion_available = True
     return True

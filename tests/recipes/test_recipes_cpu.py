@@ -350,3 +350,19 @@ def test_wgrad_fallback_accumulates_the_weight_gradient(dtype):
     error = (main_grad.double() - expected).norm() / expected.norm()
     assert error < (1e-6 if dtype == torch.float32 else 1e-2)
     assert main_grad.dtype == dtype
+
+
+def test_wgrad_fallback_installed_after_megatron_was_imported_still_reaches_its_layers():
+    # A fresh interpreter: megatron's layers find no apex at import; installing afterwards must still give them
+    # the stand-in (a test process that built a megatron model before training code ran does this).
+    script = """
+import megatron.core.tensor_parallel.layers as layers
+assert not layers._grad_accum_fusion_available
+from recipes import wgrad_fallback
+assert wgrad_fallback.install()
+assert layers._grad_accum_fusion_available
+assert layers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 is wgrad_fallback.wgrad_gemm_accum_fp32
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, is_dataclass
 import json
 import os
+import re
 import secrets
 import socket
 from typing import Any, Callable, Mapping
@@ -113,12 +114,20 @@ def wandb_run_id(run_dir: str, new_id: Callable[[], str]) -> str:
     return run_id
 
 
+def _start_order(name: str) -> tuple[str, int]:
+    """W&B names an offline run offline-run-<start second>-<id>, adding -1, -2, ... when the same id starts again
+    within that second."""
+    match = re.fullmatch(r"offline-run-(\d{8}_\d{6})-[^-]+(?:-(\d+))?", name)
+    return (match.group(1), int(match.group(2) or 0)) if match else (name, 0)
+
+
 def offline_runs(run_dir: str) -> list[str]:
     """RUN_DIR/wandb/offline-run-* directories, oldest first (one per start of a resumed offline run)."""
     root = os.path.join(run_dir, "wandb")
     if not os.path.isdir(root):
         return []
-    return sorted(os.path.join(root, d) for d in os.listdir(root) if d.startswith("offline-run-"))
+    names = sorted((d for d in os.listdir(root) if d.startswith("offline-run-")), key=_start_order)
+    return [os.path.join(root, d) for d in names]
 
 
 def sync_command(run_dir: str) -> str | None:

@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 from pathlib import Path
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -162,6 +163,16 @@ print(json.dumps({{"said": said, "train_steps": cfg["training"]["train_steps"], 
 """
 
 
+def test_offline_runs_are_listed_in_the_order_they_started(tmp_path):
+    names = ["offline-run-20261123_075817-abc-10", "offline-run-20261123_075817-abc-2",
+             "offline-run-20261123_075818-abc", "offline-run-20261123_075817-abc"]
+    for name in names:
+        (tmp_path / "wandb" / name).mkdir(parents=True)
+    assert [Path(r).name for r in tracking.offline_runs(str(tmp_path))] == [
+        "offline-run-20261123_075817-abc", "offline-run-20261123_075817-abc-2", "offline-run-20261123_075817-abc-10",
+        "offline-run-20261123_075818-abc"]
+
+
 def test_wandb_offline_run_is_readable_and_a_resume_continues_the_same_run(tmp_path):
     pytest.importorskip("wandb", reason="wandb is not installed")
     # In a process of its own: W&B leaves threads behind, which would receive this process's signals.
@@ -173,7 +184,8 @@ def test_wandb_offline_run_is_readable_and_a_resume_continues_the_same_run(tmp_p
     runs = tracking.offline_runs(str(tmp_path))
     assert len(runs) == 2
     run_id = (tmp_path / tracking.WANDB_ID_FILE).read_text().strip()
-    assert all(r.endswith(run_id) for r in runs)  # one W&B run, continued
+    # One W&B run, continued (a start within the same second as the previous one gets a -1 suffix).
+    assert all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", Path(r).name) for r in runs), runs
     config, history = wandb_history(Path(runs[0]))
     assert sorted(history) == [1, 2, 3, 4, 5]
     assert history[3]["train/loss"] == 7.0 and history[3]["perf/step_time_s"] == 0.25

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 import os
+import sys
 from typing import Mapping
 
 
@@ -25,6 +26,26 @@ RANK_VARIABLES = (
     ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
     ("MPICH / Intel MPI", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
 )
+
+
+def die_with_torchrun(env: Mapping[str, str] = os.environ) -> bool:
+    """Under torchrun, have the kernel kill this rank when its torchrun agent dies. torchrun starts each rank in a
+    session of its own, so a launcher killed hard (SIGKILL, the OOM killer) would otherwise leave the ranks running
+    on the GPUs, stalled on their lost peers or still training, holding memory the next run needs. srun and
+    mpirun end their tasks themselves. Returns whether it applies (Linux, under torchrun)."""
+    if "TORCHELASTIC_RUN_ID" not in env or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # the agent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
 
 
 def rank_info(env: Mapping[str, str] = os.environ) -> RankInfo:

@@ -322,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import yaml
 
-    from recipes.distributed import rank_info
+    from recipes.distributed import die_with_torchrun, rank_info
 
+    die_with_torchrun()
     run_dir = os.path.abspath(args.run_dir)
     with open(os.path.join(run_dir, "config.yaml")) as f:
         cfg = yaml.safe_load(f)

@@ -368,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = os.path.abspath(args.run_dir)
     from recipes import distributed, stack
 
+    distributed.die_with_torchrun()
     # Before megatron is imported, which the stack check does: megatron looks for apex's kernel at import.
     with contextlib.suppress(ImportError):  # no torch: the check names it
         from recipes import wgrad_fallback

@@ -183,7 +183,8 @@ def test_a_preflight_threshold_above_the_machine_stops_the_chain_before_training
 
 
 def test_nsys_profiles_the_window_or_says_it_is_missing(tmp_path):
-    run = overrides(tmp_path, "nsys", "training.train_steps=8", "profile.enabled=true", "profile.tool=nsys",
+    run = overrides(tmp_path, "nsys", "training.train_steps=8", "training.scheduler.warmup_steps=2",
+                    "profile.enabled=true", "profile.tool=nsys",
                     "profile.start_step=3", "profile.end_step=5", "profile.ranks=[0]", "training.val_interval=0",
                     "training.checkpoint.save_at_end=false")
     if shutil.which("nsys") is None:

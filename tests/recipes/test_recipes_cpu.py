@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -366,3 +367,38 @@ print("ok")
 """
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]
+
+
+def test_a_rank_under_torchrun_dies_with_its_agent():
+    # The agent starts the rank in a session of its own, as torchrun does, then is killed hard: the rank must not
+    # outlive it. The check polls for an event the kernel makes immediate; the deadline only bounds a failure.
+    agent = """
+import os, subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", "from recipes.distributed import die_with_torchrun; import sys, time; "
+                         "sys.exit(3) if not die_with_torchrun() else print('armed', flush=True); time.sleep(600)"],
+                        env={**os.environ, "TORCHELASTIC_RUN_ID": "test"}, start_new_session=True,
+                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+assert rank.stdout.readline().strip() == "armed"
+print(rank.pid, flush=True)
+os.kill(os.getpid(), 9)
+"""
+    result = subprocess.run([sys.executable, "-c", agent], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    rank_pid = int(result.stdout.split()[-1])
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{rank_pid}").exists() and "Z" not in _state(rank_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{rank_pid}").exists() or "Z" in _state(rank_pid), "the rank outlived its agent"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "Z"
+
+
+def test_ranks_started_otherwise_are_left_alone():
+    from recipes.distributed import die_with_torchrun
+
+    assert die_with_torchrun({"SLURM_PROCID": "0"}) is False

@@ -3,6 +3,7 @@
     python -m recipes.stack                               # table: found versus declared
     python -m recipes.stack check --run-dir RUN           # what every rank checks first; exit 2 on a mismatch
     python -m recipes.stack install [--wheel-dir DIR]     # pip-install what is missing or out of range
+    python -m recipes.stack wheels DIR                    # the wheels install needs, for air-gapped machines
 
 A mismatch found after the queue wait and the allocation of a thousand GPUs should cost seconds, not an
 AttributeError deep inside the trainer: every training rank runs the check before it imports megatron-core, and
@@ -255,26 +256,87 @@ def install(declared: Mapping[str, Any], wheel_dir: str | None = None, dry_run: 
     if not todo:
         say("stack: everything conf/stack.yaml declares is here; nothing to install")
         return 0
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="stack-constraints-", delete=False) as f:
-        # Never let a dependency's requirement replace the base image's torch.
-        f.write(f"torch=={found['torch'].version}\n")
-    command = pip_command(todo, wheel_dir, f.name)
+    constraints = _torch_constraint(found)
+    command = pip_command(todo, wheel_dir, constraints)
     say("stack: " + " ".join(command))
     try:
         if dry_run:
             return 0
         code = subprocess.run(command).returncode
     finally:
-        os.unlink(f.name)
+        os.unlink(constraints)
     if code:
-        say(f"stack: pip failed (exit status {code})" + ("" if wheel_dir else
-            "; without a package registry, pass --wheel-dir with the wheels of the requirements above"))
+        say(f"stack: pip failed (exit status {code})" + ("; the wheel directory lacks what pip names above: fill it "
+            "with python -m recipes.stack wheels DIR on a machine with the same image and a package index"
+            if wheel_dir else "; without a package index, pass --wheel-dir (python -m recipes.stack wheels DIR makes "
+            "one)"))
         return code
     remaining = problems(declared, discover_installed(declared))
     if remaining:
         say(error_line(remaining))
         return 2
     say("stack: installed; the interpreter now has the declared stack")
+    return 0
+
+
+def _torch_constraint(found: Mapping[str, Found]) -> str:
+    """A constraints file that holds the base image's torch: no dependency may replace it."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="stack-constraints-", delete=False) as f:
+        f.write(f"torch=={found['torch'].version}\n")
+    return f.name
+
+
+def fetch_commands(report: Mapping[str, Any], dest: str) -> list[list[str]]:
+    """From pip's installation report (pip install --dry-run --report): each package pip would install, as the
+    exact file it chose; wheels are downloaded, source archives built into wheels here (Transformer Engine's torch
+    extension builds against this machine's torch, which is why this runs on the image an air-gapped cluster
+    uses)."""
+    commands = []
+    for item in report.get("install", []):
+        url = item["download_info"]["url"]
+        if url.endswith(".whl"):
+            commands.append([sys.executable, "-m", "pip", "download", "--no-deps", "-d", dest, url])
+        else:
+            commands.append([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dest,
+                             url])
+    return commands
+
+
+def wheels(declared: Mapping[str, Any], dest: str, say: Callable[[str], None] = print) -> int:
+    """Fill `dest` with every wheel `install` would need here, dependencies included, for an air-gapped machine
+    that runs the same image: run it where a package index is reachable."""
+    import json
+
+    found = discover_installed(declared)
+    if found["torch"].version is None:
+        say("stack: torch is not installed here; run this in the base image the cluster uses")
+        return 2
+    todo = missing_requirements(declared, found)
+    if not todo:
+        say("stack: everything conf/stack.yaml declares is here; no wheels are needed for this image")
+        return 0
+    constraints = _torch_constraint(found)
+    report_path = constraints + ".report.json"
+    try:
+        resolve = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-build-isolation",
+                   "--constraint", constraints, "--report", report_path, *todo]
+        if subprocess.run(resolve).returncode:
+            say("stack: pip could not resolve " + " ".join(todo))
+            return 1
+        with open(report_path) as f:
+            commands = fetch_commands(json.load(f), dest)
+    finally:
+        for path in (constraints, report_path):
+            if os.path.exists(path):
+                os.unlink(path)
+    os.makedirs(dest, exist_ok=True)
+    for index, command in enumerate(commands, start=1):
+        say(f"stack: [{index}/{len(commands)}] {os.path.basename(command[-1])}")
+        if subprocess.run([*command[:-1], "--quiet", command[-1]]).returncode:
+            say(f"stack: fetching {command[-1]} failed")
+            return 1
+    say(f"stack: {len(commands)} wheels in {dest}; on the air-gapped machine: python -m recipes.stack install "
+        f"--wheel-dir {dest}")
     return 0
 
 
@@ -308,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     inst = sub.add_parser("install", help="pip-install what is missing or outside the declared range")
     inst.add_argument("--wheel-dir", help="install only from this directory of wheels (no package index)")
     inst.add_argument("--dry-run", action="store_true", help="print the pip command, install nothing")
+    fetch = sub.add_parser("wheels", help="download (and build) every wheel install would need here, dependencies "
+                                          "included, into DIR: for air-gapped machines running the same image")
+    fetch.add_argument("dest", metavar="DIR")
     args = parser.parse_args(argv)
     if args.command == "check":
         if args.run_dir:
@@ -319,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     declared = load_declared()
     if args.command == "install":
         return install(declared, args.wheel_dir, args.dry_run)
+    if args.command == "wheels":
+        return wheels(declared, args.dest)
     found = discover_all(declared)
     gpu = discover_gpu() if found["torch"].version is not None else None
     print(table(declared, found, gpu))

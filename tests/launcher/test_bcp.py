@@ -22,6 +22,9 @@ IMAGE = "nvcr.io/myorg/llm/llama31-recipes:25.09"
 # The NGC CLI's `ngc base-command job run` options this project renders, as the NGC CLI documentation gives them
 # (https://docs.ngc.nvidia.com/cli/cmd_base-command.html, "job run"; --ace/--org/--team/--format_type are the
 # named arguments every command takes, https://docs.ngc.nvidia.com/cli/cmd_org.html), with the value each takes.
+# NVIDIA's own published examples use the same options and forms: the BioNeMo framework's "Getting Started with
+# BCP" (--array-type PYTORCH, --ace, --instance, --commandline) and CUDA-Q's DGX Cloud guide (--name,
+# --total-runtime 60s, --image, --result /results, --ace, --instance, --commandline).
 JOB_RUN_OPTIONS = {
     "--name": r"[A-Za-z0-9._-]+",
     "--image": r"\S+",

@@ -10,7 +10,6 @@ from typing import Any, Mapping
 from launcher import commands, containers, observability
 from launcher.plan import Plan, PlanError
 from launcher.platforms import Platform, platform_of
-from launcher.platforms.common import time_seconds as slurm_time_seconds  # noqa: F401  (kept for callers)
 from launcher.render import Job
 
 # Execution order; `stages=[...]` picks a subset, dependencies follow this order.

@@ -27,6 +27,48 @@ class Submitted:
         return {"stage": self.stage, "job_id": self.job_id, "script": self.script, "dependency": self.dependency}
 
 
+def run_client(cmd: list[str], what: str) -> str:
+    """A platform client's command; its output, or SubmitError with what it printed."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SubmitError(f"{what} failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+def submit_chained(jobs: list[Job], run_dir: Path, submit_one: Callable[[Path, str | None], tuple[str, str | None]],
+                   cancel: str, cancelled: str) -> list[Submitted]:
+    """For schedulers whose jobs wait for each other: submit_one(script, previous job id) queues a job waiting for
+    the previous one and returns (job id, its dependency as recorded). If a later submission fails, the jobs
+    already queued are removed with `cancel` so no half chain runs."""
+    submitted: list[Submitted] = []
+    for job in jobs:
+        previous = submitted[-1].job_id if submitted else None
+        try:
+            job_id, dependency = submit_one(run_dir / job.script, previous)
+        except SubmitError as err:
+            if submitted:
+                ids = [s.job_id for s in submitted]
+                subprocess.run([cancel, *ids], capture_output=True, text=True)
+                raise SubmitError(f"{err}; {cancelled} the jobs already queued for this run: {', '.join(ids)}") from err
+            raise
+        submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script), dependency))
+    return submitted
+
+
+def follow_lines(jobs: list[Job], submitted: list[Submitted], run_dir: Path, waits: Callable[[str], str],
+                 queue: str) -> list[str]:
+    """After a chained submission: each job, what it waits for (`waits(dependency)`), its log; then how to follow
+    the jobs (`queue` takes their ids joined by commas) and the report."""
+    lines = []
+    for job, sub in zip(jobs, submitted):
+        after = f" ({waits(sub.dependency)})" if sub.dependency else ""
+        logs = f"{run_dir}/logs/{job.stage}_{sub.job_id}" + ("_*" if job.array_size else "") + ".out"
+        lines.append(f"submitted {job.stage}: job {sub.job_id}{after}; log {logs}")
+    lines.append(f"  follow with: {queue} {','.join(s.job_id for s in submitted)}   "
+                 f"report: python -m launcher.report {run_dir}")
+    return lines
+
+
 def submit_in_order(jobs: list[Job], run_dir: Path, submit_one: Callable[[Job, str | None], str],
                     wait_one: Callable[[Job, str], str | None], say: Callable[[str], None] = print
                     ) -> list[Submitted]:

@@ -67,8 +67,14 @@ def _version_of(module_name: str, distribution: str) -> str | None:
 def discover(component: Mapping[str, Any]) -> Found:
     """Import the component (a package can be installed and still fail to import: a torch extension built for
     another torch, a missing CUDA library) and read its version."""
+    import warnings
+
     try:
-        importlib.import_module(component["module"])
+        # Quietly: megatron-core warns at import about optional packages (apex, and Transformer Engine where only
+        # data preparation runs) that are not what this check is about.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importlib.import_module(component["module"])
     except Exception as err:  # any import failure is the finding, whatever its type
         text = str(err).strip().splitlines()
         return Found(None, f"{type(err).__name__}: {text[0] if text else ''}".strip(": "))

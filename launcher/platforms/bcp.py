@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -21,7 +20,7 @@ from launcher.platforms.common import (REPORT_FALLBACK, job_paths, limits_proble
                                        time_seconds, training_title)
 from launcher.platforms.common import gpus as gpus_text
 from launcher.render import KEEP_LOG, Job
-from launcher.submit import SubmitError, Submitted, submit_in_order
+from launcher.submit import SubmitError, Submitted, run_client, submit_in_order
 
 IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
 # dgxa100.80g.8.norm: the GPU family, memory per GPU, GPUs per replica, class.
@@ -224,16 +223,9 @@ def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> li
     return lines
 
 
-def _run(cmd: list[str], what: str) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SubmitError(f"{what} failed: {(proc.stderr or proc.stdout).strip()}")
-    return proc.stdout
-
-
 def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
     def submit_one(job: Job, previous: str | None) -> str:
-        out = _run(["bash", str(run_dir / job.script)], f"ngc base-command job run ({job.script})")
+        out = run_client(["bash", str(run_dir / job.script)], f"ngc base-command job run ({job.script})")
         match = re.search(r"^\s*Id:\s*(\d+)\s*$", out, re.MULTILINE)  # "Job Information / Id: 7180359"
         if not match:
             raise SubmitError(f"ngc base-command job run ({job.script}) printed no job id: {out.strip()[:200]!r}")
@@ -242,7 +234,7 @@ def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = pr
     def wait_one(job: Job, job_id: str) -> str | None:
         interval = float(cfg["cluster"]["poll_interval_s"])
         while True:
-            out = _run(["ngc", "base-command", "job", "info", job_id], f"ngc base-command job info {job_id}")
+            out = run_client(["ngc", "base-command", "job", "info", job_id], f"ngc base-command job info {job_id}")
             match = STATUS.search(out)
             status = match.group(1) if match else "UNKNOWN"
             if status == SUCCEEDED:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,7 +21,7 @@ from launcher.platforms import Platform
 from launcher.platforms.common import (REPORT_FALLBACK, dns_name, job_paths, limits_problems, outside_mounts,
                                        time_seconds, training_title)
 from launcher.render import Job
-from launcher.submit import SubmitError, Submitted, submit_in_order
+from launcher.submit import SubmitError, Submitted, run_client, submit_in_order
 
 SHORT = {"data_preparation": "data", "data_check": "check", "training": "train"}
 IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
@@ -214,16 +213,9 @@ def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> li
     return lines
 
 
-def _run(cmd: list[str], what: str) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SubmitError(f"{what} failed: {(proc.stderr or proc.stdout).strip()}")
-    return proc.stdout
-
-
 def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
     def submit_one(job: Job, previous: str | None) -> str:
-        out = _run(_kubectl(cfg, "create", "-f", str(run_dir / job.script), "-o", "name"),
+        out = run_client(_kubectl(cfg, "create", "-f", str(run_dir / job.script), "-o", "name"),
                    f"kubectl create -f {job.script}")
         names = [line.split("/", 1)[1] for line in out.split() if line.startswith("job.batch/")]
         if not names:
@@ -233,7 +225,7 @@ def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = pr
     def wait_one(job: Job, name: str) -> str | None:
         interval = float(cfg["cluster"]["poll_interval_s"])
         while True:
-            out = _run(_kubectl(cfg, "get", f"job/{name}", "-o", "json"), f"kubectl get job/{name}")
+            out = run_client(_kubectl(cfg, "get", f"job/{name}", "-o", "json"), f"kubectl get job/{name}")
             conditions = json.loads(out).get("status", {}).get("conditions") or []
             done = {c.get("type") for c in conditions if c.get("status") == "True"}
             if "Complete" in done:

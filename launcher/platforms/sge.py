@@ -15,7 +15,7 @@ from launcher.platforms import Platform
 from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, hms, image_checks,
                                        limits_problems, time_seconds, training_title)
 from launcher.render import Job
-from launcher.submit import SubmitError, Submitted
+from launcher.submit import SubmitError, Submitted, follow_lines, submit_chained
 
 # A job script that exits with 100 is set into the error state, and Grid Engine never starts the jobs that wait
 # for it (-hold_jid): the afterok of this platform. Only jobs that something waits for use it.
@@ -195,32 +195,16 @@ def qsub(script: Path, hold: str | None) -> str:
 
 
 def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
-    """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_qsub). If a
-    later qsub fails, the jobs already queued are deleted so no half chain runs."""
-    submitted: list[Submitted] = []
-    for job in jobs:
-        hold = submitted[-1].job_id if submitted else None
-        try:
-            job_id = qsub(run_dir / job.script, hold)
-        except SubmitError as err:
-            if submitted:
-                ids = [s.job_id for s in submitted]
-                subprocess.run(["qdel", *ids], capture_output=True, text=True)
-                raise SubmitError(f"{err}; deleted the jobs already queued for this run: {', '.join(ids)}") from err
-            raise
-        submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script), f"hold_jid:{hold}" if hold else None))
-    return submitted
+    """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_qsub)."""
+    def submit_one(script: Path, previous: str | None) -> tuple[str, str | None]:
+        return qsub(script, previous), f"hold_jid:{previous}" if previous else None
+
+    return submit_chained(jobs, run_dir, submit_one, cancel="qdel", cancelled="deleted")
 
 
 def follow(jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
-    lines = []
-    for job, sub in zip(jobs, submitted):
-        after = f" (-hold_jid {sub.dependency.split(':')[1]})" if sub.dependency else ""
-        logs = f"{run_dir}/logs/{job.stage}_{sub.job_id}" + ("_*" if job.array_size else "") + ".out"
-        lines.append(f"submitted {job.stage}: job {sub.job_id}{after}; log {logs}")
-    lines.append(f"  follow with: qstat -j {','.join(s.job_id for s in submitted)}   "
-                 f"report: python -m launcher.report {run_dir}")
-    return lines
+    return follow_lines(jobs, submitted, run_dir, lambda dependency: f"-hold_jid {dependency.split(':')[1]}",
+                        "qstat -j")
 
 
 PLATFORM = Platform(

@@ -13,7 +13,7 @@ from launcher.platforms import Platform
 from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, image_checks, limits_problems,
                                        preflight_title, training_title)
 from launcher.render import Job, render_sbatch
-from launcher.submit import SubmitError, Submitted
+from launcher.submit import SubmitError, Submitted, follow_lines, submit_chained
 
 
 def script_name(stage: str) -> str:
@@ -159,32 +159,16 @@ def sbatch(script: Path, dependency: str | None) -> str:
 
 
 def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
-    """Each job waits for the previous one with afterok (never singleton: names are not dependencies).
-    If a later sbatch fails, the jobs already queued are cancelled so no half chain runs."""
-    submitted: list[Submitted] = []
-    for job in jobs:
-        dependency = f"afterok:{submitted[-1].job_id}" if submitted else None
-        try:
-            job_id = sbatch(run_dir / job.script, dependency)
-        except SubmitError as err:
-            if submitted:
-                ids = [s.job_id for s in submitted]
-                subprocess.run(["scancel", *ids], capture_output=True, text=True)
-                raise SubmitError(f"{err}; cancelled the jobs already queued for this run: {', '.join(ids)}") from err
-            raise
-        submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script), dependency))
-    return submitted
+    """Each job waits for the previous one with afterok (never singleton: names are not dependencies)."""
+    def submit_one(script: Path, previous: str | None) -> tuple[str, str | None]:
+        dependency = f"afterok:{previous}" if previous else None
+        return sbatch(script, dependency), dependency
+
+    return submit_chained(jobs, run_dir, submit_one, cancel="scancel", cancelled="cancelled")
 
 
 def follow(jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
-    lines = []
-    for job, sub in zip(jobs, submitted):
-        after = f" (--dependency={sub.dependency})" if sub.dependency else ""
-        logs = f"{run_dir}/logs/{job.stage}_{sub.job_id}" + ("_*" if job.array_size else "") + ".out"
-        lines.append(f"submitted {job.stage}: job {sub.job_id}{after}; log {logs}")
-    lines.append(f"  follow with: squeue -j {','.join(s.job_id for s in submitted)}   "
-                 f"report: python -m launcher.report {run_dir}")
-    return lines
+    return follow_lines(jobs, submitted, run_dir, lambda dependency: f"--dependency={dependency}", "squeue -j")
 
 
 PLATFORM = Platform(

@@ -5,7 +5,6 @@ node resource (the Debian cell defines no node_f)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from datetime import datetime
@@ -14,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from cluster_jobs import train_tokenizer, write_corpus
-from conftest import SGE_ENV
 
 pytestmark = pytest.mark.sge
 pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
@@ -29,14 +27,14 @@ def tokenizer(tmp_path_factory) -> Path:
     return train_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
-def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
+def submit(grid_engine, tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
     out = subprocess.run(
         [sys.executable, "main.py", *BARE_METAL, "stages=[data_preparation]", "data_preparation=files",
          f"data_preparation.inputs=[{inputs}]", f"data_preparation.output_dir={tmp_path}/data",
          "training.tokenizer.type=sentencepiece", f"training.tokenizer.path={tokenizer}", f"results_dir={results}"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, **SGE_ENV, "CUDA_VISIBLE_DEVICES": ""})
+        env={**grid_engine.env, "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 0, out.stderr
     run_dir = results / "llama31_tiny_bf16_tp1_1gpu"
     jobs = json.loads((run_dir / "jobs.json").read_text())
@@ -52,7 +50,7 @@ def _time(value: str) -> datetime:
 
 def test_data_preparation_array_then_the_check_that_holds_on_it(grid_engine, tokenizer, tmp_path):
     write_corpus(tmp_path / "corpus", ["books", "news", "web"])
-    run_dir, (array, check) = submit(tmp_path, f"{tmp_path}/corpus/*.jsonl", tokenizer)
+    run_dir, (array, check) = submit(grid_engine, tmp_path, f"{tmp_path}/corpus/*.jsonl", tokenizer)
 
     code, summary = grid_engine.wait(check["job_id"])
     assert code == 0, (summary, sorted(p.name for p in (run_dir / "logs").iterdir()))
@@ -81,7 +79,7 @@ def test_a_failed_shard_keeps_the_check_from_ever_starting(grid_engine, tokenize
     corpus = tmp_path / "corpus"
     write_corpus(corpus, ["good"])
     (corpus / "broken.jsonl.gz").write_text("this is not gzip data\n")
-    run_dir, (array, check) = submit(tmp_path, f"{corpus}/*", tokenizer)
+    run_dir, (array, check) = submit(grid_engine, tmp_path, f"{corpus}/*", tokenizer)
     try:
         code, summary = grid_engine.wait(array["job_id"])
         # The failed task exited 100: it sits in the error state, and the job holding on it can never start.

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import yaml
 
+from launcher import figures
+
 _MLLOG = re.compile(r":::MLLOG (\{.*\})")
 MAX_DROPPED_RUNS = 1  # result_summarizer.py: max_dropped_scores (1 for every benchmark but unet3d)
 SHOWN_PROBLEMS = 3  # compliance problems printed per run; the checker itself lists them all
@@ -273,11 +275,7 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 def plot(runs: Sequence[MLPerfRun], path: Path) -> Path:
     """Eval accuracy (log perplexity) against training samples, one line per run, the target dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     for r in runs:
         if r.evals:
@@ -288,11 +286,7 @@ def plot(runs: Sequence[MLPerfRun], path: Path) -> Path:
     ax.set_ylabel("eval accuracy (log perplexity)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return figures.save(fig, path)
 
 
 def sizes_from_mllog(text: str) -> dict[str, int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launcher.hardware import GPUS, gpu_spec
-from launcher import mlperf_report, table, telemetry_report
+from launcher import figures, mlperf_report, table, telemetry_report
 from launcher.plan import model_flops_per_sample
 
 TOKENS_TO_TRAIN = 1e12
@@ -243,11 +243,7 @@ def format_table(reports: Sequence[RunReport]) -> str:
 
 
 def plot(reports: Sequence[RunReport], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for r in reports:
         steps = [s["step"] for s in r.steps]
@@ -265,11 +261,7 @@ def plot(reports: Sequence[RunReport], path: Path) -> Path:
     for ax in (ax_loss, ax_time):
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return figures.save(fig, path)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

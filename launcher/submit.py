@@ -27,9 +27,9 @@ class Submitted:
         return {"stage": self.stage, "job_id": self.job_id, "script": self.script, "dependency": self.dependency}
 
 
-def run_client(cmd: list[str], what: str) -> str:
+def run_client(cmd: list[str], what: str, cwd: Path | None = None) -> str:
     """A platform client's command; its output, or SubmitError with what it printed."""
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if proc.returncode != 0:
         raise SubmitError(f"{what} failed: {(proc.stderr or proc.stdout).strip()}")
     return proc.stdout

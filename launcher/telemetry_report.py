@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
+from launcher import figures
+
 CONF = Path(__file__).resolve().parent.parent / "conf" / "observability.yaml"
 NUMERIC = ("time", "step", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib", "power_w", "temp_c",
            "sm_clock_mhz", "sm_clock_max_mhz")
@@ -153,11 +155,7 @@ PANELS = (("util_pct", "utilisation %"), ("sm_clock_mhz", "SM clock MHz"), ("pow
 
 def plot(rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str], steady: Sequence[dict[str, Any]]
          ) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     start = min(r["time"] for r in rows)
     gpus = sorted({(r["node"], r["gpu"]) for r in rows})
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(10, 2.2 * len(PANELS)), sharex=True)
@@ -196,10 +194,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str],
     axes[0].set_title(f"GPU telemetry of {path.parent.name} (shaded: the samples the table summarises)",
                       fontsize="small")
     axes[-1].set_xlabel("seconds since the first sample")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return figures.save(fig, path, dpi=100)
 
 
 def report(run_dir: Path, say: Callable[[str], None] = print) -> dict[str, str] | None:

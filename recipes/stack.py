@@ -252,13 +252,21 @@ def pip_command(requirements: Sequence[str], wheel_dir: str | None, constraints:
     return cmd + list(requirements)
 
 
-def install(declared: Mapping[str, Any], wheel_dir: str | None = None, dry_run: bool = False,
-            say: Callable[[str], None] = print) -> int:
+def _to_install(declared: Mapping[str, Any], say: Callable[[str], None]) -> tuple[dict[str, Found], list[str]] | None:
+    """(what is installed, the requirements to add); None, said, when there is no torch to build on."""
     found = discover_installed(declared)
     if found["torch"].version is None:
         say(f"stack: torch is not installed here; start from a base image with torch {declared['torch']['supported']}")
+        return None
+    return found, missing_requirements(declared, found)
+
+
+def install(declared: Mapping[str, Any], wheel_dir: str | None = None, dry_run: bool = False,
+            say: Callable[[str], None] = print) -> int:
+    wanted = _to_install(declared, say)
+    if wanted is None:
         return 2
-    todo = missing_requirements(declared, found)
+    found, todo = wanted
     if not todo:
         say("stack: everything conf/stack.yaml declares is here; nothing to install")
         return 0
@@ -313,11 +321,10 @@ def wheels(declared: Mapping[str, Any], dest: str, say: Callable[[str], None] = 
     that runs the same image: run it where a package index is reachable."""
     import json
 
-    found = discover_installed(declared)
-    if found["torch"].version is None:
-        say("stack: torch is not installed here; run this in the base image the cluster uses")
+    wanted = _to_install(declared, say)
+    if wanted is None:
         return 2
-    todo = missing_requirements(declared, found)
+    found, todo = wanted
     if not todo:
         say("stack: everything conf/stack.yaml declares is here; no wheels are needed for this image")
         return 0

@@ -4,7 +4,6 @@ the previous one with -hold_jid."""
 from __future__ import annotations
 
 import shlex
-import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,7 +14,7 @@ from launcher.platforms import Platform
 from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, hms, image_checks,
                                        limits_problems, time_seconds, training_title)
 from launcher.render import Job
-from launcher.submit import SubmitError, Submitted, follow_lines, submit_chained
+from launcher.submit import SubmitError, Submitted, follow_lines, run_client, submit_chained
 
 # A job script that exits with 100 is set into the error state, and Grid Engine never starts the jobs that wait
 # for it (-hold_jid): the afterok of this platform. Only jobs that something waits for use it.
@@ -185,12 +184,10 @@ def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> li
 
 
 def qsub(script: Path, hold: str | None) -> str:
-    proc = subprocess.run(qsub_command(script, hold), capture_output=True, text=True, cwd=script.parent)
-    if proc.returncode != 0:
-        raise SubmitError(f"qsub {script.name} failed: {(proc.stderr or proc.stdout).strip()}")
-    job_id = proc.stdout.strip().split(".")[0]
+    out = run_client(qsub_command(script, hold), f"qsub {script.name}", cwd=script.parent)
+    job_id = out.strip().split(".")[0]  # -terse prints an array job as ID.1-N:1
     if not job_id.isdigit():
-        raise SubmitError(f"qsub {script.name} printed no job id: {proc.stdout.strip()!r}")
+        raise SubmitError(f"qsub {script.name} printed no job id: {out.strip()!r}")
     return job_id
 
 

@@ -3,7 +3,6 @@ container or bare metal; each job waits for the previous one with afterok."""
 from __future__ import annotations
 
 import shlex
-import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -13,7 +12,7 @@ from launcher.platforms import Platform
 from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, image_checks, limits_problems,
                                        preflight_title, training_title)
 from launcher.render import Job, render_sbatch
-from launcher.submit import SubmitError, Submitted, follow_lines, submit_chained
+from launcher.submit import SubmitError, Submitted, follow_lines, run_client, submit_chained
 
 
 def script_name(stage: str) -> str:
@@ -148,13 +147,10 @@ def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> li
 
 
 def sbatch(script: Path, dependency: str | None) -> str:
-    proc = subprocess.run(sbatch_command(script, dependency), capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SubmitError(f"sbatch {script.name} failed: {(proc.stderr or proc.stdout).strip()}")
-    # --parsable prints "jobid" or "jobid;cluster"
-    job_id = proc.stdout.strip().split(";")[0]
+    out = run_client(sbatch_command(script, dependency), f"sbatch {script.name}")
+    job_id = out.strip().split(";")[0]  # --parsable prints "jobid" or "jobid;cluster"
     if not job_id.isdigit():
-        raise SubmitError(f"sbatch {script.name} printed no job id: {proc.stdout.strip()!r}")
+        raise SubmitError(f"sbatch {script.name} printed no job id: {out.strip()!r}")
     return job_id
 
 

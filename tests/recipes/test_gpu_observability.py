@@ -119,8 +119,8 @@ def test_wandb_offline_run_is_readable(observed):
     run_dir = observed["run_dir"]
     runs = offline_runs(str(run_dir))
     assert len(runs) == 2, runs  # the killed start and the resumed one, one W&B run id
-    wandb_cli = Path(sys.executable).parent / "wandb"
-    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", runs[-1]], capture_output=True, text=True,
+    # `python -m wandb`: the console script need not sit next to this interpreter (pip --target, --user).
+    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", runs[-1]], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     history = {}

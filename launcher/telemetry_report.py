@@ -18,6 +18,9 @@ NUMERIC = ("time", "step", "util_pct", "mem_util_pct", "mem_used_mib", "mem_tota
            "sm_clock_mhz", "sm_clock_max_mhz")
 # Above this many GPUs the plot draws each node's median and the flagged GPUs, not every GPU.
 PLOT_EVERY_GPU_UP_TO = 16
+# Samples farther apart than this many typical intervals belong to different stretches of sampling (a killed run
+# and its resume): the plot breaks its lines and shading there instead of joining them across the silence.
+GAP_INTERVALS = 5
 
 
 @dataclass
@@ -153,6 +156,35 @@ PANELS = (("util_pct", "utilisation %"), ("sm_clock_mhz", "SM clock MHz"), ("pow
           ("temp_c", "temperature C"), ("mem_used_mib", "memory used MiB"))
 
 
+def sampling_stretches(times: Iterable[float]) -> list[tuple[float, float]]:
+    """(first, last) of each stretch of continuous sampling: a new one starts after a silence of more than
+    GAP_INTERVALS typical intervals."""
+    ordered = sorted(set(times))
+    if len(ordered) < 2:
+        return [(t, t) for t in ordered]
+    typical = statistics.median(b - a for a, b in zip(ordered, ordered[1:]))
+    stretches, first = [], ordered[0]
+    for a, b in zip(ordered, ordered[1:]):
+        if b - a > GAP_INTERVALS * typical:
+            stretches.append((first, a))
+            first = b
+    return stretches + [(first, ordered[-1])]
+
+
+def broken_at_gaps(xy: Sequence[tuple[float, float]], stretches: Sequence[tuple[float, float]]
+                   ) -> list[tuple[float, float]]:
+    """The points with a NaN between two that fall in different stretches: matplotlib leaves a gap there."""
+    def stretch_of(x: float) -> int:
+        return next((i for i, (first, last) in enumerate(stretches) if first <= x <= last), -1)
+
+    out: list[tuple[float, float]] = []
+    for point in xy:
+        if out and stretch_of(out[-1][0]) != stretch_of(point[0]):
+            out.append((float("nan"), float("nan")))
+        out.append(point)
+    return out
+
+
 def plot(rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str], steady: Sequence[dict[str, Any]]
          ) -> Path:
     plt = figures.pyplot()
@@ -180,13 +212,14 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str],
             node, gpu = name.rsplit(" GPU ", 1)
             series.append((name + " (flagged)", [r for r in rows if r["node"] == node and r["gpu"] == int(gpu)],
                            {"linewidth": 2.5, "linestyle": "--"}))
-    span = (min(r["time"] for r in steady) - start, max(r["time"] for r in steady) - start) if steady else None
+    stretches = sampling_stretches([r["time"] - start for r in rows])
+    shaded = sampling_stretches([r["time"] - start for r in steady]) if steady else []
     for ax, (key, label) in zip(axes, PANELS):
         for name, points, style in series:
             xy = [(r["time"] - start, r[key]) for r in points if r[key] is not None]
             if xy:
-                ax.plot(*zip(*xy), label=name, **style)
-        if span:
+                ax.plot(*zip(*broken_at_gaps(xy, stretches)), label=name, **style)
+        for span in shaded:
             ax.axvspan(*span, alpha=0.06)  # the samples the table summarises
         ax.set_ylabel(label, fontsize="small")
         ax.grid(alpha=0.3)

@@ -3,6 +3,7 @@ throttled, one nearly idle), the summary over the steps, flagging, the plot, and
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,17 @@ def test_many_gpus_plot_node_medians_and_the_flagged_ones(tmp_path):
     assert list(flagged) == ["n2 GPU 5"]
     path = telemetry_report.plot(rows, tmp_path / "t.png", flagged, steady)
     assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_the_plot_breaks_between_a_killed_run_and_its_resume_not_within_a_jittery_stretch():
+    killed = [0.0, 1.1, 1.9, 3.0, 4.2, 5.0]  # ~1 s sampling with jitter
+    resumed = [48.0, 49.0, 50.1, 51.0]       # after 43 s with no sampler running
+    stretches = telemetry_report.sampling_stretches(killed + resumed)
+    assert stretches == [(0.0, 5.0), (48.0, 51.0)]
+    assert telemetry_report.sampling_stretches(killed) == [(0.0, 5.0)]
+    points = telemetry_report.broken_at_gaps([(t, 90.0) for t in killed + resumed], stretches)
+    gaps = [i for i, (x, y) in enumerate(points) if math.isnan(x) and math.isnan(y)]
+    assert gaps == [len(killed)] and len(points) == len(killed) + len(resumed) + 1
 
 
 def test_the_report_command_adds_telemetry_for_a_run_directory(run_dir):

@@ -9,6 +9,7 @@ test fits this machine's disk and time; 32 is the whole 8B model, 16 GB).
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -34,6 +35,13 @@ pytestmark = pytest.mark.timeout(3600)
 
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def require_free_disk(directory: Path, needed: int) -> None:
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        pytest.fail(f"needs {gib(needed)} free in {directory} (the model, its checkpoint and its export), "
+                    f"has {gib(free)}; set HF_MEMORY_LAYERS lower or free the disk", pytrace=False)
 
 
 def peak_rss_bytes() -> int:
@@ -94,16 +102,30 @@ def import_and_save(rank: int, cfg: dict, plan: dict, hf_dir: str, run_dir: str)
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory) -> dict:
+def source(tmp_path_factory):
+    """The random model, removed after the module: pytest keeps the last three runs' temporary directories, and
+    three copies of these gigabytes would fill a CI disk."""
     cfg, plan = configured()
     model = cfg["training"]["model"]
     directory = tmp_path_factory.mktemp("source")
+    total = sum(2 * math.prod(s) for s in hf.hf_shapes(model).values())
+    require_free_disk(directory, 3 * total + 2**30)
     start = time.time()
-    total = write_random_model(directory, model)
-    largest = max(2 * math.prod(s) for s in hf.hf_shapes(model).values())
-    print(f"\nmodel: 8B widths, {LAYERS} layers, {gib(total)} of bf16 weights (largest tensor {gib(largest)}), "
-          f"written in {time.time() - start:.0f} s")
-    return {"dir": directory, "cfg": cfg, "plan": plan, "total": total, "largest": largest}
+    try:
+        assert write_random_model(directory, model) == total
+        largest = max(2 * math.prod(s) for s in hf.hf_shapes(model).values())
+        print(f"\nmodel: 8B widths, {LAYERS} layers, {gib(total)} of bf16 weights (largest tensor {gib(largest)}), "
+              f"written in {time.time() - start:.0f} s")
+        yield {"dir": directory, "cfg": cfg, "plan": plan, "total": total, "largest": largest}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """tmp_path, emptied after the test for the same reason as the source model."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_import_into_tp2_keeps_each_rank_below_half_the_model(source):
@@ -116,16 +138,16 @@ def test_import_into_tp2_keeps_each_rank_below_half_the_model(source):
         assert peak < total / 2
 
 
-def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, tmp_path):
+def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, scratch):
     """Needs the model twice in memory to make the checkpoint (CPU ranks): meant for the default 4 layers."""
     import yaml
 
     cfg, plan = source["cfg"], source["plan"]
-    run_dir = tmp_path / "run"
+    run_dir = scratch / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
     checkpoint = cpu_megatron.run_ranks(import_and_save, 2, cfg, plan, str(source["dir"]), str(run_dir))[0]
-    out = tmp_path / "export"
+    out = scratch / "export"
     probe = ("import sys\nfrom recipes import export_hf\nfrom test_hf_memory import peak_rss_bytes\n"
              "code = export_hf.main(sys.argv[1:])\nprint('PEAK_RSS', peak_rss_bytes())\nsys.exit(code)")
     start = time.time()

@@ -63,11 +63,10 @@ def configured() -> tuple[dict, dict]:
     return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",))).to_json_dict()
 
 
-def write_random_model(directory: Path, model: dict) -> int:
-    """Random bf16 weights as Hugging Face shards (safetensors' own writer) and index; returns the bytes."""
+def write_random_model(directory: Path, shapes: dict, total: int) -> None:
+    """Random bf16 weights of these shapes as Hugging Face shards (safetensors' own writer) and index."""
     from safetensors.torch import save_file
 
-    shapes = hf.hf_shapes(model)
     shards = export_hf.shard_plan(shapes, 2, SHARD_BYTES)
     weight_map = {}
     generator = torch.Generator().manual_seed(0)
@@ -76,10 +75,8 @@ def write_random_model(directory: Path, model: dict) -> int:
         save_file({n: torch.randn(shapes[n], generator=generator).to(torch.bfloat16) for n in names},
                   str(directory / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in names})
-    total = sum(2 * math.prod(s) for s in shapes.values())
     (directory / hf_import.INDEX).write_text(json.dumps({"metadata": {"total_size": total},
                                                          "weight_map": weight_map}))
-    return total
 
 
 def import_on_meta(rank: int, cfg: dict, plan: dict, hf_dir: str) -> tuple[int, int, int]:
@@ -108,12 +105,13 @@ def source(tmp_path_factory):
     cfg, plan = configured()
     model = cfg["training"]["model"]
     directory = tmp_path_factory.mktemp("source")
-    total = sum(2 * math.prod(s) for s in hf.hf_shapes(model).values())
+    shapes = hf.hf_shapes(model)
+    tensor_bytes = [2 * math.prod(s) for s in shapes.values()]
+    total, largest = sum(tensor_bytes), max(tensor_bytes)
     require_free_disk(directory, 3 * total + 2**30)
     start = time.time()
     try:
-        assert write_random_model(directory, model) == total
-        largest = max(2 * math.prod(s) for s in hf.hf_shapes(model).values())
+        write_random_model(directory, shapes, total)
         print(f"\nmodel: 8B widths, {LAYERS} layers, {gib(total)} of bf16 weights (largest tensor {gib(largest)}), "
               f"written in {time.time() - start:.0f} s")
         yield {"dir": directory, "cfg": cfg, "plan": plan, "total": total, "largest": largest}

@@ -21,6 +21,10 @@ class SourceError(RuntimeError):
     """An input file that cannot be read (missing, corrupt, truncated)."""
 
 
+class _Truncated(Exception):
+    """Compressed data that stops inside a frame (raised with the compressed bytes read)."""
+
+
 @dataclass
 class Chunk:
     """Whole input lines (or one whole file) for a worker; `seq` is its position in the input (the pipeline
@@ -38,6 +42,10 @@ class Chunk:
 def iter_chunks(sources: Sequence[Source], chunk_bytes: int, text_document: str,
                 max_documents: Optional[int] = None) -> Iterator[Chunk]:
     """Chunks of at least `chunk_bytes` (except at the end of a file) ending at a line boundary."""
+    # Every cut must move forward: with chunk_bytes < 1 the cut below would stay where it is and the loop would
+    # yield empty chunks forever.
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        raise ValueError(f"data_preparation.chunk_bytes={chunk_bytes!r}: expected a positive number of bytes")
     if text_document not in ("line", "file"):
         raise ValueError(f"data_preparation.text_document={text_document!r} is not one of line, file")
     seq, raw_done, left = 0, 0, max_documents
@@ -117,16 +125,24 @@ def _blocks(src: Source) -> Iterator[tuple[bytes, int]]:
             return
         try:
             yield from _decompress(f, src.compression)
-        except SourceError:
-            raise
+        except _Truncated as e:
+            raise SourceError(f"cannot read {path}: {src.compression} data ends in the middle of a frame after "
+                              f"{e.args[0]} bytes (the file is truncated); {_fix(src)}") from None
         except Exception as e:  # zstd/zlib errors: corrupt data
             raise SourceError(f"cannot read {path}: corrupt {src.compression} data near byte {f.tell()} "
-                              f"({type(e).__name__}: {e}); delete the file to download it again") from None
+                              f"({type(e).__name__}: {e}); {_fix(src)}") from None
+
+
+def _fix(src: Source) -> str:
+    """Only a file data_prep downloaded can be fetched again by deleting it; a local input is the user's own."""
+    if src.remote:
+        return "delete it to download it again"
+    return "replace it with a complete copy"
 
 
 def _decompress(f, compression: str) -> Iterator[tuple[bytes, int]]:
     """Streams every frame (zstd) or member (gzip); concatenated files, as `cat a.gz b.gz` makes, are one
-    stream. Ends with SourceError when the last frame is cut short."""
+    stream. Ends with _Truncated when the last frame is cut short."""
     if compression == "zstd":
         import zstandard
 
@@ -152,5 +168,4 @@ def _decompress(f, compression: str) -> Iterator[tuple[bytes, int]]:
             else:
                 data = b""
     if in_frame:
-        raise SourceError(f"cannot read {f.name}: {compression} data ends in the middle of a frame after "
-                          f"{f.tell()} bytes (truncated file?); delete it to download it again")
+        raise _Truncated(f.tell())

@@ -74,11 +74,41 @@ def test_corrupt_and_truncated_inputs_raise(tmp_path):
     data = b"".join(b'{"text": "%d"}\n' % i for i in range(20000))
     bad = tmp_path / "trunc.json.gz"
     bad.write_bytes(gzip.compress(data)[:-100])
-    with pytest.raises(SourceError, match="trunc.json.gz: gzip data ends in the middle of a frame"):
+    with pytest.raises(SourceError, match="trunc.json.gz: gzip data ends in the middle of a frame") as err:
         list(iter_chunks([source(bad)], 1000, "line"))
+    # the user's own file: deleting it would lose it, nothing downloads it again
+    assert "replace it with a complete copy" in str(err.value) and "download" not in str(err.value)
     junk = tmp_path / "junk.jsonl.zst"
     junk.write_bytes(os.urandom(1000))
     with pytest.raises(SourceError, match="corrupt zstd data"):
         list(iter_chunks([source(junk)], 1000, "line"))
     with pytest.raises(SourceError, match="No such file"):
         list(iter_chunks([source(tmp_path / "gone.jsonl")], 1000, "line"))
+
+
+def test_only_downloaded_files_are_to_be_deleted_and_fetched_again(tmp_path):
+    data = gzip.compress(b"".join(b'{"text": "%d"}\n' % i for i in range(20000)))[:-100]
+    (tmp_path / "cut.json.gz").write_bytes(data)
+    downloaded = Source("https://example.org/cut.json.gz", str(tmp_path / "cut.json.gz"), "gzip", "jsonl")
+    with pytest.raises(SourceError, match="the file is truncated\\); delete it to download it again"):
+        list(iter_chunks([downloaded], 1000, "line"))
+    (tmp_path / "junk.jsonl.zst").write_bytes(os.urandom(1000))
+    with pytest.raises(SourceError, match="corrupt zstd data.*replace it with a complete copy"):
+        list(iter_chunks([source(tmp_path / "junk.jsonl.zst")], 1000, "line"))
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, -5, True, 1.5, "4096"])
+def test_chunk_size_must_be_positive_or_nothing_is_read(tmp_path, chunk_bytes):
+    """chunk_bytes=0 once cut empty chunks forever; every chunk must move past at least one byte."""
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"text": "a"}\n' * 10)
+    with pytest.raises(ValueError, match="data_preparation.chunk_bytes=.*positive number of bytes"):
+        next(iter_chunks([source(path)], chunk_bytes, "line"))
+
+
+def test_one_byte_chunks_are_single_lines(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b"a\nbb\n\nccc")
+    chunks = list(iter_chunks([source(path)], 1, "line"))
+    assert [c.data for c in chunks] == [b"a\n", b"bb\n", b"\n", b"ccc"]
+    assert [c.first_line for c in chunks] == [1, 2, 3, 4]

@@ -416,7 +416,8 @@ def read_marker(prefix: str, fingerprint: Optional[str] = None) -> Optional[dict
 
 class shard_lock:
     """Exclusive lock on `<prefix>.lock` so two processes never write the same shard; where the file system
-    has no locks (some NFS mounts) it goes on without one."""
+    has no locks (some NFS mounts) it goes on without one. The file is removed on every way out, a failed or
+    interrupted shard too: a leftover looks like a shard still being prepared."""
 
     def __init__(self, prefix: str):
         self.path = prefix + ".lock"
@@ -425,22 +426,35 @@ class shard_lock:
     def __enter__(self):
         import fcntl
 
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                os.close(self.fd)
-                self.fd = None
-                raise ShardBusy(f"another process is preparing this shard (lock {self.path} is held)") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise ShardBusy(f"another process is preparing this shard (lock {self.path} is held)") from None
+                break  # no locking on this file system
+            # The last holder may have removed the file between our open and our lock: then we hold a file nobody
+            # else can see, and must lock the one now at the path instead.
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)
+        self.fd = fd
         return self
 
-    def __exit__(self, exc_type, *_):
+    def __exit__(self, *_):
         if self.fd is not None:
-            if exc_type is None:
-                _remove(self.path)
+            _remove(self.path)  # before unlocking, so a waiting process finds it gone (see __enter__)
             os.close(self.fd)
             self.fd = None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def format_result(r: ShardResult) -> str:

@@ -176,8 +176,9 @@ def test_a_bad_shard_fails_alone_with_a_clear_reason(tmp_path, capsys, http_serv
     assert "1 done, 4 failed (5 shards)" in stdout
     assert_round_trip(str(out / "good_text_document"), load_tokenizer("sentencepiece", tokenizers_dir["sentencepiece"]),
                       good.docs)
-    for name in ("garbage", "truncated", "empty", "missing"):  # nothing that looks finished
-        assert not any((out / f"{name}_text_document{ext}").exists() for ext in (".bin", ".idx", ".done.json"))
+    for name in ("garbage", "truncated", "empty", "missing"):  # nothing that looks finished, or still running
+        assert not any((out / f"{name}_text_document{ext}").exists()
+                       for ext in (".bin", ".idx", ".done.json", ".lock"))
 
 
 def test_wrong_text_key_fails_with_a_hint(tmp_path, capsys, tokenizers_dir):
@@ -355,3 +356,21 @@ def test_append_eod_must_be_a_boolean(tmp_path, capsys, tokenizers_dir):
                        tmp_path / "out", inputs=[str(src.path)], append_eod="no")
     rc, _, err = run_cli(capsys, "run", "--config", cfg)
     assert rc == 2 and "data_preparation.append_eod='no': expected true or false" in err
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt, SystemExit])
+def test_shard_lock_is_released_on_every_way_out(tmp_path, error):
+    from data_prep.pipeline import ShardBusy, shard_lock
+
+    prefix = str(tmp_path / "x_text_document")
+    with pytest.raises(error):
+        with shard_lock(prefix):
+            assert os.path.exists(prefix + ".lock")
+            raise error()
+    assert not os.path.exists(prefix + ".lock")
+    with shard_lock(prefix):  # held: a second taker is refused and leaves the holder's file alone
+        with pytest.raises(ShardBusy, match="another process is preparing this shard"):
+            with shard_lock(prefix):
+                pass
+        assert os.path.exists(prefix + ".lock")
+    assert not os.path.exists(prefix + ".lock")

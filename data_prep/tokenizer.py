@@ -11,6 +11,7 @@ safe choice. Imports only the tokenizer libraries (lazily), never torch or Hydra
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -20,6 +21,9 @@ from typing import Callable, Optional, Sequence, Union
 # declared eos token, then common spellings of it.
 _EOD_CANDIDATES = ("<|end_of_text|>",)
 _EOS_FALLBACKS = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>")
+
+
+TOKENIZER_TYPES = ("huggingface", "sentencepiece")
 
 
 class TokenizerError(RuntimeError):
@@ -62,7 +66,11 @@ class HFTokenizer(_Identified):
 
         self.path = os.path.abspath(tokenizer_json)
         self.name = name or self.path
-        self._tok = Tokenizer.from_file(self.path)
+        try:
+            self._tok = Tokenizer.from_file(self.path)
+        except Exception as e:  # the tokenizers library raises plain Exceptions for unreadable files
+            raise TokenizerError(f"tokenizer {self.name}: {self.path} cannot be read as a Hugging Face tokenizer.json "
+                                 f"({_first_line(e)})") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eod = _pick_eod(self.name, eod, _declared_eos(os.path.dirname(self.path)), self._tok.token_to_id,
                              "; add eos_token to tokenizer_config.json next to tokenizer.json")
@@ -92,7 +100,11 @@ class SentencePieceTokenizer(_Identified):
 
         self.path = os.path.abspath(model_file)
         self.name = name or self.path
-        self._sp = sentencepiece.SentencePieceProcessor(model_file=self.path)
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=self.path)
+        except (RuntimeError, OSError) as e:
+            raise TokenizerError(f"tokenizer {self.name}: {self.path} cannot be read as a sentencepiece model "
+                                 f"({_first_line(e)})") from None
         self.vocab_size = self._sp.get_piece_size()
         self._numpy_batches = True
         if isinstance(eod, int):
@@ -138,7 +150,11 @@ class TransformersTokenizer(_Identified):
 
         self.path = os.path.abspath(directory)
         self.name = name or self.path
-        self._tok = AutoTokenizer.from_pretrained(self.path)
+        try:
+            self._tok = AutoTokenizer.from_pretrained(self.path)
+        except Exception as e:  # OSError, ValueError, ImportError ... depending on what the directory lacks
+            raise TokenizerError(f"tokenizer directory {self.name} has no tokenizer.json and transformers cannot "
+                                 f"load it either ({_first_line(e)})") from None
         self.vocab_size = len(self._tok)
         self.eod = _pick_eod(self.name, eod, [self._tok.eos_token], self._tok.get_vocab().get)
 
@@ -160,13 +176,20 @@ class TransformersTokenizer(_Identified):
 Tokenizer = Union[HFTokenizer, SentencePieceTokenizer, TransformersTokenizer]
 
 
-def load_tokenizer(type: str, path: str, eod: Union[int, str, None] = None) -> Tokenizer:
-    """Load a tokenizer: type huggingface|sentencepiece; path a hub id, a local directory or file."""
+def load_tokenizer(type: str, path: str, eod: Union[int, str, None] = None, key: str = "tokenizer") -> Tokenizer:
+    """Load a tokenizer: type huggingface|sentencepiece; path a hub id, a local directory or file. `key` is the
+    config section the two came from, for the messages (e.g. training.tokenizer)."""
     if not path:
         raise TokenizerError("tokenizer path is empty: set training.tokenizer.path "
                              "(or data_preparation.tokenizer.path)")
     path = str(path)
     local = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(local):
+        # A file of the other kind (or not a tokenizer at all) is one line saying what it is, not a parser's
+        # traceback.
+        problem = tokenizer_problem(type, path, key)
+        if problem:
+            raise TokenizerError(problem)
     if type == "huggingface":
         if os.path.isfile(local):
             return HFTokenizer(local, eod, name=path)
@@ -179,12 +202,128 @@ def load_tokenizer(type: str, path: str, eod: Union[int, str, None] = None) -> T
         if os.path.isfile(local):
             return SentencePieceTokenizer(local, eod, name=path)
         if os.path.isdir(local):
-            model = os.path.join(local, "tokenizer.model")
-            if not os.path.isfile(model):
-                raise TokenizerError(f"tokenizer directory {path} has no tokenizer.model")
-            return SentencePieceTokenizer(model, eod, name=path)
+            return SentencePieceTokenizer(os.path.join(local, "tokenizer.model"), eod, name=path)
         return SentencePieceTokenizer(_hub_file(path, "tokenizer.model"), eod, name=path)
     raise TokenizerError(f"tokenizer type {type!r} is not one of huggingface, sentencepiece")
+
+
+# -- telling what a tokenizer path holds, without loading it -----------------------------------------------
+
+_KINDS = {"sentencepiece": "a sentencepiece model", "tokenizer.json": "a Hugging Face tokenizer.json",
+          "json lines": "a JSON lines file (a corpus?)", "json": "a JSON file", "text": "a text file",
+          "binary": "a binary file"}
+# What each type accepts: "json" and "binary" where the first bytes cannot tell (the loader still checks).
+_ACCEPTS = {"huggingface": ("tokenizer.json", "json"), "sentencepiece": ("sentencepiece", "binary")}
+_OTHER = {"huggingface": ("sentencepiece", "sentencepiece"), "sentencepiece": ("tokenizer.json", "huggingface")}
+_WANTED = {"huggingface": ("a Hugging Face tokenizer", "a tokenizer.json or the directory holding it"),
+           "sentencepiece": ("a sentencepiece model", "a .model file or the directory holding tokenizer.model")}
+_SNIFF_BYTES = 1 << 16
+
+
+def tokenizer_problem(type: str, path: str, key: str = "tokenizer") -> Optional[str]:
+    """What makes `type`/`path` unusable, as one line naming `key` (a config section such as
+    data_preparation.tokenizer), or None. Reads at most a directory listing and a file's first bytes; hub ids
+    are not looked up (the hub may be out of reach from here)."""
+    if type not in TOKENIZER_TYPES:
+        return f"{key}.type={type!r} is not one of huggingface, sentencepiece"
+    if not path:
+        return f"{key}.path is not set: a hub id, a tokenizer directory or a tokenizer file"
+    local = os.path.abspath(os.path.expanduser(str(path)))
+    try:
+        if os.path.isdir(local):
+            return _directory_problem(type, set(os.listdir(local)), path, key)
+        if os.path.isfile(local):
+            return _file_problem(type, file_kind(local), path, key)
+    except OSError as e:
+        return f"{key}.path={path} cannot be read ({e.strerror}); check its permissions"
+    if os.path.exists(local) or is_hub_id(str(path)):
+        return None
+    return f"{key}.path={path} does not exist (and is not a hub id like org/name)"
+
+
+def is_hub_id(path: str) -> bool:
+    """org/name, as the Hugging Face hub names repositories (not a path that merely has one slash)."""
+    return path.count("/") == 1 and not path.startswith((".", "/", "~")) and all(path.split("/"))
+
+
+def file_kind(path: str) -> str:
+    """What a file looks like from its first bytes: 'sentencepiece' (a serialized model), 'tokenizer.json',
+    'json lines', 'json', 'text' or 'binary'."""
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF_BYTES)
+    if _looks_like_sentencepiece(head):
+        return "sentencepiece"
+    body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if body.startswith(b"{"):
+        return _json_kind(body)
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # the head may cut a character
+    except UnicodeDecodeError:
+        return "binary"
+    return "binary" if "\x00" in text else "text"
+
+
+def _directory_problem(type: str, names: set, path: str, key: str) -> Optional[str]:
+    if type == "huggingface":
+        # tokenizer_config.json alone: the loader falls back to transformers' AutoTokenizer.
+        if {"tokenizer.json", "tokenizer_config.json"} & names:
+            return None
+        fix = (f"it holds a sentencepiece tokenizer.model: set {key}.type=sentencepiece" if "tokenizer.model" in names
+               else f"point {key}.path at a directory holding tokenizer.json, or at the file")
+        return f"{key}.path={path} is a directory without tokenizer.json; {fix}"
+    if "tokenizer.model" in names:
+        return None
+    fix = (f"it holds a Hugging Face tokenizer.json: set {key}.type=huggingface" if "tokenizer.json" in names
+           else f"point {key}.path at the .model file, or at a directory holding tokenizer.model")
+    return f"{key}.path={path} is a directory without tokenizer.model; {fix}"
+
+
+def _file_problem(type: str, kind: str, path: str, key: str) -> Optional[str]:
+    if kind in _ACCEPTS[type]:
+        return None
+    wanted, where = _WANTED[type]
+    other_kind, other_type = _OTHER[type]
+    fix = f"set {key}.type={other_type}" if kind == other_kind else f"point {key}.path at {where}"
+    return f"{key}.path={path} is {_KINDS[kind]}, not {wanted}: {fix}"
+
+
+def _looks_like_sentencepiece(head: bytes) -> bool:
+    """A serialized ModelProto starts with its first piece: field 1 (length-delimited), whose own first fields
+    are the piece text (field 1, length-delimited) and its score (field 2, a float: tag 0x15) or type (0x18)."""
+    if head[:1] != b"\x0a":
+        return False
+    _, pos = _varint(head, 1)
+    if pos is None or head[pos:pos + 1] != b"\x0a":
+        return False
+    length, pos = _varint(head, pos + 1)
+    return pos is not None and head[pos + length:pos + length + 1] in (b"\x15", b"\x18")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, Optional[int]]:
+    """A protobuf varint at `pos`: (value, position after it), or (0, None) where there is none."""
+    value = 0
+    for shift in range(0, 35, 7):
+        if pos >= len(data):
+            return 0, None
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            return value, pos
+    return 0, None
+
+
+def _json_kind(body: bytes) -> str:
+    """A tokenizer.json (one object, its parts named near the top) or JSON lines (an object per line)."""
+    try:
+        first = json.loads(body.split(b"\n", 1)[0])
+    except ValueError:  # (UnicodeDecodeError is one) a pretty-printed object, or a line longer than the head
+        first = None
+    if isinstance(first, dict):
+        return "tokenizer.json" if {"model", "added_tokens"} <= first.keys() else "json lines"
+    if b'"added_tokens"' in body or b'"pre_tokenizer"' in body:
+        return "tokenizer.json"
+    return "json"
 
 
 def tokenizer_digest(tok: Tokenizer) -> str:
@@ -220,9 +359,14 @@ def _transformers_or_fail(directory: str, eod, name: str) -> Tokenizer:
     return TransformersTokenizer(directory, eod, name=name)
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _hub_file(repo_id: str, filename: str, also: Sequence[str] = ()) -> str:
     """Download one file of a hub repository into the Hugging Face cache (HF_TOKEN for gated repositories)."""
-    if repo_id.count("/") != 1 or repo_id.startswith((".", "/", "~")):
+    if not is_hub_id(repo_id):
         raise TokenizerError(f"tokenizer path {repo_id} does not exist (and is not a hub id like org/name)")
     try:
         from huggingface_hub import hf_hub_download

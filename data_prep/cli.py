@@ -33,7 +33,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return args.func(args)
     except (ConfigError, TokenizerError) as e:
-        print(f"data_prep: error: {e}", file=sys.stderr)
+        for line in str(e).splitlines():  # a config can have several problems, one line each
+            print(f"data_prep: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("data_prep: interrupted; unfinished shards are redone on the next run", file=sys.stderr)
@@ -118,8 +119,8 @@ def cmd_run(args) -> int:
     from data_prep.pipeline import Pipeline, Settings
 
     _check_stack(args.config)
-    dp, shards = _load(args)
-    settings = Settings.from_config(dp, workers=args.workers)
+    dp, shards = _load(args, settings=True)
+    settings = Settings.from_config(dp)
     pipeline = Pipeline(settings)
     tok = pipeline.tokenizer  # once, up front: a tokenizer problem is one error, not one per shard
     print(f"data_prep: {dp['name']}: {len(shards)} shard(s), {settings.workers} worker(s), tokenizer "
@@ -131,7 +132,7 @@ def cmd_run(args) -> int:
 def cmd_download(args) -> int:
     from data_prep.pipeline import Pipeline, Settings
 
-    dp, shards = _load(args)
+    dp, shards = _load(args, settings=True)
     pipeline = Pipeline(Settings.from_config(dp, workers=1))
     pipeline.tokenizer  # a hub tokenizer lands in the Hugging Face cache
     return _report(pipeline.fetch(shards, progress=not args.no_progress))
@@ -191,11 +192,22 @@ def cmd_train_tokenizer(args) -> int:
 
 # -- helpers -----------------------------------------------------------------------------------------------
 
-def _load(args, select: bool = True) -> tuple[dict, list[Shard]]:
-    from data_prep.config import load_section
+def _load(args, select: bool = True, settings: bool = False) -> tuple[dict, list[Shard]]:
+    """The config's section and its shards (those --shard selects). With `settings`, every problem of the
+    settings the pipeline reads is reported too, all at once and before anything starts."""
+    from data_prep.config import load_section, settings_and_shards
 
     dp = load_section(args.config, args.overrides)
-    shards = list_shards(dp)
+    if getattr(args, "workers", None) is not None:
+        if args.workers < 1:
+            raise ConfigError(f"--workers={args.workers}: expected a positive integer (tokenizer processes)")
+        dp["workers"] = args.workers
+    if settings:
+        problems, shards = settings_and_shards(dp)
+        if problems:
+            raise ConfigError("\n".join(problems))
+    else:
+        shards = list_shards(dp)
     if select:
         shards = select_shards(shards, getattr(args, "shard", None))
     return dp, shards

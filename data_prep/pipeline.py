@@ -21,11 +21,12 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from data_prep.config import resolve_workers, settings_problems
 from data_prep.download import DownloadError, DownloadOptions, download, read_checksums
 from data_prep.encode import EXAMPLES_PER_REASON
 from data_prep.progress import human, progress_bar
 from data_prep.readers import SourceError, iter_chunks
-from data_prep.shards import ConfigError, Shard, required
+from data_prep.shards import ConfigError, Shard
 from data_prep.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
 MARKER_SUFFIX = ".done.json"
@@ -77,40 +78,20 @@ class Settings:
 
     @classmethod
     def from_config(cls, dp: Mapping[str, Any], workers: Optional[int] = None) -> "Settings":
-        def get(key: str) -> Any:
-            return required(dp, key)
-
-        tok = get("tokenizer")
-        for key in ("type", "path"):
-            if key not in tok or tok[key] in (None, ""):
-                raise ConfigError(f"data_preparation.tokenizer.{key} is not set (it defaults to training.tokenizer)")
+        """The settings of a data_preparation section; ConfigError with every problem, one per line."""
+        if workers is not None:
+            dp = {**dp, "workers": workers}
+        problems = settings_problems(dp)
+        if problems:
+            raise ConfigError("\n".join(problems))
+        tok = dp["tokenizer"]
         return cls(
-            text_key=str(get("text_key")), format=str(get("format")), text_document=str(get("text_document")),
-            append_eod=_boolean(get("append_eod"), "append_eod"),
-            workers=resolve_workers(workers if workers is not None else get("workers")),
-            chunk_bytes=int(get("chunk_bytes")), keep_downloads=bool(get("keep_downloads")),
-            checksums_file=get("checksums_file"), download_dir=os.path.abspath(os.path.expanduser(get("download_dir"))),
-            download=DownloadOptions.from_config(get("download")),
+            text_key=dp["text_key"], format=dp["format"], text_document=dp["text_document"],
+            append_eod=dp["append_eod"], workers=resolve_workers(dp["workers"]),
+            chunk_bytes=int(dp["chunk_bytes"]), keep_downloads=dp["keep_downloads"],
+            checksums_file=dp["checksums_file"], download_dir=os.path.abspath(os.path.expanduser(dp["download_dir"])),
+            download=DownloadOptions.from_config(dp["download"]),
             tokenizer_type=str(tok["type"]), tokenizer_path=str(tok["path"]))
-
-
-def _boolean(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"data_preparation.{key}={value!r}: expected true or false")
-    return value
-
-
-def resolve_workers(value: Any) -> int:
-    """`auto` -> the CPUs this process may run on (a Slurm allocation restricts them)."""
-    if value == "auto":
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        n = 0
-    if n < 1:
-        raise ConfigError(f"data_preparation.workers={value!r}: expected a positive integer or auto")
-    return n
 
 
 class Pipeline:
@@ -327,7 +308,8 @@ class Pipeline:
     @property
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.s.tokenizer_type, self.s.tokenizer_path)
+            self._tokenizer = load_tokenizer(self.s.tokenizer_type, self.s.tokenizer_path,
+                                             key="data_preparation.tokenizer")
         return self._tokenizer
 
     @property

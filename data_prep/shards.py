@@ -189,6 +189,7 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
         raise ConfigError("data_preparation.inputs is empty: list files, globs or URLs, e.g. "
                           "'data_preparation.inputs=[/data/corpus/*.jsonl.zst]'")
     uris: list[str] = []
+    unmatched: list[str] = []  # all of them in one line: fixing one at a time would take a run each
     for entry in inputs:
         entry = str(entry)
         if is_url(entry):
@@ -198,8 +199,11 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
             matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
             matches = [m for m in matches if not os.path.isdir(m)]
             if not matches or not all(os.path.exists(m) for m in matches):
-                raise ConfigError(f"data_preparation.inputs: nothing matches {entry}")
+                unmatched.append(entry)
+                continue
         uris.extend(m for m in matches if m not in uris)
+    if unmatched:
+        raise ConfigError(f"data_preparation.inputs: nothing matches {', '.join(unmatched)}")
     sources = [_source(cfg, uri) for uri in uris]
     out_dir = _output_dir(cfg)
     if required(cfg, "merge"):

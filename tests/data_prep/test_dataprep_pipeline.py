@@ -109,7 +109,7 @@ def test_workers_and_chunking_never_change_the_bytes(tmp_path, capsys, tokenizer
               str(write_shard(tmp_path / "b.json.gz", make_docs(300, seed=12)).path)]
     spec = ("huggingface", tokenizers_dir["huggingface"])
     outputs = []
-    for workers, chunk in [(1, 1 << 20), (2, 1024), (3, 3000)]:
+    for workers, chunk in [(1, 1 << 20), (2, 4096), (3, 5000)]:  # (4096: the smallest chunk_bytes allowed)
         out = tmp_path / f"out_{workers}"
         cfg = write_config(tmp_path / f"c{workers}.yaml", "files", spec, out, inputs=inputs, workers=workers,
                            chunk_bytes=chunk)
@@ -195,7 +195,7 @@ def test_unusable_tokenizer_is_one_clear_error(tmp_path, capsys):
                        inputs=[str(src.path)], workers=1)
     rc, _, stderr = run_cli(capsys, "run", "--config", cfg)
     assert rc == 2 and stderr.strip().splitlines() == [
-        f"data_prep: error: tokenizer path {tmp_path / 'nope.model'} does not exist "
+        f"data_prep: error: data_preparation.tokenizer.path={tmp_path / 'nope.model'} does not exist "
         "(and is not a hub id like org/name)"]
 
 
@@ -374,3 +374,78 @@ def test_shard_lock_is_released_on_every_way_out(tmp_path, error):
                 pass
         assert os.path.exists(prefix + ".lock")
     assert not os.path.exists(prefix + ".lock")
+
+
+@pytest.mark.parametrize("override, line", [
+    ("chunk_bytes=0", "data_preparation.chunk_bytes=0: expected a number of bytes from 4096 to 1073741824"),
+    ("chunk_bytes=-5", "data_preparation.chunk_bytes=-5: expected a number of bytes from 4096"),
+    ("chunk_bytes=abc", "data_preparation.chunk_bytes='abc': expected a number of bytes from 4096"),
+    ("workers=0", "data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"),
+    ("workers=abc", "data_preparation.workers='abc': expected a positive integer (tokenizer processes) or auto"),
+    ("keep_downloads=maybe", "data_preparation.keep_downloads='maybe': expected true or false"),
+    ("download.timeout_s=0", "data_preparation.download.timeout_s=0: expected seconds, above 0"),
+])
+def test_bad_settings_stop_before_anything_is_written(tmp_path, capsys, tokenizers_dir, override, line):
+    src = write_shard(tmp_path / "a.jsonl", make_docs(3, seed=2))
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out,
+                       inputs=[str(src.path)], workers=1)
+    rc, stdout, stderr = run_cli(capsys, "run", "--config", cfg, f"data_preparation.{override}")
+    assert rc == 2 and len(stderr.splitlines()) == 1 and stderr.startswith(f"data_prep: error: {line}"), stderr
+    assert not stdout and not out.exists()
+
+
+def test_every_bad_setting_is_reported_at_once(tmp_path, capsys, tokenizers_dir):
+    src = write_shard(tmp_path / "a.jsonl", make_docs(3, seed=2))
+    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
+                       tmp_path / "out", inputs=[str(src.path), str(tmp_path / "gone.jsonl"), "/nowhere/*.txt"])
+    rc, _, stderr = run_cli(capsys, "run", "--config", cfg, "data_preparation.workers=0",
+                            "data_preparation.chunk_bytes=0", f"data_preparation.tokenizer.path={src.path}")
+    assert rc == 2
+    assert [line.split(": ")[2].split("=")[0] for line in stderr.splitlines()] == [
+        "data_preparation.workers", "data_preparation.chunk_bytes", "data_preparation.tokenizer.path",
+        "data_preparation.inputs"]
+    assert f"nothing matches {tmp_path / 'gone.jsonl'}, /nowhere/*.txt" in stderr
+
+
+def test_zero_chunk_bytes_cannot_hang(tmp_path, tokenizers_dir):
+    """It used to spin forever at 100% CPU once the input was read; now the config is refused."""
+    src = write_shard(tmp_path / "a.jsonl", make_docs(3, seed=2))
+    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
+                       tmp_path / "out", inputs=[str(src.path)], workers=1, chunk_bytes=0)
+    proc = subprocess.run([sys.executable, "-m", "data_prep", "run", "--config", str(cfg), "--no-progress"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "data_prep: error: data_preparation.chunk_bytes=0: expected a number of bytes from 4096 to 1073741824 "
+        "(default 262144; it only tunes speed)"]
+
+
+@pytest.mark.parametrize("kind, name, says", [
+    ("huggingface", "empty_dir", "is a directory without tokenizer.json"),
+    ("huggingface", "sp_model",
+     "is a sentencepiece model, not a Hugging Face tokenizer: set data_preparation.tokenizer.type=sentencepiece"),
+    ("sentencepiece", "corpus", "is a JSON lines file (a corpus?), not a sentencepiece model"),
+])
+def test_tokenizer_of_the_wrong_kind_is_one_line(tmp_path, capsys, tokenizers_dir, kind, name, says):
+    src = write_shard(tmp_path / "a.jsonl", make_docs(3, seed=2))
+    (tmp_path / "empty_dir").mkdir()
+    path = {"empty_dir": str(tmp_path / "empty_dir"), "sp_model": tokenizers_dir["sentencepiece"],
+            "corpus": str(src.path)}[name]
+    cfg = write_config(tmp_path / "c.yaml", "files", (kind, path), tmp_path / "out", inputs=[str(src.path)])
+    rc, _, stderr = run_cli(capsys, "run", "--config", cfg)
+    (line,) = stderr.splitlines()
+    assert rc == 2 and line.startswith(f"data_prep: error: data_preparation.tokenizer.path={path} {says}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_truncated_local_input_names_the_file_and_keeps_it(tmp_path, capsys, tokenizers_dir):
+    whole = write_shard(tmp_path / "w.jsonl.gz", make_docs(300, seed=2), frames=1).path.read_bytes()
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    out = tmp_path / "out"
+    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out,
+                       inputs=[str(tmp_path / "cut.jsonl.gz")], workers=1)
+    rc, _, stderr = run_cli(capsys, "run", "--config", cfg)
+    (line,) = [x for x in stderr.splitlines() if x.startswith("data_prep: shard")]
+    assert rc == 1 and f"cannot read {tmp_path / 'cut.jsonl.gz'}: gzip data ends in the middle of a frame" in line
+    assert line.endswith("(the file is truncated); replace it with a complete copy") and "download" not in line
+    assert (tmp_path / "cut.jsonl.gz").exists() and sorted(p.name for p in out.iterdir()) == []

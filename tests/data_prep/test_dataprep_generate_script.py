@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+
+import pytest
 
 from dataprep_helpers import REPO
 
@@ -42,3 +45,39 @@ def test_environment_and_passthrough(tmp_path):
 def test_stage_path_follows_the_dataset(tmp_path):
     args = args_of(tmp_path, {"DATASET": "c4", "STAGE_PATH": "/s"})
     assert "data_preparation=c4" in args and "data_preparation.output_dir='/s/data/c4'" in args
+
+
+VARIABLES = ("DATASET", "STAGE_PATH", "TOKENIZER_PATH", "TOKENIZER_TYPE", "FILE_NUMBERS", "WORKERS", "HF_TOKEN",
+             "PYTHON")
+
+
+def run_script(tmp_path, python: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "generate_dataset.sh"), *args], env={**os.environ, "PYTHON": python},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_is_the_wrappers_own_usage(tmp_path, flag):
+    called = tmp_path / "called"
+    stub = tmp_path / "python"
+    stub.write_text(f"#!/bin/sh\ntouch {called}\n")
+    stub.chmod(0o755)
+    out = run_script(tmp_path, str(stub), "cluster=bcm", flag)
+    assert out.returncode == 0 and out.stdout.startswith("usage: bash generate_dataset.sh [HYDRA_OVERRIDE ...]\n")
+    assert all(f"\n  {name} " in out.stdout for name in VARIABLES), out.stdout
+    assert not any(line.startswith("#") for line in out.stdout.splitlines())
+    assert not out.stderr and not called.exists()  # the interpreter, and so main.py (Hydra), never ran
+
+
+def test_an_interpreter_without_the_projects_packages_is_one_line(tmp_path):
+    bare = tmp_path / "python"  # the same Python without site-packages: no hydra
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    bare.chmod(0o755)
+    out = run_script(tmp_path, str(bare))
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"generate_dataset.sh: {bare} ({bare}) cannot import hydra, which main.py needs; run it in the project's "
+        "environment (bash dev.sh bash generate_dataset.sh ...) or set PYTHON=/path/to/.venv/bin/python"]
+    out = run_script(tmp_path, "no-such-python3")
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "generate_dataset.sh: PYTHON=no-such-python3 not found; run it in the project's environment (bash dev.sh "
+        "bash generate_dataset.sh ...) or set PYTHON=/path/to/.venv/bin/python"]

@@ -44,8 +44,13 @@ if [ -z "${SKIP_TOKENIZER:-}" ]; then
 import os
 import sys
 
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+
+def first_line(err):
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].removeprefix("Got: ")
+
 
 repo, target = sys.argv[1], sys.argv[2]
 try:
@@ -57,8 +62,14 @@ except GatedRepoError:
              f"https://huggingface.co/{repo} with the account of the token")
 except RepositoryNotFoundError:
     sys.exit(f"setup: {repo} not found, or HF_TOKEN is not valid for it")
+except LocalEntryNotFoundError as err:  # what the hub client raises when it cannot reach the hub (or is offline)
+    why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE
+           else f"the Hugging Face hub ({constants.ENDPOINT}) cannot be reached from here")
+    sys.exit(f"setup: downloading the tokenizer {repo} failed: {why} and no copy is cached ({first_line(err)}); "
+             f"check the network or the proxy (HTTPS_PROXY), or run setup.sh where the hub is reachable and copy "
+             f"{target} here (SKIP_TOKENIZER=1 skips this step)")
 except HfHubHTTPError as err:
-    sys.exit(f"setup: downloading {repo} failed: {err}")
+    sys.exit(f"setup: downloading {repo} failed: {first_line(err)}")
 EOF
     echo "setup: tokenizer ready; use it with training.tokenizer.path=$TOKENIZER_DIR (data preparation follows it)"
 fi

@@ -32,14 +32,14 @@ sys.path.insert(0, REPO)
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from data_prep.download import DownloadOptions  # noqa: E402
 from data_prep.pipeline import Pipeline, Settings, megatron_indexed_dataset  # noqa: E402
 from data_prep.shards import Shard, Source  # noqa: E402
 from data_prep.tokenizer import load_tokenizer  # noqa: E402
 from data_prep.train_tokenizer import train_bpe, train_sentencepiece  # noqa: E402
 
-# The pipeline runs with the configs' own chunk size.
-CHUNK_BYTES = int(OmegaConf.load(os.path.join(REPO, "conf", "data_preparation", "files.yaml")).chunk_bytes)
+# The pipeline runs with the files dataset's own settings (its chunk size among them).
+FILES_YAML = os.path.join(REPO, "conf", "data_preparation", "files.yaml")
+CHUNK_BYTES = int(OmegaConf.load(FILES_YAML).chunk_bytes)
 
 
 def make_corpus(path: str, docs: int, seed: int) -> int:
@@ -109,10 +109,17 @@ def split_corpus(corpus: str, parts: int) -> list[str]:
     return paths
 
 
+def pipeline_settings(out_dir: str, tok_type: str, tok_path: str, workers: int) -> Settings:
+    """files.yaml's settings through Settings.from_config, as `python -m data_prep run` builds them: a setting
+    added to the pipeline reaches the benchmark with its default instead of breaking it."""
+    dp = OmegaConf.to_container(OmegaConf.load(FILES_YAML))  # unresolved: the keys below replace what is not
+    dp.update(output_dir=out_dir, download_dir=out_dir, workers=workers,
+              tokenizer={"type": tok_type, "path": tok_path})
+    return Settings.from_config(dp)
+
+
 def pipeline(corpus: str, out_dir: str, tok_type: str, tok_path: str, workers: int) -> tuple[int, int]:
-    settings = Settings(text_key="text", format="auto", text_document="line", workers=workers,
-                        chunk_bytes=CHUNK_BYTES, keep_downloads=True, checksums_file=None, download_dir=out_dir,
-                        download=DownloadOptions(0, 0.0, 0.0, 10.0), tokenizer_type=tok_type, tokenizer_path=tok_path)
+    settings = pipeline_settings(out_dir, tok_type, tok_path, workers)
     shard = Shard(0, "bench", os.path.join(out_dir, f"bench_{tok_type}_{workers}_text_document"),
                   (Source(corpus, corpus, "none", "jsonl"),))
     (result,) = Pipeline(settings, log=lambda _: None).run([shard], force=True, progress=False)

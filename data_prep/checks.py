@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from data_prep.config import settings_and_shards
-from data_prep.shards import Shard
+from data_prep.shards import MARKER_SUFFIX, Shard
 from data_prep.tokenizer import TOKENIZER_TYPES, TokenizerError, is_hub_id, load_tokenizer
 
-MARKER_SUFFIX = ".done.json"  # data_prep.pipeline's done marker (pipeline imports numpy: not imported here)
 # megatron-core's .idx layout (megatron/core/datasets/indexed_dataset.py, _IndexWriter): magic, version
 # (<Q, 1), dtype code (<B), sequence count (<Q), document count (<Q), then int32 sequence lengths, int64
 # sequence pointers (byte offsets into the .bin), int64 document indices, and for multimodal data one int8

@@ -26,10 +26,9 @@ from data_prep.download import DownloadError, DownloadOptions, download, read_ch
 from data_prep.encode import EXAMPLES_PER_REASON
 from data_prep.progress import human, progress_bar
 from data_prep.readers import SourceError, iter_chunks
-from data_prep.shards import ConfigError, Shard
+from data_prep.shards import MARKER_SUFFIX, ConfigError, Shard
 from data_prep.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
-MARKER_SUFFIX = ".done.json"
 FORMAT_VERSION = 1
 # Errors whose message is the whole story; anything else also prints a traceback.
 EXPECTED_ERRORS = (ConfigError, DownloadError, SourceError, TokenizerError, OSError)

@@ -14,6 +14,8 @@ from urllib.parse import unquote, urlparse
 
 # megatron's preprocess_data names outputs <prefix>_<json key>_<level>; training configs expect this suffix.
 OUTPUT_SUFFIX = "_text_document"
+# <prefix>.done.json: written last, once a shard's .bin/.idx are complete (data_prep.pipeline).
+MARKER_SUFFIX = ".done.json"
 DATASETS = ("pile", "c4", "files")
 _COMPRESSIONS = {".zst": "zstd", ".zstd": "zstd", ".gz": "gzip"}
 _JSON_EXTS = (".jsonl", ".json", ".ndjson")

@@ -49,7 +49,7 @@ def training_entry(run_dir: Path) -> list[str]:
 
 
 def preflight_entry(run_dir: Path) -> list[str]:
-    """The network preflight every rank of the training job's shape runs (recipes/preflight.py)."""
+    """The network preflight every rank of the training job's shape runs (recipes/observability/preflight.py)."""
     return ["python", "-m", "recipes.preflight", "--run-dir", str(run_dir)]
 
 
@@ -64,7 +64,7 @@ def torchrun_command(num_gpus: int, run_dir: Path, entry: list[str] | None = Non
 
 
 def stack_check_command(run_dir: Path) -> list[str]:
-    """The check every rank runs first (recipes/stack.py), once before the ranks start: a mismatch is then one
+    """The check every rank runs first (common/stack.py), once before the ranks start: a mismatch is then one
     line and exit status 2 rather than one failure per rank."""
     return ["python", "-m", "recipes.stack", "check", "--run-dir", str(run_dir)]
 
@@ -80,10 +80,10 @@ def data_check_command(run_dir: Path) -> list[str]:
 
 
 def export_hf_command(cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
-    """The newest complete checkpoint of the run to Hugging Face format (recipes/export_hf.py)."""
+    """The newest complete checkpoint of the run to Hugging Face format (recipes/hf/exporter.py)."""
     ckpt = cfg["training"]["checkpoint"]
     out = ckpt.get("export_dir") or str(run_dir / "hf")
-    return ["python", "-m", "recipes.export_hf", "--checkpoint", str(run_dir / "checkpoints"), "--out", str(out),
+    return ["python", "-m", "recipes.hf.exporter", "--checkpoint", str(run_dir / "checkpoints"), "--out", str(out),
             "--max-shard-size", str(ckpt["export_max_shard_size"])]
 
 

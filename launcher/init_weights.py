@@ -1,6 +1,6 @@
 """Checks of the weights a run starts from (training.checkpoint.init_from / init_from_hf) that the plan makes on
 the host: a Hugging Face config.json is compared with training.model when the directory can be read from here
-(the GPU-side module that does it, recipes.hf_config, is plain Python and json)."""
+(the module that does it on the GPU side too, common/hf_config.py, is plain Python and json)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 
 def init_problems(cfg: Mapping[str, Any], num_nodes: int) -> list[str]:
-    from recipes import hf_config
+    from common import hf_config
 
     ckpt = cfg["training"]["checkpoint"]
     value = ckpt.get("init_from_hf")
@@ -22,7 +22,7 @@ def init_problems(cfg: Mapping[str, Any], num_nodes: int) -> list[str]:
     if hf_config.is_hub_id(value):
         if num_nodes > 1:
             return [f"{key}={value} is a hub id, which rank 0 downloads on its node only; for a {num_nodes}-node job "
-                    f"fetch it into a directory every node sees (python -m recipes.hf_import fetch {value} "
+                    f"fetch it into a directory every node sees (python -m recipes.hf.importer fetch {value} "
                     f"--local-dir /shared/models/{value.split('/')[-1]}) and set {key} to it"]
         directory = hf_config.cached_snapshot(value)
         if directory is None:

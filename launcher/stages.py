@@ -64,7 +64,7 @@ def _unsupported(cfg: Mapping[str, Any], platform: Platform, selected: list[str]
     problems = []
     if "export" in selected and platform.export_job is None:
         problems.append(f"stages has export but cluster={name} has no export job yet: drop export from stages and "
-                        "run `python -m recipes.export_hf --checkpoint RUN_DIR/checkpoints --out DIR` where the "
+                        "run `python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints --out DIR` where the "
                         "checkpoint is")
     if "preflight" in selected and platform.preflight_job is None:
         problems.append(f"stages has preflight but cluster={name} has no preflight job yet: drop preflight from "

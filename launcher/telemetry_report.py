@@ -1,6 +1,6 @@
-"""GPU telemetry in the report: RUN_DIR/telemetry/<node>.csv (written by recipes/telemetry.py) summarised per GPU
-over the training steps, GPUs whose utilisation or SM clock stays far below their peers flagged, and
-RUN_DIR/telemetry.png with every metric over time."""
+"""GPU telemetry in the report: RUN_DIR/telemetry/<node>.csv (written by recipes/observability/telemetry.py)
+summarised per GPU over the training steps, GPUs whose utilisation or SM clock stays far below their peers flagged,
+and RUN_DIR/telemetry.png with every metric over time."""
 from __future__ import annotations
 
 import csv

@@ -16,8 +16,8 @@ from launcher.config import compose
 from launcher.hardware import LocalGpus
 from launcher.plan import build_plan
 from launcher.rundir import write_run_dir
-from recipes import preflight
-from recipes.preflight import MIB, Measurement
+from recipes.observability import preflight
+from recipes.observability.preflight import MIB, Measurement
 
 REPO = Path(__file__).resolve().parents[2]
 

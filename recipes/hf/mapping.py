@@ -4,7 +4,7 @@ one `linear_qkv`, gate and up into one `linear_fc1`, and pads the vocabulary.
 
 The table is in terms of megatron's *global* tensors as dist_checkpointing names them (`decoder.layers.<name>`
 with the layer as a leading axis, `embedding.word_embeddings.weight`, ...): every parallel layout is a slicing
-of those, so the import (recipes/hf_import.py), the export (recipes/export_hf.py) and the tests share it."""
+of those, so the import (recipes/hf/importer.py), the export (recipes/hf/exporter.py) and the tests share it."""
 from __future__ import annotations
 
 from dataclasses import dataclass

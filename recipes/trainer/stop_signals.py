@@ -25,7 +25,7 @@ class StopSignal:
         self.received = signum
 
     def agreed(self) -> bool:
-        from recipes.distributed import any_rank
+        from recipes.trainer.distributed import any_rank
 
         return any_rank(self.received is not None)
 

@@ -182,7 +182,7 @@ class Tracker:
     def _open_wandb(self, cfg, plan, wandb_cfg: Mapping[str, Any], resume_step: int) -> None:
         import wandb
 
-        from recipes.stop_signals import helpers_immune_to_stop_signals
+        from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
         self.wandb_mode = wandb_mode(wandb_cfg.get("mode") or "auto")
         run_id = wandb_run_id(self.run_dir, lambda: secrets.token_hex(6))

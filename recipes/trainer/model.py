@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 import torch
 
-from recipes import settings
+from recipes.trainer import settings
 
 
 def unwrap(chunk):

@@ -1,7 +1,7 @@
 """Export a checkpoint of this recipe to Hugging Face `LlamaForCausalLM` (what transformers, vLLM and
 lm-eval-harness read):
 
-    python -m recipes.export_hf --checkpoint RUN_DIR/checkpoints/iter_0001000 --out DIR
+    python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints/iter_0001000 --out DIR
 
 writes `model-0000K-of-0000N.safetensors` shards with `model.safetensors.index.json`, `config.json`,
 `generation_config.json` and the run's tokenizer files. It reads the dist_checkpointing checkpoint of any
@@ -24,7 +24,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from recipes import hf, hf_config
+from common import hf_config
+from recipes.hf import mapping
 
 INDEX = "model.safetensors.index.json"
 MANIFEST = ".export.json"
@@ -40,7 +41,7 @@ class ExportError(ValueError):
 # --------------------------------------------------------------------------- reading the checkpoint
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """An `iter_NNNNNNN` directory, or a run directory / its checkpoints/ (then the newest complete one)."""
-    from recipes.checkpoint import STATE_FILE, latest_checkpoint
+    from recipes.trainer.checkpoint import STATE_FILE, latest_checkpoint
 
     path = Path(path).expanduser().absolute()
     if path.is_dir() and not (path / STATE_FILE).exists() and not (path / ".metadata").exists():
@@ -94,7 +95,7 @@ class DistCheckpoint:
                 raise ExportError(f"{self.path} has no tensor {name}; is it a checkpoint of this recipe's model?")
             size = list(self.tensors[name].size)
             return name, [0] * len(size), size
-        numbered = f"{hf.LAYER_PREFIX}{layer}.{hf.layer_suffix(name)}"
+        numbered = f"{mapping.LAYER_PREFIX}{layer}.{mapping.layer_suffix(name)}"
         if numbered in self.tensors:  # non-homogeneous layout: one key per layer
             size = list(self.tensors[numbered].size)
             return numbered, [0] * len(size), size
@@ -204,8 +205,8 @@ class HFTensors:
     def __init__(self, ckpt: DistCheckpoint, model: Mapping[str, Any]):
         self.ckpt, self.model = ckpt, model
         self.source: dict[str, tuple[str, int | None]] = {}
-        for name, layer in hf.global_names(model):
-            for piece in hf.pieces(name, layer, model, model["vocab_size"]):
+        for name, layer in mapping.global_names(model):
+            for piece in mapping.pieces(name, layer, model, model["vocab_size"]):
                 self.source[piece.hf_name] = (name, layer)
         self._cached: tuple[tuple[str, int | None], dict[str, Any]] | None = None
 
@@ -217,7 +218,7 @@ class HFTensors:
         if self._cached is None or self._cached[0] != where:
             self._cached = None  # free the previous megatron tensor before reading the next
             tensor = self.ckpt.read(*where)
-            self._cached = (where, hf.split_to_hf(where[0], where[1], tensor, self.model))
+            self._cached = (where, mapping.split_to_hf(where[0], where[1], tensor, self.model))
         return self._cached[1][hf_name]
 
 
@@ -273,7 +274,7 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config:
     tensors = HFTensors(ckpt, model)
     ckpt.check_files(tensors.checkpoint_keys())
     itemsize = _ITEMSIZE[dtype]
-    shapes = hf.hf_shapes(model)
+    shapes = mapping.hf_shapes(model)
     shards = shard_plan(shapes, itemsize, max_shard_bytes)
     _prepare_out(out, {"checkpoint": str(path), "dtype": dtype, "shards": shards})
 

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
-from recipes.stop_signals import helpers_immune_to_stop_signals
+from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
 # The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
 BATCH_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")

@@ -42,7 +42,7 @@ def precision_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[tupl
 def run_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any], run_name: str, gpu_name: str,
              init_checkpoint_step: int) -> list[tuple[str, Any]]:
     """Every key logged once before run_start, with the values this run trains with."""
-    from recipes.data import eval_samples
+    from recipes.trainer.data import eval_samples
 
     ml, train = cfg["mlperf"], cfg["training"]
     opt, sched = train["optimizer"], train["scheduler"]
@@ -133,7 +133,7 @@ class MLPerfLog:
         path = os.path.join(run_dir, cfg["mlperf"]["log_file"])
         # stack offset 3: the file and line in each event's metadata are the trainer's call of this class.
         writer = mllog.MLLogger(logger=_stream_logger(path), default_stack_offset=3,
-                                root_dir=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                                root_dir=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         log = cls(writer, cfg, plan, run_dir, gpu_name, clock)
         log._log("event", "cache_clear", cache_cleared)
         log._log("start", "init_start")
@@ -193,7 +193,7 @@ def start(run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], local_r
                          "--no-deps is enough)") from None
     import torch
 
-    from recipes.distributed import any_rank
+    from recipes.trainer.distributed import any_rank
 
     dropped = drop_page_cache() if ml["drop_caches"] and local_rank == 0 else True
     cleared = bool(ml["drop_caches"]) and not any_rank(not dropped)

@@ -10,7 +10,7 @@ data-parallel ranks read the same as their tensor/pipeline peer. A rank's host m
 A hub id is downloaded once, by rank 0, into the Hugging Face cache (HF_TOKEN for gated models) while the other
 ranks wait; compute nodes without internet use a directory fetched beforehand:
 
-    python -m recipes.hf_import fetch meta-llama/Llama-3.1-8B --local-dir /shared/models/Llama-3.1-8B
+    python -m recipes.hf.importer fetch meta-llama/Llama-3.1-8B --local-dir /shared/models/Llama-3.1-8B
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from recipes import hf, hf_config
-from recipes.hf_config import KEY, HFConfigError
+from common import hf_config
+from common.hf_config import KEY, HFConfigError
+from recipes.hf import mapping
 
 INDEX = "model.safetensors.index.json"
 READ_BLOCK_BYTES = 64 * 2**20
@@ -151,7 +152,7 @@ def read_region(src: SafetensorsDir, name: str, layer: int | None, model: Mappin
     first, last = start[0], start[0] + size[0]
     out = None
     row = 0
-    for piece in hf.pieces(name, layer, model, padded_vocab):
+    for piece in mapping.pieces(name, layer, model, padded_vocab):
         lo, hi = max(first, row), min(last, row + piece.rows)
         if lo < hi:
             if out is None:
@@ -173,7 +174,7 @@ def read_region(src: SafetensorsDir, name: str, layer: int | None, model: Mappin
 
 def read_sharded_tensor(src: SafetensorsDir, sh_ten, model: Mapping[str, Any], padded_vocab: int):
     """The local data of one of megatron's ShardedTensors, from the Hugging Face files."""
-    name, layer = hf.global_key(sh_ten.key)
+    name, layer = mapping.global_key(sh_ten.key)
     start, size = list(sh_ten.global_offset), list(sh_ten.local_shape)
     if sh_ten.prepend_axis_num:  # layers stacked along a leading axis: the offset there is the layer
         layer = start[0]
@@ -195,10 +196,10 @@ def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_voc
     from megatron.core.dist_checkpointing.utils import force_all_tensors_to_non_fp8
     from tqdm import tqdm
 
-    from recipes.model import unwrap
+    from recipes.trainer.model import unwrap
 
     src = SafetensorsDir(directory)
-    src.check_shapes(hf.hf_shapes(model))
+    src.check_shapes(mapping.hf_shapes(model))
     say(f"initialising weights from Hugging Face {directory}")
     prepared = []
     for chunk in chunks:
@@ -297,7 +298,7 @@ def locate(value: str, run_dir: str, rank: int) -> str:
     path = _wait_for_marker(marker, value)
     if not Path(path, "config.json").is_file():
         raise SourceError(f"rank {rank} cannot see {path}, where rank 0 downloaded {value}: set HF_HOME to a "
-                          "shared filesystem, or fetch it first (python -m recipes.hf_import fetch "
+                          "shared filesystem, or fetch it first (python -m recipes.hf.importer fetch "
                           f"{value} --local-dir DIR) and set {KEY}=DIR")
     return path
 
@@ -306,7 +307,7 @@ def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | Non
     """The checked Hugging Face directory this run starts from, or None (not configured, or the run resumes from
     a checkpoint of its own). Runs on every rank before any GPU work; a problem ends the process with one line
     (printed by rank 0, or by the rank that alone has it)."""
-    from recipes.checkpoint import latest_checkpoint
+    from recipes.trainer.checkpoint import latest_checkpoint
 
     ckpt = cfg["training"]["checkpoint"]
     value = ckpt.get("init_from_hf")

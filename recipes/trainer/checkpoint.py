@@ -10,8 +10,8 @@ import re
 import shutil
 from typing import Any, Callable
 
-from recipes.model import unwrap
-from recipes.stop_signals import helpers_immune_to_stop_signals
+from recipes.trainer.model import unwrap
+from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "train_state.json"

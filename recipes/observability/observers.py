@@ -1,12 +1,12 @@
-"""What the trainer calls so a run can be watched: experiment tracking (recipes/tracking.py), the profiling window
-(recipes/profiling.py) and GPU telemetry (recipes/telemetry.py), each only where its config enables it and on the
-ranks that do it. Every call is cheap and safe when the feature is off."""
+"""What the trainer calls so a run can be watched: experiment tracking (recipes/observability/tracking.py), the
+profiling window (recipes/observability/profiling.py) and GPU telemetry (recipes/observability/telemetry.py), each
+only where its config enables it and on the ranks that do it. Every call is cheap and safe when the feature is off."""
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Iterator, Mapping
 
-from recipes import profiling, telemetry, tracking
+from recipes.observability import profiling, telemetry, tracking
 
 
 # Ranges during which the GPUs do something other than training steps.
@@ -26,7 +26,7 @@ def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
 
 class Observers:
     """Holds the telemetry sampler, the profiling window and the tracker of this rank. Made from the rank's
-    environment (recipes.distributed.RankInfo) before the process group and the model exist."""
+    environment (recipes.trainer.distributed.RankInfo) before the process group and the model exist."""
 
     def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], info: Any):
         self.run_dir, self.cfg, self.plan = run_dir, cfg, plan

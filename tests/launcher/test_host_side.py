@@ -9,7 +9,7 @@ import pytest
 
 from launcher_helpers import REPO
 
-HOST_FILES = sorted([*(REPO / "launcher").glob("*.py"), *(REPO / "common").rglob("*.py"), REPO / "main.py"])
+HOST_FILES = sorted([*(REPO / "launcher").rglob("*.py"), *(REPO / "common").rglob("*.py"), REPO / "main.py"])
 
 
 @pytest.mark.parametrize("path", HOST_FILES, ids=lambda p: str(p.relative_to(REPO)))

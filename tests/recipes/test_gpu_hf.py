@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import compose
-from launcher.hardware import LocalGpus
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.plan.hardware import LocalGpus
 from test_gpu_model import single_rank  # noqa: F401  (fixture: a one-rank NCCL world in this process)
 from test_gpu_training import gpu_count, main_py, read_metrics
 

@@ -4,9 +4,9 @@ import socket
 
 import pytest
 
-from launcher.config import compose
-from launcher.hardware import LocalGpus
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.plan.hardware import LocalGpus
 
 pytestmark = pytest.mark.gpu
 

@@ -149,7 +149,7 @@ def test_torch_profile_window_of_two_steps_has_kernels(observed):
 
 
 def test_telemetry_has_every_gpu_busy_during_steps_and_the_report_plots_it(observed):
-    from launcher import telemetry_report
+    from launcher.report import telemetry as telemetry_report
 
     run_dir = observed["run_dir"]
     rows = telemetry_report.load(run_dir)

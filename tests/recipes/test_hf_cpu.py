@@ -20,9 +20,9 @@ pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
 from common import hf_config  # noqa: E402
-from launcher.config import compose  # noqa: E402
-from launcher.hardware import LocalGpus  # noqa: E402
-from launcher.plan import build_plan  # noqa: E402
+from launcher.config.compose import compose  # noqa: E402
+from launcher.plan.build import build_plan  # noqa: E402
+from launcher.plan.hardware import LocalGpus  # noqa: E402
 from recipes.hf import exporter, importer, mapping  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -361,7 +361,7 @@ def fake_hub_snapshot(cache: Path, repo_id: str, **changes) -> Path:
 
 def test_the_plan_checks_a_cached_hub_id_and_refuses_one_for_several_nodes(tmp_path, monkeypatch):
     from launcher.cli import prepare
-    from launcher.plan import PlanError
+    from launcher.plan.errors import PlanError
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     fake_hub_snapshot(tmp_path / "hub", "meta-llama/Llama-3.1-8B", num_hidden_layers=80)

@@ -22,9 +22,9 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("safetensors")
 
 import cpu_megatron  # noqa: E402
-from launcher.config import compose  # noqa: E402
-from launcher.hardware import LocalGpus  # noqa: E402
-from launcher.plan import build_plan  # noqa: E402
+from launcher.config.compose import compose  # noqa: E402
+from launcher.plan.build import build_plan  # noqa: E402
+from launcher.plan.hardware import LocalGpus  # noqa: E402
 from recipes.hf import exporter, importer, mapping  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from launcher.config import compose
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
 from recipes.observability import profiling, telemetry, tracking
 from recipes.observability.observers import Observers
 from recipes.trainer import metrics
@@ -59,8 +59,8 @@ def test_scalars_cover_every_metric_and_leave_out_absent_ones():
 FIRST_SEGMENT = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from launcher.config import compose
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
 from recipes.observability import tracking
 from recipes.trainer import metrics
 cfg = compose([]); plan = build_plan(cfg).to_json_dict()
@@ -150,8 +150,8 @@ def wandb_history(run: Path) -> tuple[dict, dict[int, dict]]:
 WANDB_SEGMENTS = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from launcher.config import compose
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
 from recipes.observability import tracking
 from recipes.trainer import metrics
 cfg = compose(["logging.wandb.enabled=true", "logging.wandb.mode=offline", "logging.tensorboard=false"])
@@ -363,7 +363,7 @@ def test_a_uuid_nvml_does_not_know_falls_back_to_the_cuda_order(tmp_path):
 
 
 def test_the_sampler_thread_writes_the_csv_the_report_reads_and_a_resume_appends(tmp_path):
-    from launcher import telemetry_report
+    from launcher.report import telemetry as telemetry_report
 
     nvml = FakeNvml()
     for step in (5, 9):  # two starts of the same run (a resume) write into one file

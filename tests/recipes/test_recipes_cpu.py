@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from launcher.config import compose
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
 from recipes.hf import mapping
 from recipes.trainer import checkpoint, data, metrics, settings, stop_signals
 from recipes.trainer.distributed import rank_info
@@ -105,7 +105,7 @@ def test_userbuffer_shape_is_one_cp_shard_of_a_microbatch():
                                                (80, 8, 5, False), (6, 2, 2, True), (32, 1, None, False)])
 def test_plan_layer_split_matches_megatron(layers, pp, vp, asym):
     """The launcher's per-stage layer counts are what megatron-core builds on each pipeline rank."""
-    from launcher.plan import layers_per_pipeline_stage
+    from launcher.plan.formulas import layers_per_pipeline_stage
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
 

@@ -1,8 +1,8 @@
 """parallelism=auto: every layout of the search space (conf/parallelism/auto.yaml) on the job's GPUs, validated by
 the plan itself (build_plan: TP/PP/CP splits, batch divisibility, the memory estimate against the GPU), ranked by
-the step-time model (launcher/steptime.py). The pick becomes the run's layout as the overrides of an explicit layout
-(a named one when it has exactly these settings, else parallelism=custom), so the run directory is exactly what
-that command line gives; main.py prints it.
+the step-time model (launcher/autoconf/steptime.py). The pick becomes the run's layout as the overrides of an
+explicit layout (a named one when it has exactly these settings, else parallelism=custom), so the run directory is
+exactly what that command line gives; main.py prints it.
 """
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
-from launcher.config import CONF_DIR, compose, hydra_state_kept
-from launcher.hardware import LocalGpus, gpu_spec
-from launcher.plan import Plan, PlanError, build_plan
-from launcher.steptime import StepTime, predict
-from launcher.table import layout as layout_label
+from common.plan import Plan
+from launcher.autoconf.steptime import StepTime, predict
+from launcher.config.compose import CONF_DIR, compose, hydra_state_kept
+from launcher.plan.build import build_plan
+from launcher.plan.errors import PlanError
+from launcher.plan.hardware import LocalGpus, gpu_spec
+from launcher.plan.table import layout as layout_label
 
 Say = Callable[[str], None]
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from launcher.hardware import gpu_spec
-from launcher.plan import Plan
+from common.plan import Plan
+from launcher.plan.hardware import gpu_spec
 
 
 def layout(tp: int, pp: int, cp: int, vp: int | None, dp: int | None = None) -> str:

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher.commands import REPO, container_mounts
+from launcher.jobs.commands import REPO, container_mounts
 
 # Runtime -> the image file it runs and the container stage builds.
 IMAGE_SUFFIX = {"pyxis": ".sqsh", "apptainer": ".sif"}

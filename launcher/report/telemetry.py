@@ -11,9 +11,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
-from launcher import figures
+from launcher.report import figures
 
-CONF = Path(__file__).resolve().parent.parent / "conf" / "observability.yaml"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "observability.yaml"
 NUMERIC = ("time", "step", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib", "power_w", "temp_c",
            "sm_clock_mhz", "sm_clock_max_mhz")
 # Above this many GPUs the plot draws each node's median and the flagged GPUs, not every GPU.

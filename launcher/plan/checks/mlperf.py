@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from launcher.plan import Plan
+from common.plan import Plan
 
 
 def check(cfg: Mapping[str, Any], plan: Plan) -> tuple[list[str], list[str]]:

@@ -9,9 +9,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from launcher.config import CONF_DIR
-from launcher.hardware import gpu_spec
-from launcher.plan import Plan, model_flops_per_sample
+from common.plan import Plan
+from launcher.config.compose import CONF_DIR
+from launcher.plan.formulas import model_flops_per_sample
+from launcher.plan.hardware import gpu_spec
 
 PERF_DIR = CONF_DIR / "perf"
 MEASURED = PERF_DIR / "measured.yaml"
@@ -60,7 +61,7 @@ class Reference:
 def training_model(model: str) -> dict[str, Any]:
     """The architecture of a training config by plan.json's name (llama31_70b -> conf/training/llama31/70b.yaml):
     the full model, also for a run that overrode its layer count."""
-    from launcher.config import compose
+    from launcher.config.compose import compose
 
     family, _, size = model.partition("_")
     return compose([f"training={family}/{size}"])["training"]["model"]

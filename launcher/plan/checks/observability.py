@@ -1,13 +1,13 @@
 """Host side of conf/observability.yaml: the checks made before anything is written (profiling window, tracking,
-telemetry, preflight settings) and the `nsys profile` wrapper the launcher puts around the profiled ranks."""
+telemetry, preflight settings). The `nsys profile` wrapper the launcher puts around the profiled ranks is
+launcher/jobs/nsys.py."""
 from __future__ import annotations
 
-import shlex
 import shutil
-from pathlib import Path
 from typing import Any, Mapping
 
-from launcher.plan import Plan, PlanError
+from common.plan import Plan
+from launcher.plan.errors import PlanError
 
 WANDB_MODES = ("auto", "online", "offline")
 
@@ -82,29 +82,3 @@ def check(cfg: Mapping[str, Any], plan: Plan) -> list[str]:
     if problems:
         raise PlanError(problems)
     return warnings
-
-
-def nsys_entry(cfg: Mapping[str, Any], run_dir: Path, entry: list[str], rank_var: str) -> list[str] | None:
-    """`bash -c SCRIPT` that runs `entry` under `nsys profile` on the ranks in profile.ranks (read from the
-    launcher's rank variable, e.g. RANK or SLURM_PROCID) and plainly on the others; None unless profile.tool=nsys.
-    The trainer opens and closes the capture at the window (cudaProfilerStart/Stop); `--capture-range-end=stop`
-    keeps the run going after it."""
-    prof = cfg.get("profile") or {}
-    if not (prof.get("enabled") and prof.get("tool") == "nsys"):
-        return None
-    profile_dir = shlex.quote(str(run_dir / "profile"))
-    ranks = " ".join(str(r) for r in prof["ranks"])
-    nsys = ["nsys", "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-            "--force-overwrite=true", *[str(a) for a in prof.get("nsys_args") or []]]
-    command = shlex.join(entry)
-    script = "\n".join([
-        f"mkdir -p {profile_dir}",
-        f'if [[ " {ranks} " == *" ${rank_var} "* ]]; then',
-        f'  command -v nsys >/dev/null || {{ echo "profile.tool=nsys: nsys (Nsight Systems) is not on PATH on '
-        f'$(hostname) for rank ${rank_var}; install it in the job environment or use profile.tool=torch" >&2; '
-        "exit 1; }",
-        f'  exec {shlex.join(nsys)} --output={profile_dir}/nsys_rank"${rank_var}" {command}',
-        "fi",
-        f"exec {command}",
-    ])
-    return ["bash", "-c", script]

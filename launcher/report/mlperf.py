@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from launcher import figures
+from launcher.report import figures
 
 _MLLOG = re.compile(r":::MLLOG (\{.*\})")
 MAX_DROPPED_RUNS = 1  # result_summarizer.py: max_dropped_scores (1 for every benchmark but unet3d)

@@ -1,25 +1,20 @@
 """Throughput report: step time over a late window, tokens/s, tokens/s/GPU, TFLOPS/GPU, MFU (naming the peak)
 and days to train 1T tokens, for run directories or bare training logs (NeMo's progress lines included), plus a
-PNG of loss and step time per run.
-
-    python -m launcher.report results/RUN_A results/RUN_B
-    python -m launcher.report --rank results/llama31_8b_bf16_*      # fastest first, beside the model's prediction
-    python -m launcher.report nemo.log --gbs 128 --seq 8192 --gpus 64 --model llama31/70b --peak fp8
-"""
+PNG of loss and step time per run. The command line, `python -m launcher.report`, is launcher/report/__main__.py."""
 from __future__ import annotations
 
 import argparse
 import json
 import math
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from launcher.hardware import GPUS, gpu_spec
-from launcher import figures, mlperf_report, table, telemetry_report
-from launcher.plan import model_flops_per_sample
+from launcher.plan import table
+from launcher.plan.formulas import model_flops_per_sample
+from launcher.plan.hardware import GPUS, gpu_spec
+from launcher.report import figures, mlperf
 
 TOKENS_TO_TRAIN = 1e12
 
@@ -186,7 +181,7 @@ def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, 
         raise ValueError(f"{path}: no such file or directory")
     text = path.read_text(errors="replace")
     steps = parse_log(text)
-    for key, value in mlperf_report.sizes_from_mllog(text).items():  # an MLPerf log states its own sizes
+    for key, value in mlperf.sizes_from_mllog(text).items():  # an MLPerf log states its own sizes
         if not getattr(args, key):
             setattr(args, key, value)
     if args.plan:
@@ -206,7 +201,7 @@ def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, 
 
 
 def _model_config(model: str) -> dict[str, Any]:
-    from launcher.config import compose
+    from launcher.config.compose import compose
 
     name = model if "/" in model else f"llama31/{model}"
     try:
@@ -262,81 +257,3 @@ def plot(reports: Sequence[RunReport], path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return figures.save(fig, path)
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", type=Path, help="run directories and/or training log files")
-    p.add_argument("--window", help="positions START:END (half-open) of the logged steps to average; "
-                                    "default: 70%%..90%% of the run (35:45 of 50)")
-    p.add_argument("--rank", action="store_true", help="also rank the runs, fastest first, beside the step-time "
-                                                       "model's prediction for each (run directories)")
-    p.add_argument("--plot", type=Path, help="PNG to write (default: RUN_DIR/report.png for one run directory, "
-                                             "else ./report.png)")
-    bare = p.add_argument_group("for log files without a run directory")
-    bare.add_argument("--plan", help="a plan.json to take the sizes from")
-    bare.add_argument("--gbs", type=int, help="global batch size")
-    bare.add_argument("--seq", type=int, help="sequence length")
-    bare.add_argument("--gpus", type=int, help="number of GPUs")
-    bare.add_argument("--model", help="training config for FLOPs per sample, e.g. llama31/70b")
-    bare.add_argument("--gpu", default="h100", help="GPU type for the MFU peak (default h100)")
-    bare.add_argument("--peak", choices=("bf16", "fp8"), default="bf16",
-                      help="which peak MFU divides by (default bf16; compare FP8 runs in tokens/s/GPU)")
-    return p.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    window = None
-    if args.window:
-        try:
-            a, b = args.window.split(":")
-            window = (int(a), int(b))
-        except ValueError:
-            print(f"error: --window {args.window!r}: use START:END, e.g. 35:45", file=sys.stderr)
-            return 2
-    reports, mlperf_runs = [], []
-    try:
-        for path in args.paths:
-            runs = mlperf_report.load_runs(path)
-            mlperf_runs += runs
-            try:
-                info, steps = load(path, args)
-                reports.append(summarize(info, steps, window))
-            except ValueError as err:
-                if not runs:  # an MLPerf log without step timings (mllog.txt) still has its score
-                    raise
-                print(f"note: no throughput for {path}: {err}")
-    except (ValueError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = args.plot or (args.paths[0] / "report.png" if len(args.paths) == 1 and args.paths[0].is_dir()
-                        else Path("report.png"))
-    if reports:
-        print(format_table(reports))
-        peaks = sorted({f"{r.info.peak_label} = {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU"
-                        for r in reports if r.info.peak_flops})
-        print("step s: mean over the steps shown; MFU = GBS x model FLOPs per sample / step time / GPUs / peak"
-              + (f" ({'; '.join(peaks)})" if peaks else ""))
-        if args.rank:
-            from launcher.ranking import format_ranking  # imports this module
-
-            print(format_ranking(reports, [path if path.is_dir() else None for path in args.paths]))
-    if mlperf_runs:
-        print("\n" + mlperf_report.format_section(mlperf_runs))
-    try:
-        if reports:
-            print(f"plot: {plot(reports, out)}")
-        if mlperf_runs:
-            print(f"plot: {mlperf_report.plot(mlperf_runs, out.with_name(out.stem + '_mlperf.png'))}")
-    except ImportError:  # a training image without matplotlib still gets the table
-        print("plot: skipped, matplotlib is not installed")
-    for path in args.paths:  # GPU telemetry of each run directory that has it
-        if path.is_dir():
-            telemetry_report.report(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

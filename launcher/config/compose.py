@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:

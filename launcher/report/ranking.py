@@ -9,8 +9,8 @@ from typing import Sequence
 
 import yaml
 
-from launcher.report import RunReport
-from launcher.steptime import default_constants, predict
+from launcher.autoconf.steptime import default_constants, predict
+from launcher.report.throughput import RunReport
 
 
 def predicted_step_s(run_dir: Path | None) -> float | None:

@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher import commands, containers, observability
-from launcher.plan import Plan, PlanError
-from launcher.platforms import Platform, platform_of
-from launcher.render import Job
+from common.plan import Plan
+from launcher.jobs import commands
+from launcher.jobs.nsys import nsys_entry
+from launcher.jobs.render import Job
+from launcher.plan.errors import PlanError
+from launcher.platforms import Platform, containers, platform_of
 
 # Execution order; `stages=[...]` picks a subset, dependencies follow this order.
 STAGES = ("container", "data_preparation", "preflight", "training", "export")
@@ -114,7 +116,7 @@ def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
         jobs.append(platform.preflight_job(cfg, plan, run_dir))
     # profile.tool=nsys: the profiled ranks run under nsys, found by the platform's rank variable.
     entry = commands.training_entry(run_dir)
-    entry = observability.nsys_entry(cfg, run_dir, entry, platform.rank_variable or "RANK") or entry
+    entry = nsys_entry(cfg, run_dir, entry, platform.rank_variable or "RANK") or entry
     training, command = platform.training_job(cfg, plan, run_dir, entry)
     if "training" in selected:
         jobs.append(training)

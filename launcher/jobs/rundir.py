@@ -11,9 +11,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from launcher.plan import Plan
+from common.plan import Plan
+from launcher.jobs.render import Job
 from launcher.platforms import platform_of
-from launcher.render import Job
 
 
 def run_dir_of(cfg: Mapping[str, Any]) -> Path:

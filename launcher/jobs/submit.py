@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from launcher.render import Job
+from launcher.jobs.render import Job
 
 
 class SubmitError(RuntimeError):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher.commands import REPO
+from launcher.jobs.commands import REPO
 
 
 @dataclass

@@ -15,7 +15,7 @@
 - optimizer: the distributed optimizer's shard read and written at the HBM bandwidth.
 
 Every constant is data (conf/parallelism/auto.yaml: parallelism.auto.step_time) fit to measured runs
-(conf/perf/); `python -m launcher.steptime` prints the model against them. Left out: kernel-level detail (wave
+(conf/perf/); `python -m launcher.autoconf.steptime` prints the model against them. Left out: kernel-level detail (wave
 quantisation, attention backends), CPU-bound stalls, network contention between jobs, stragglers, FP8 scaling
 recipes, and anything that changes numerics.
 """
@@ -28,10 +28,12 @@ from typing import Any, Mapping
 
 import yaml
 
-from launcher.config import CONF_DIR, compose
-from launcher.hardware import gpu_spec
-from launcher.perfdata import MEASURED, measured_rows, measured_tokens_per_s_per_gpu, row_overrides
-from launcher.plan import Plan, build_plan, layer_parameters
+from common.plan import Plan
+from launcher.autoconf.perfdata import MEASURED, measured_rows, measured_tokens_per_s_per_gpu, row_overrides
+from launcher.config.compose import CONF_DIR, compose
+from launcher.plan.build import build_plan
+from launcher.plan.formulas import layer_parameters
+from launcher.plan.hardware import gpu_spec
 
 GB = 1e9
 ACT_BYTES = 2  # bf16 activations

@@ -77,5 +77,5 @@ fi
 if [ -n "${HF_WEIGHTS:-}" ]; then
     WEIGHTS_DIR=${WEIGHTS_DIR:-$PWD/models/$(basename "$HF_WEIGHTS")}
     echo "setup: weights: $HF_WEIGHTS -> $WEIGHTS_DIR"
-    bash dev.sh python -m recipes.hf_import fetch "$HF_WEIGHTS" --local-dir "$WEIGHTS_DIR"
+    bash dev.sh python -m recipes.hf.importer fetch "$HF_WEIGHTS" --local-dir "$WEIGHTS_DIR"
 fi

@@ -19,11 +19,11 @@ import tempfile
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.hardware import gpu_spec  # noqa: E402
-from launcher.perfdata import Reference, nvidia_reference, training_model  # noqa: E402
-from launcher.plan import Plan  # noqa: E402
-from launcher.report import RunInfo, read_metrics, summarize  # noqa: E402
-from launcher.table import layout  # noqa: E402
+from common.plan import Plan  # noqa: E402
+from launcher.autoconf.perfdata import Reference, nvidia_reference, training_model  # noqa: E402
+from launcher.plan.hardware import gpu_spec  # noqa: E402
+from launcher.plan.table import layout  # noqa: E402
+from launcher.report.throughput import RunInfo, read_metrics, summarize  # noqa: E402
 
 
 def run_case(name: str, overrides: list[str], args, results: Path) -> dict:

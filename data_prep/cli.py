@@ -104,7 +104,7 @@ def _check_stack(config_path: str) -> None:
     or the run's resolved copy), before any shard starts."""
     from omegaconf import OmegaConf
 
-    from recipes.stack import check_or_exit
+    from common.stack import check_or_exit
 
     try:
         raw = OmegaConf.load(config_path)

@@ -10,15 +10,19 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import DictConfig
 
-from launcher import autoconf, mlperf, observability, sweep
-from launcher.config import to_plain
-from launcher.hardware import LocalGpus, detect_local_gpus
-from launcher.plan import Plan, PlanError, build_plan, missing_data
+from common.plan import Plan
+from launcher.autoconf import search
+from launcher.config import sweep
+from launcher.config.compose import to_plain
+from launcher.jobs.rundir import record_jobs, run_dir_of, write_run_dir
+from launcher.jobs.stages import StagePlan, plan_stages, selected_stages
+from launcher.jobs.submit import SubmitError, run_here
+from launcher.plan.build import build_plan, missing_data
+from launcher.plan.checks import mlperf, observability
+from launcher.plan.errors import PlanError
+from launcher.plan.hardware import LocalGpus, detect_local_gpus
+from launcher.plan.table import format_plan
 from launcher.platforms import platform_of
-from launcher.rundir import record_jobs, run_dir_of, write_run_dir
-from launcher.stages import StagePlan, plan_stages, selected_stages
-from launcher.submit import SubmitError, run_here
-from launcher.table import format_plan
 
 Say = Callable[[str], None]
 
@@ -149,7 +153,7 @@ def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from launcher.config import compose
+    from launcher.config.compose import compose
 
     keys = sweep.swept_keys(overrides)
     problems: list[str] = []
@@ -161,8 +165,8 @@ def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[
             label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
             cfg = compose(point)
             try:
-                if autoconf.is_auto(cfg):
-                    cfg = autoconf.resolve(point, cfg, local_gpus, say=None)
+                if search.is_auto(cfg):
+                    cfg = search.resolve(point, cfg, local_gpus, say=None)
                 cfg["run_name"] += sweep.run_name_suffix(point, keys)
                 prepared = prepare(cfg, local_gpus)
             except PlanError as err:
@@ -186,9 +190,9 @@ def run(cfg: DictConfig) -> None:
     local_gpus = detect_local_gpus() if plain["cluster"].get("platform") == "local" else None
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if autoconf.is_auto(plain):  # the search prints its table once per sweep
+    if search.is_auto(plain):  # the search prints its table once per sweep
         try:
-            plain = autoconf.resolve(list(hydra_cfg.overrides.task), plain, local_gpus,
+            plain = search.resolve(list(hydra_cfg.overrides.task), plain, local_gpus,
                                      say=print if not multirun or hydra_cfg.job.num == 0 else None)
         except PlanError as err:
             for problem in err.problems:

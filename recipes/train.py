@@ -40,7 +40,7 @@ def loss_func(loss_mask, output_tensor):
 
 
 def forward_step(data_iterator, model):
-    from recipes.model import unwrap
+    from recipes.trainer.model import unwrap
 
     chunk = unwrap(model)
     batch = next(data_iterator) if (chunk.pre_process or chunk.post_process) else None
@@ -65,7 +65,7 @@ def reduce_loss(losses_reduced) -> float | None:
 
 class Trainer:
     def __init__(self, run_dir: str):
-        from recipes import wgrad_fallback
+        from recipes.trainer import wgrad_fallback
 
         # Weight gradients accumulate straight into the DDP buffers (apex's kernel, or the stand-in).
         wgrad_fallback.install()
@@ -75,7 +75,9 @@ class Trainer:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from recipes import checkpoint, data, distributed, hf_import, mlperf, model, observability, settings
+        from recipes.hf import importer
+        from recipes.observability import mlperf, observers
+        from recipes.trainer import checkpoint, data, distributed, model, settings
 
         self.run_dir = run_dir
         self.cfg, self.plan = _load_run(run_dir)
@@ -83,10 +85,10 @@ class Trainer:
         self.train_cfg = cfg["training"]
         # Hugging Face weights to start from: located (a hub id downloaded once, by rank 0) and checked against
         # training.model on every rank before CUDA or NCCL start.
-        hf_weights = hf_import.source_for_run(cfg, run_dir, distributed.rank_info().rank)
+        hf_weights = importer.source_for_run(cfg, run_dir, distributed.rank_info().rank)
         deterministic = settings.apply_determinism(cfg, os.environ)
         # Tracking, profiling, GPU telemetry (conf/observability.yaml); a missing package stops every rank here.
-        self.observers = observability.Observers(run_dir, cfg, plan, distributed.rank_info())
+        self.observers = observers.Observers(run_dir, cfg, plan, distributed.rank_info())
         self.info = distributed.initialize(plan, cfg["seed"])
         if deterministic:
             self.say("deterministic mode: " + " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items()))
@@ -118,7 +120,7 @@ class Trainer:
             if ckpt_cfg.get("init_from"):
                 checkpoint.load_model_weights(ckpt_cfg["init_from"], self.chunks, self.say)
             elif hf_weights:
-                hf_import.load_hf_weights(hf_weights, self.chunks, cfg["training"]["model"],
+                importer.load_hf_weights(hf_weights, self.chunks, cfg["training"]["model"],
                                           plan["padded_vocab_size"], self.say, show_progress=self.info.rank == 0)
             if ckpt_cfg.get("init_from") or hf_weights:
                 # The optimizer's fp32 master weights were copied from the random init: copy them again.
@@ -140,7 +142,7 @@ class Trainer:
         self.train_iters = self._iterators(train_ds if reads else None, state.consumed_samples)
         self.metrics_writer = None
         if self.is_last_rank:
-            from recipes.metrics import MetricsWriter
+            from recipes.trainer.metrics import MetricsWriter
 
             self.metrics_writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"), state.step)
 
@@ -199,7 +201,7 @@ class Trainer:
                     chunk.enable_forward_pre_hook()
 
     def _iterators(self, dataset, consumed_samples: int):
-        from recipes import data
+        from recipes.trainer import data
 
         shape = (self.plan["micro_batch_size"], self.plan["seq_length"])
         loader = None
@@ -235,7 +237,7 @@ class Trainer:
         """Mean loss over every token of the evaluation's sequences (the same ones each time)."""
         import torch
 
-        from recipes import data
+        from recipes.trainer import data
 
         plan = self.plan
         samples = data.eval_samples(self.train_cfg, plan["global_batch_size"])
@@ -259,15 +261,15 @@ class Trainer:
             self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state, self.say)
 
     def _last_good_checkpoint(self) -> str:
-        from recipes.checkpoint import latest_checkpoint
+        from recipes.trainer.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(self.checkpointer.root)
         return latest[1] if latest else "none saved yet"
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
-        from recipes import metrics
-        from recipes.stop_signals import StopSignal
+        from recipes.trainer import metrics
+        from recipes.trainer.stop_signals import StopSignal
 
         cfg, plan, state = self.train_cfg, self.plan, self.state
         stop = StopSignal()
@@ -354,7 +356,7 @@ class Trainer:
 
     def _broadcast_val_reached(self, val_loss: float | None, target: float | None) -> bool:
         """The last rank knows the validation loss; every rank must agree to stop."""
-        from recipes.distributed import any_rank
+        from recipes.trainer.distributed import any_rank
 
         if target is None or not self.train_cfg["val_interval"]:
             return False
@@ -366,12 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, help="run directory holding config.yaml and plan.json")
     args = parser.parse_args(argv)
     run_dir = os.path.abspath(args.run_dir)
-    from recipes import distributed, stack
+    from common import stack
+    from recipes.trainer import distributed
 
     distributed.die_with_torchrun()
     # Before megatron is imported, which the stack check does: megatron looks for apex's kernel at import.
     with contextlib.suppress(ImportError):  # no torch: the check names it
-        from recipes import wgrad_fallback
+        from recipes.trainer import wgrad_fallback
 
         wgrad_fallback.install()
     info = distributed.rank_info()

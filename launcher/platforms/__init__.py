@@ -1,15 +1,16 @@
 """Platforms: where the stage jobs run. A platform is a `cluster` config (its `platform` key picks one here) plus
 the functions that lay out, render and submit the same stage jobs; the plan and the stage commands
-(launcher/commands.py) are shared by all of them."""
+(launcher/jobs/commands.py) are shared by all of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from launcher.plan import Plan, PlanError
-from launcher.render import Job
-from launcher.submit import Submitted
+from common.plan import Plan
+from launcher.jobs.render import Job
+from launcher.jobs.submit import Submitted
+from launcher.plan.errors import PlanError
 
 Say = Callable[[str], None]
 Cfg = Mapping[str, Any]

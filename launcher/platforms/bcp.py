@@ -12,15 +12,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher import commands
-from launcher.commands import REPO
-from launcher.plan import Plan, PlanError
+from common.plan import Plan
+from launcher.jobs import commands
+from launcher.jobs.commands import REPO
+from launcher.jobs.render import KEEP_LOG, Job
+from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
+from launcher.plan.errors import PlanError
 from launcher.platforms import Platform
 from launcher.platforms.common import (REPORT_FALLBACK, job_paths, limits_problems, outside_mounts, tee,
                                        time_seconds, training_title)
 from launcher.platforms.common import gpus as gpus_text
-from launcher.render import KEEP_LOG, Job
-from launcher.submit import SubmitError, Submitted, run_client, submit_in_order
 
 IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
 # dgxa100.80g.8.norm: the GPU family, memory per GPU, GPUs per replica, class.

@@ -7,8 +7,9 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher import commands, containers
-from launcher.plan import Plan
+from common.plan import Plan
+from launcher.jobs import commands
+from launcher.platforms import containers
 
 REPORT_FALLBACK = " || echo 'report: nothing to report (see above)'"
 

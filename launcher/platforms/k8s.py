@@ -14,14 +14,14 @@ from typing import Any, Mapping
 
 import yaml
 
-from launcher import commands
-from launcher.commands import REPO
-from launcher.plan import Plan
+from common.plan import Plan
+from launcher.jobs import commands
+from launcher.jobs.commands import REPO
+from launcher.jobs.render import Job
+from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
 from launcher.platforms import Platform
 from launcher.platforms.common import (REPORT_FALLBACK, dns_name, job_paths, limits_problems, outside_mounts,
                                        time_seconds, training_title)
-from launcher.render import Job
-from launcher.submit import SubmitError, Submitted, run_client, submit_in_order
 
 SHORT = {"data_preparation": "data", "data_check": "check", "training": "train"}
 IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"

@@ -6,11 +6,11 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher import commands, containers
-from launcher.plan import Plan
-from launcher.platforms import Platform
+from common.plan import Plan
+from launcher.jobs import commands
+from launcher.jobs.render import Job, render_local
+from launcher.platforms import Platform, containers
 from launcher.platforms.common import REPORT_FALLBACK, bare_path, export_title, gpus, preflight_title, tee
-from launcher.render import Job, render_local
 
 
 def script_name(stage: str) -> str:

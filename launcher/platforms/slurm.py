@@ -6,13 +6,13 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher import commands, containers
-from launcher.plan import Plan
-from launcher.platforms import Platform
+from common.plan import Plan
+from launcher.jobs import commands
+from launcher.jobs.render import Job, render_sbatch
+from launcher.jobs.submit import SubmitError, Submitted, follow_lines, run_client, submit_chained
+from launcher.platforms import Platform, containers
 from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, image_checks, limits_problems,
                                        preflight_title, training_title)
-from launcher.render import Job, render_sbatch
-from launcher.submit import SubmitError, Submitted, follow_lines, run_client, submit_chained
 
 
 def script_name(stage: str) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import compose
+from launcher.config.compose import compose
 
 
 @pytest.fixture

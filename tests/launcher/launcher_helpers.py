@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from launcher.cli import prepare
-from launcher.commands import python_bin_dir
-from launcher.hardware import LocalGpus
-from launcher.rundir import render
+from launcher.jobs.commands import python_bin_dir
+from launcher.jobs.rundir import render
+from launcher.plan.hardware import LocalGpus
 
 REPO = Path(__file__).resolve().parents[2]
 EIGHT_H100 = LocalGpus(8, "h100", ("NVIDIA H100 80GB HBM3",) * 8)

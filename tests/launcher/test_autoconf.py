@@ -11,11 +11,12 @@ import shlex
 
 import pytest
 
-from launcher import autoconf
-from launcher.config import compose
-from launcher.hardware import gpu_spec
-from launcher.plan import PlanError, build_plan
-from launcher.table import layout as layout_label
+from launcher.autoconf import search as autoconf
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.plan.errors import PlanError
+from launcher.plan.hardware import gpu_spec
+from launcher.plan.table import layout as layout_label
 
 from launcher_helpers import NO_GPU, run_main
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import prepare
-from launcher.plan import PlanError
-from launcher.rundir import rendered_files
+from launcher.jobs.rundir import rendered_files
+from launcher.plan.errors import PlanError
 
 from launcher_helpers import REPO, check_golden, run_main
 

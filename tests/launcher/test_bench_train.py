@@ -8,10 +8,11 @@ import json
 import pytest
 import yaml
 
-from launcher.config import compose
-from launcher.hardware import gpu_spec
-from launcher.perfdata import NVIDIA_H100, nvidia_reference, training_model
-from launcher.plan import build_plan, model_flops_per_sample
+from launcher.autoconf.perfdata import NVIDIA_H100, nvidia_reference, training_model
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.plan.formulas import model_flops_per_sample
+from launcher.plan.hardware import gpu_spec
 
 from launcher_helpers import REPO
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import prepare
-from launcher.plan import PlanError
-from launcher.rundir import render
+from launcher.jobs.rundir import render
+from launcher.plan.errors import PlanError
 
 from launcher_helpers import REPO, run_main
 

@@ -15,7 +15,7 @@ def test_export_follows_training_as_a_one_node_job(cfg_for, tmp_path):
     run = prepared.run_dir
     command = shlex.split(job.lines[-1].replace("\\\n", " "))
     assert command[:3] == ["srun", "--nodes=1", "--ntasks=1"]
-    assert command[-9:] == ["python", "-m", "recipes.export_hf", "--checkpoint", f"{run}/checkpoints", "--out",
+    assert command[-9:] == ["python", "-m", "recipes.hf.exporter", "--checkpoint", f"{run}/checkpoints", "--out",
                             f"{run}/hf", "--max-shard-size", "2GB"]
 
 

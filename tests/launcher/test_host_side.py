@@ -9,16 +9,17 @@ import pytest
 
 from launcher_helpers import REPO
 
-HOST_FILES = sorted([*(REPO / "launcher").glob("*.py"), REPO / "main.py"])
+HOST_FILES = sorted([*(REPO / "launcher").rglob("*.py"), *(REPO / "common").rglob("*.py"), REPO / "main.py"])
 
 
-@pytest.mark.parametrize("path", HOST_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", HOST_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_parses_as_python_310(path):
     ast.parse(path.read_text(), filename=str(path), feature_version=(3, 10))
 
 
-def test_launcher_imports_no_torch_or_megatron():
-    modules = [f"launcher.{p.stem}" for p in HOST_FILES if p.parent.name == "launcher" and p.stem != "__init__"]
+def test_host_modules_import_no_torch_or_megatron():
+    modules = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in HOST_FILES if p.name != "main.py"]
+    modules = [m.removesuffix(".__init__") for m in modules]
     code = (f"import sys; import {', '.join(modules)}; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine')); "
             "print(bad); sys.exit(1 if bad else 0)")

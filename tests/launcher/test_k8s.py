@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from launcher.cli import prepare
-from launcher.plan import PlanError
+from launcher.plan.errors import PlanError
 
 from launcher_helpers import REPO, check_golden, rendered, run_main
 

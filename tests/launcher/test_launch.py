@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import launch
-from launcher.render import Job, render_local
-from launcher.submit import run_here
+from launcher.jobs.render import Job, render_local
+from launcher.jobs.submit import run_here
 
 from launcher_helpers import NO_GPU, REPO
 

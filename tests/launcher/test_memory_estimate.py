@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config import compose
-from launcher.plan import build_plan
-from launcher.perfdata import measured_rows, row_overrides
+from launcher.autoconf.perfdata import measured_rows, row_overrides
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
 
 WITH_PEAK = [row for row in measured_rows() if row.get("peak_memory_gib")]
 PROXY_405B = ["training=llama31/405b", "training.model.num_layers=4", "parallelism=custom", "parallelism.tp=4",

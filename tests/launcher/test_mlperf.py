@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from data_prep.shards import list_shards
-from launcher import mlperf
-from launcher.plan import PlanError, build_plan
+from launcher.plan.build import build_plan
+from launcher.plan.checks import mlperf
+from launcher.plan.errors import PlanError
 
 from launcher_helpers import run_main
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher import mlperf_report, report
-from launcher.config import compose
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.report import mlperf
+from launcher.report.__main__ import main as report_main
 
 START_MS = 1_700_000_000_000
 GBS = 32
@@ -65,7 +66,7 @@ def run_dir(root: Path, name: str, log_text: str, step_time: float = 2.0) -> Pat
 
 
 def run_report(capsys, *args) -> str:
-    assert report.main([str(a) for a in args]) == 0
+    assert report_main([str(a) for a in args]) == 0
     return capsys.readouterr().out
 
 
@@ -135,13 +136,13 @@ def test_an_mllog_file_alone_still_gets_its_score(tmp_path, capsys):
 
 def test_a_log_written_twice_holds_two_runs():
     text = run_log(10.0, "aborted", [5.0], seed=1) + run_log(20.0, "success", [3.0], seed=1)
-    runs = mlperf_report.split_runs(mlperf_report.parse_mllog(text))
+    runs = mlperf.split_runs(mlperf.parse_mllog(text))
     assert len(runs) == 2 and [r[-2]["metadata"]["status"] for r in runs] == ["aborted", "success"]
 
 
 def test_compliance_of_a_hand_written_log_names_what_is_missing(tmp_path):
     log = tmp_path / "mllog.txt"
     log.write_text(run_log(5.0, "success", [3.0], seed=1))
-    problems = mlperf_report.compliance_problems(log, "llama31_8b", "6.1.0")
+    problems = mlperf.compliance_problems(log, "llama31_8b", "6.1.0")
     assert any("opt_base_learning_rate" in p for p in problems)  # the hand-written log has no hyperparameters
-    assert mlperf_report.latest_ruleset("llama31_405b") == "6.0.0"
+    assert mlperf.latest_ruleset("llama31_405b") == "6.0.0"

@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from launcher import observability
 from launcher.cli import prepare
-from launcher.plan import PlanError
+from launcher.jobs.nsys import nsys_entry
+from launcher.plan.errors import PlanError
 
 from launcher_helpers import EIGHT_H100, NO_GPU, run_main
 from test_render import SQSH, check_golden, rendered
@@ -113,7 +113,7 @@ def test_the_rank_wrapper_runs_nsys_on_profiled_ranks_and_python_on_the_others(c
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     prepared = prepare(cfg_for("parallelism=tp1", "parallelism.num_gpus=2", "dry_run=true", "profile.enabled=true",
                                "profile.tool=nsys", "profile.ranks=[1]"), EIGHT_H100)
-    script = observability.nsys_entry(prepared.cfg, prepared.run_dir, ["python", "-m", "recipes.train"], "RANK")
+    script = nsys_entry(prepared.cfg, prepared.run_dir, ["python", "-m", "recipes.train"], "RANK")
     for rank in ("0", "1"):
         subprocess.run(script, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RANK": rank}, check=True, timeout=30)
     calls = (tmp_path / "calls.txt").read_text().splitlines()

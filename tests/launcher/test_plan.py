@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import pytest
 
-from launcher.hardware import LocalGpus, gpu_spec
-from launcher.plan import PlanError, build_plan, model_flops_per_sample
+from launcher.plan.build import build_plan
+from launcher.plan.errors import PlanError
+from launcher.plan.formulas import model_flops_per_sample
+from launcher.plan.hardware import LocalGpus, gpu_spec
 
 from launcher_helpers import EIGHT_H100, NO_GPU, REPO
 

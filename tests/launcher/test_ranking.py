@@ -7,10 +7,12 @@ import re
 import pytest
 import yaml
 
-from launcher import ranking, report, steptime
+from launcher.autoconf import steptime
 from launcher.cli import prepare
-from launcher.config import compose
-from launcher.rundir import write_run_dir
+from launcher.config.compose import compose
+from launcher.jobs.rundir import write_run_dir
+from launcher.report import ranking
+from launcher.report.__main__ import main as report_main
 
 LAYOUTS = {"dp4": ["parallelism=tp1"], "cp2": ["parallelism=tp1_cp2"], "tp2": ["parallelism=tp2_sp"]}
 
@@ -35,7 +37,7 @@ def _model_order(dirs) -> list[str]:
 
 
 def _rank(dirs, capsys):
-    code = report.main(["--rank", *map(str, dirs.values()), "--plot", str(next(iter(dirs.values())).parent / "r.png")])
+    code = report_main(["--rank", *map(str, dirs.values()), "--plot", str(next(iter(dirs.values())).parent / "r.png")])
     stdout = capsys.readouterr().out
     assert code == 0
     table = stdout[stdout.index("model rank"):]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import prepare
-from launcher.rundir import rendered_files
+from launcher.jobs.rundir import rendered_files
 
 from launcher_helpers import ONE_H100, REPO, check_golden, rendered, run_main
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import report
-from launcher.hardware import gpu_spec
+from launcher.plan.hardware import gpu_spec
+from launcher.report import throughput
 
 from launcher_helpers import REPO
 
@@ -25,14 +25,14 @@ def run_report(*args: str) -> subprocess.CompletedProcess:
 def test_parses_nemo_progress_lines():
     line = ("Epoch 0: : 100%|##########| 50/50 [09:20<00:00, reduced_train_loss=11.00, global_step=49.00, "
             "consumed_samples=6400.0, train_step_timing in s=11.20]")
-    assert report.parse_log(line) == [{"loss": 11.0, "step": 49, "consumed_samples": 6400.0, "step_time_s": 11.2}]
+    assert throughput.parse_log(line) == [{"loss": 11.0, "step": 49, "consumed_samples": 6400.0, "step_time_s": 11.2}]
 
 
 def test_parses_the_recipes_progress_lines():
     line = ("step 10/50 | reduced_train_loss=7.1234 | global_step=10 | consumed_samples=80 | "
             "train_step_timing in s=0.1234 | lr=1.000e-03 | grad_norm=1.234 | tokens_per_s=132000.5 | "
             "tflops_per_gpu=101.2 | mfu=0.412")
-    (record,) = report.parse_log("some banner\n" + line + "\nbye\n")
+    (record,) = throughput.parse_log("some banner\n" + line + "\nbye\n")
     assert record == {"step": 10, "loss": 7.1234, "consumed_samples": 80.0, "step_time_s": 0.1234, "lr": 1e-3,
                       "grad_norm": 1.234, "tokens_per_s": 132000.5, "tflops_per_gpu": 101.2, "mfu": 0.412}
 
@@ -40,12 +40,12 @@ def test_parses_the_recipes_progress_lines():
 def test_progress_bar_redraws_keep_the_last_value_per_step():
     text = "\r".join(f"Epoch 0: : 5/50 [00:01<00:00, global_step=4.00, train_step_timing in s={t}]"
                      for t in (9.0, 8.0)) + "\n"
-    assert [r["step_time_s"] for r in report.parse_log(text)] == [8.0]
+    assert [r["step_time_s"] for r in throughput.parse_log(text)] == [8.0]
 
 
 def test_late_window_is_35_to_44_of_50():
-    assert report.late_window(50) == (35, 45)
-    assert report.late_window(4) == (1, 4)
+    assert throughput.late_window(50) == (35, 45)
+    assert throughput.late_window(4) == (1, 4)
 
 
 def test_nemo_log_gives_the_seed_table(tmp_path):
@@ -63,10 +63,10 @@ def test_nemo_log_gives_the_seed_table(tmp_path):
 
 
 def test_numbers_follow_the_reference_formulas():
-    steps = report.parse_log((FIXTURES / "nemo_70b_fp8.log").read_text())
+    steps = throughput.parse_log((FIXTURES / "nemo_70b_fp8.log").read_text())
     assert len(steps) == 50
-    info = report.RunInfo("70b", 128, 8192, 64, 3.94e15, gpu_spec("h100").fp8_peak_flops, "h100 fp8")
-    r = report.summarize(info, steps)
+    info = throughput.RunInfo("70b", 128, 8192, 64, 3.94e15, gpu_spec("h100").fp8_peak_flops, "h100 fp8")
+    r = throughput.summarize(info, steps)
     assert r.step_time_s == pytest.approx(11.31)
     assert r.tokens_per_s == pytest.approx(128 * 8192 / 11.31)
     assert r.mfu == pytest.approx(128 * 3.94e15 / 11.31 / 64 / 1979e12)
@@ -131,8 +131,8 @@ def test_a_run_without_timings_is_a_clear_error(tmp_path):
 def test_benchmark_row_averages_the_last_steps_against_the_bf16_peak(tmp_path):
     import importlib.util
 
-    from launcher.config import compose
-    from launcher.plan import build_plan
+    from launcher.config.compose import compose
+    from launcher.plan.build import build_plan
 
     spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "bench_train.py")
     bench_train = importlib.util.module_from_spec(spec)

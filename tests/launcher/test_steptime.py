@@ -8,9 +8,9 @@ from collections import defaultdict
 
 import pytest
 
-from launcher import steptime
-from launcher.config import compose
-from launcher.plan import build_plan
+from launcher.autoconf import steptime
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
 
 from launcher_helpers import REPO
 
@@ -100,7 +100,7 @@ def test_fp8_is_faster_and_full_recomputation_slower():
 
 
 def test_the_model_prints_against_the_measured_runs():
-    out = subprocess.run([sys.executable, "-m", "launcher.steptime"], cwd=REPO, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "launcher.autoconf.steptime"], cwd=REPO, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     for check in CHECKS:

@@ -1,7 +1,7 @@
 """Sweep points: which overrides tell them apart, and run names that never collide."""
 from __future__ import annotations
 
-from launcher import sweep
+from launcher.config import sweep
 
 
 def test_cli_overrides_drop_hydras_flags():

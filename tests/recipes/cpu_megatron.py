@@ -1,5 +1,5 @@
 """megatron-core models on the CPU, for tests: ranks are spawned processes in a gloo group; the GPTModel chunks
-come from a composed config and plan through recipes.settings, with megatron's own layer spec (Transformer
+come from a composed config and plan through recipes.trainer.settings, with megatron's own layer spec (Transformer
 Engine needs a GPU) in fp32. The sharded checkpoint layout (keys, global shapes, offsets of every TP / PP / VP
 shard) is the same as with the Transformer Engine spec.
 
@@ -73,7 +73,7 @@ def build_chunks(cfg: dict, plan: dict, dtype: torch.dtype = torch.float32) -> l
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
-    from recipes import settings
+    from recipes.trainer import settings
 
     ps.initialize_model_parallel(plan["tp"], plan["pp"], virtual_pipeline_model_parallel_size=plan["vp"],
                                  context_parallel_size=plan["cp"])
@@ -117,7 +117,7 @@ def save_checkpoint(rank: int, chunks: list[torch.nn.Module], run_dir: str, step
 
     from megatron.core import dist_checkpointing
 
-    from recipes import checkpoint
+    from recipes.trainer import checkpoint
 
     root = os.path.join(run_dir, "checkpoints")
     partial = checkpoint.partial_path(root, step)

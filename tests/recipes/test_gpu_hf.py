@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import compose
-from launcher.hardware import LocalGpus
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.plan.hardware import LocalGpus
 from test_gpu_model import single_rank  # noqa: F401  (fixture: a one-rank NCCL world in this process)
 from test_gpu_training import gpu_count, main_py, read_metrics
 
@@ -56,7 +56,7 @@ def work(tmp_path_factory) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from recipes import hf
+    from recipes.hf import mapping
 
     root = tmp_path_factory.mktemp("hf_gpu")
     source, tokenizer = root / "source", root / "tokenizer"
@@ -65,7 +65,7 @@ def work(tmp_path_factory) -> dict:
     cfg = compose(COMMON + ["cluster.gpus_per_node=1"])
     model_cfg = cfg["training"]["model"]
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**hf.hf_config_kwargs(model_cfg)))
+    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
     h = model_cfg["hidden_size"]
     with torch.no_grad():
         embedding = torch.randn(VOCAB, h)
@@ -85,7 +85,7 @@ def first_global_batch(overrides: list[str]) -> list[dict]:
     """The samples of step 1, exactly as training reads them (same dataset, same order): 0 .. GBS-1."""
     import tempfile
 
-    from recipes import data
+    from recipes.trainer import data
 
     cfg = compose(overrides + ["cluster.gpus_per_node=1"])
     plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",))).to_json_dict()
@@ -128,7 +128,7 @@ def check_first_step(name: str, run_dir: Path, model_dir: Path, batch: list[dict
 
 
 def export(checkpoint: Path, out: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "recipes.export_hf", "--checkpoint", str(checkpoint), "--out",
+    result = subprocess.run([sys.executable, "-m", "recipes.hf.exporter", "--checkpoint", str(checkpoint), "--out",
                              str(out), "--max-shard-size", "20MB"], cwd=REPO, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -161,7 +161,7 @@ def test_export_after_training_gives_the_megatron_logits(work, tp2_run, single_r
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recipes import checkpoint, model as model_lib, settings
+    from recipes.trainer import checkpoint, model as model_lib, settings
 
     trained = tp2_run / "checkpoints" / "iter_0000020"
     assert trained.is_dir()

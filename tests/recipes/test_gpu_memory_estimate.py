@@ -32,9 +32,9 @@ def _overrides(model: str, layers: int, tp: int, results: Path) -> list[str]:
 
 def _fitting_layers(model: str, tp: int, results: Path) -> int:
     """The proxy's layer count, lowered until the plan's estimate fits this GPU with 10% to spare."""
-    from launcher.config import compose
-    from launcher.hardware import detect_local_gpus, gpu_spec
-    from launcher.plan import build_plan
+    from launcher.config.compose import compose
+    from launcher.plan.build import build_plan
+    from launcher.plan.hardware import detect_local_gpus, gpu_spec
 
     local = detect_local_gpus()
     for layers in range(PROXY_LAYERS[model], 0, -1):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.mlperf_report import compliance_problems
+from launcher.report.mlperf import compliance_problems
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]

@@ -4,16 +4,16 @@ import socket
 
 import pytest
 
-from launcher.config import compose
-from launcher.hardware import LocalGpus
-from launcher.plan import build_plan
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.plan.hardware import LocalGpus
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
 def single_rank():
-    from recipes import wgrad_fallback
+    from recipes.trainer import wgrad_fallback
 
     wgrad_fallback.install()  # before megatron is imported
     import torch
@@ -36,7 +36,8 @@ def test_megatron_llama_matches_transformers(single_rank):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from recipes import hf, model as model_lib, settings
+    from recipes.hf import mapping
+    from recipes.trainer import model as model_lib, settings
     # A small random Llama 3.1 with a short vocabulary; RoPE base 500000 and the Llama 3.1 frequency scaling.
     cfg = compose(["training.model.vocab_size=4000", "training.model.num_layers=3", "training.seq_length=1024",
                    "cluster.gpus_per_node=1"])
@@ -47,11 +48,11 @@ def test_megatron_llama_matches_transformers(single_rank):
     megatron_model = model_lib.build_model_chunks(config, cfg, plan)[0].eval()
 
     state = {k: v for k, v in megatron_model.state_dict().items() if not k.endswith("_extra_state")}
-    hf_state = hf.megatron_to_hf(state, model_cfg)
-    reference = LlamaForCausalLM(LlamaConfig(**hf.hf_config_kwargs(model_cfg))).cuda().float().eval()
+    hf_state = mapping.megatron_to_hf(state, model_cfg)
+    reference = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg))).cuda().float().eval()
     missing, unexpected = reference.load_state_dict({k: v.float() for k, v in hf_state.items()}, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
-    hf_bf16 = LlamaForCausalLM(LlamaConfig(**hf.hf_config_kwargs(model_cfg))).cuda().to(torch.bfloat16).eval()
+    hf_bf16 = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg))).cuda().to(torch.bfloat16).eval()
     hf_bf16.load_state_dict(hf_state, strict=False)
 
     torch.manual_seed(0)
@@ -71,7 +72,7 @@ def test_megatron_llama_matches_transformers(single_rank):
     assert ours_err < 2e-2
     assert ours_err < 3 * bf16_err + 1e-3  # within bf16 noise: no worse than the reference's own bf16 error
     # The round trip back into megatron's layout restores the same tensors.
-    back = hf.hf_to_megatron(hf_state, model_cfg, plan["padded_vocab_size"])
+    back = mapping.hf_to_megatron(hf_state, model_cfg, plan["padded_vocab_size"])
     vocab = model_cfg["vocab_size"]
     for key, value in back.items():
         rows = slice(0, vocab) if key in ("embedding.word_embeddings.weight", "output_layer.weight") else slice(None)

@@ -88,7 +88,7 @@ def test_preflight_prints_a_bandwidth_table_and_passes(observed):
 def test_tensorboard_has_every_scalar_for_every_step_once_after_the_resume(observed):
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
-    from recipes.tracking import SCALARS as TAGS
+    from recipes.observability.tracking import SCALARS as TAGS
 
     run_dir = observed["run_dir"]
     acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={SCALARS: 0})
@@ -114,7 +114,7 @@ def test_tensorboard_has_every_scalar_for_every_step_once_after_the_resume(obser
 
 @pytest.mark.skipif(not HAVE_WANDB, reason="wandb is not installed (pip install wandb; it is optional)")
 def test_wandb_offline_run_is_readable(observed):
-    from recipes.tracking import offline_runs
+    from recipes.observability.tracking import offline_runs
 
     run_dir = observed["run_dir"]
     runs = offline_runs(str(run_dir))
@@ -149,7 +149,7 @@ def test_torch_profile_window_of_two_steps_has_kernels(observed):
 
 
 def test_telemetry_has_every_gpu_busy_during_steps_and_the_report_plots_it(observed):
-    from launcher import telemetry_report
+    from launcher.report import telemetry as telemetry_report
 
     run_dir = observed["run_dir"]
     rows = telemetry_report.load(run_dir)

@@ -19,10 +19,11 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
-from launcher.config import compose  # noqa: E402
-from launcher.hardware import LocalGpus  # noqa: E402
-from launcher.plan import build_plan  # noqa: E402
-from recipes import export_hf, hf, hf_config, hf_import  # noqa: E402
+from common import hf_config  # noqa: E402
+from launcher.config.compose import compose  # noqa: E402
+from launcher.plan.build import build_plan  # noqa: E402
+from launcher.plan.hardware import LocalGpus  # noqa: E402
+from recipes.hf import exporter, importer, mapping  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
@@ -69,7 +70,7 @@ def source(tmp_path_factory) -> dict:
     cfg, _ = configured("tp1")
     model_cfg = cfg["training"]["model"]
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**hf.hf_config_kwargs(model_cfg)))
+    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
     with torch.no_grad():  # large enough weights that every mix-up shows; norms not all ones
         for name, param in model.named_parameters():
             if param.dim() == 1:
@@ -81,7 +82,7 @@ def source(tmp_path_factory) -> dict:
     tokenizer = tmp_path_factory.mktemp("tokenizer")
     write_tokenizer(tokenizer)
     shards = sorted(p.name for p in directory.glob("*.safetensors"))
-    assert len(shards) >= 3 and (directory / hf_import.INDEX).is_file(), shards
+    assert len(shards) >= 3 and (directory / importer.INDEX).is_file(), shards
     tokens = torch.randint(0, model_cfg["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
     # Loaded back, not the model above: .to(bfloat16) also rounded its RoPE frequency buffer.
     reference = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
@@ -99,7 +100,7 @@ def import_and_forward(rank: int, cfg: dict, plan: dict, hf_dir: str, tokens):
     from megatron.core import parallel_state as ps
 
     chunks = cpu_megatron.build_chunks(cfg, plan)
-    hf_import.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
                               show_progress=False)
     logits = cpu_megatron.tp_logits(chunks[0], tokens)
     embedding = chunks[0].embedding.word_embeddings.weight.detach().clone()
@@ -125,7 +126,7 @@ def test_import_gives_transformers_logits(layout, source):
     for position, name in ((2, "model.embed_tokens.weight"), (3, "lm_head.weight")):
         full = torch.cat([r[position] for r in sorted(results, key=lambda r: r[0])])
         assert full.shape[0] == padded
-        original = hf_import.SafetensorsDir(source["dir"]).read(name, slice(0, vocab), None).float()
+        original = importer.SafetensorsDir(source["dir"]).read(name, slice(0, vocab), None).float()
         assert torch.equal(full[:vocab], original)
         assert torch.equal(full[vocab:], original[-1:].expand(padded - vocab, -1))
 
@@ -133,7 +134,7 @@ def test_import_gives_transformers_logits(layout, source):
 # --------------------------------------------------------------------------- checkpoints of any layout -> export
 def import_and_save(rank: int, cfg: dict, plan: dict, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan)
-    hf_import.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
                               show_progress=False)
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
@@ -167,14 +168,14 @@ def test_export_of_a_tp2_and_a_pp2_vp2_checkpoint_gives_back_the_source_weights(
     tp_checkpoint = checkpoint_from(source["dir"], "tp2", tmp_path / "run_tp", source)
     for name, ckpt in (("tp2", tp_checkpoint), ("pp2_vp2_asym", pp_checkpoint)):
         out = tmp_path / f"export_{name}"
-        code = export_hf.main(["--checkpoint", str(ckpt), "--out", str(out), "--max-shard-size", "150KB",
+        code = exporter.main(["--checkpoint", str(ckpt), "--out", str(out), "--max-shard-size", "150KB",
                                "--no-progress"])
         assert code == 0
         exported = tensors_of(out)
         assert sorted(exported) == sorted(original)
         different = [k for k in original if not torch.equal(exported[k], original[k])]
         assert not different, different
-        index = json.loads((out / export_hf.INDEX).read_text())
+        index = json.loads((out / exporter.INDEX).read_text())
         assert set(index["weight_map"]) == set(original) and len(set(index["weight_map"].values())) >= 3
         config = json.loads((out / "config.json").read_text())
         assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
@@ -195,11 +196,11 @@ def test_export_of_a_tp2_and_a_pp2_vp2_checkpoint_gives_back_the_source_weights(
 
 def test_export_import_export_is_byte_identical(source, pp_checkpoint, tmp_path):
     first = tmp_path / "first"
-    assert export_hf.main(["--checkpoint", str(pp_checkpoint), "--out", str(first), "--max-shard-size", "150KB",
+    assert exporter.main(["--checkpoint", str(pp_checkpoint), "--out", str(first), "--max-shard-size", "150KB",
                            "--no-progress"]) == 0
     again = checkpoint_from(first, "tp1", tmp_path / "run_again", source)
     second = tmp_path / "second"
-    assert export_hf.main(["--checkpoint", str(again), "--out", str(second), "--max-shard-size", "150KB",
+    assert exporter.main(["--checkpoint", str(again), "--out", str(second), "--max-shard-size", "150KB",
                            "--no-progress"]) == 0
     files = sorted(p.name for p in first.iterdir())
     assert files == sorted(p.name for p in second.iterdir())
@@ -211,23 +212,23 @@ def test_export_import_export_is_byte_identical(source, pp_checkpoint, tmp_path)
 def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, tmp_path):
     out = tmp_path / "out"
     args = ["--checkpoint", str(pp_checkpoint), "--out", str(out), "--max-shard-size", "150KB", "--no-progress"]
-    assert export_hf.main(args) == 0
+    assert exporter.main(args) == 0
     reference = {p.name: p.read_bytes() for p in out.iterdir()}
     # As if killed after the first shard: the manifest is back, later shards and the index are gone.
     shards = sorted(p for p in out.glob("model-*.safetensors"))
-    for path in shards[1:] + [out / export_hf.INDEX, out / "config.json"]:
+    for path in shards[1:] + [out / exporter.INDEX, out / "config.json"]:
         path.unlink()
     stamp = shards[0].stat().st_mtime_ns
-    checkpoint = export_hf.resolve_checkpoint(pp_checkpoint)
+    checkpoint = exporter.resolve_checkpoint(pp_checkpoint)
     model = yaml.safe_load((pp_checkpoint.parents[1] / "config.yaml").read_text())["training"]["model"]
     manifest = {"checkpoint": str(checkpoint), "dtype": "bfloat16",
-                "shards": export_hf.shard_plan(hf.hf_shapes(model), 2, 150_000)}
-    (out / export_hf.MANIFEST).write_text(json.dumps(manifest))
-    assert export_hf.main(args) == 0
+                "shards": exporter.shard_plan(mapping.hf_shapes(model), 2, 150_000)}
+    (out / exporter.MANIFEST).write_text(json.dumps(manifest))
+    assert exporter.main(args) == 0
     assert shards[0].stat().st_mtime_ns == stamp  # kept, not rewritten
     assert {p.name: p.read_bytes() for p in out.iterdir()} == reference
     # A different export into the same, non-empty directory is refused.
-    assert export_hf.main([*args[:-1], "--dtype", "float32", "--no-progress"]) == 2
+    assert exporter.main([*args[:-1], "--dtype", "float32", "--no-progress"]) == 2
 
 
 # --------------------------------------------------------------------------- errors
@@ -240,7 +241,7 @@ def test_export_refuses_incomplete_and_truncated_checkpoints(pp_checkpoint, tmp_
         return copy
 
     def export_error(path: Path) -> str:
-        assert export_hf.main(["--checkpoint", str(path), "--out", str(tmp_path / "never"), "--no-progress"]) == 2
+        assert exporter.main(["--checkpoint", str(path), "--out", str(tmp_path / "never"), "--no-progress"]) == 2
         return capsys.readouterr().err
 
     unfinished = broken("unfinished", lambda p: (p / "train_state.json").unlink())
@@ -260,17 +261,17 @@ def test_import_errors_name_the_file_and_the_fix(source, tmp_path):
     shutil.copytree(source["dir"], copy)
     shard = sorted(copy.glob("*.safetensors"))[1]
     shard.write_bytes(shard.read_bytes()[:-100])
-    name = next(n for n, f in hf_import.SafetensorsDir(copy).weight_map.items() if f == shard.name)
-    with pytest.raises(hf_import.SourceError, match=f"{shard.name} is truncated.*download it again"):
-        hf_import.SafetensorsDir(copy).read(name, slice(0, 1), None)
+    name = next(n for n, f in importer.SafetensorsDir(copy).weight_map.items() if f == shard.name)
+    with pytest.raises(importer.SourceError, match=f"{shard.name} is truncated.*download it again"):
+        importer.SafetensorsDir(copy).read(name, slice(0, 1), None)
 
-    (copy / hf_import.INDEX).unlink()
-    with pytest.raises(hf_import.SourceError, match="no model.safetensors.index.json"):
-        hf_import.SafetensorsDir(copy)
+    (copy / importer.INDEX).unlink()
+    with pytest.raises(importer.SourceError, match="no model.safetensors.index.json"):
+        importer.SafetensorsDir(copy)
 
     smaller = dict(source["model"], num_layers=7)
-    with pytest.raises(hf_import.SourceError, match=r"no tensor model\.layers\.6\."):
-        hf_import.SafetensorsDir(source["dir"]).check_shapes(hf.hf_shapes(smaller))
+    with pytest.raises(importer.SourceError, match=r"no tensor model\.layers\.6\."):
+        importer.SafetensorsDir(source["dir"]).check_shapes(mapping.hf_shapes(smaller))
 
 
 def test_config_mismatch_names_the_keys(source):
@@ -360,7 +361,7 @@ def fake_hub_snapshot(cache: Path, repo_id: str, **changes) -> Path:
 
 def test_the_plan_checks_a_cached_hub_id_and_refuses_one_for_several_nodes(tmp_path, monkeypatch):
     from launcher.cli import prepare
-    from launcher.plan import PlanError
+    from launcher.plan.errors import PlanError
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     fake_hub_snapshot(tmp_path / "hub", "meta-llama/Llama-3.1-8B", num_hidden_layers=80)
@@ -371,7 +372,7 @@ def test_the_plan_checks_a_cached_hub_id_and_refuses_one_for_several_nodes(tmp_p
     # Not cached: nothing to check yet (rank 0 downloads it); with several nodes a shared directory is required.
     prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-70B", "parallelism=tp1",
                      "parallelism.num_gpus=8", "training.global_batch_size=8"]))
-    with pytest.raises(PlanError, match=r"hub id.*2-node job.*recipes.hf_import fetch"):
+    with pytest.raises(PlanError, match=r"hub id.*2-node job.*recipes.hf.importer fetch"):
         prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-70B", "parallelism=tp1",
                          "parallelism.num_gpus=16", "training.global_batch_size=16"]))
     with pytest.raises(PlanError, match="init_from and training.checkpoint.init_from_hf are both set"):
@@ -382,16 +383,16 @@ def test_the_plan_checks_a_cached_hub_id_and_refuses_one_for_several_nodes(tmp_p
 def test_rank_zero_downloads_a_hub_id_and_the_others_read_where(tmp_path, monkeypatch):
     snapshot = fake_llama_dir(tmp_path / "snapshot")
     downloads = []
-    monkeypatch.setattr(hf_import, "download", lambda repo, local_dir=None: downloads.append(repo) or str(snapshot))
+    monkeypatch.setattr(importer, "download", lambda repo, local_dir=None: downloads.append(repo) or str(snapshot))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    assert hf_import.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=0) == str(snapshot)
-    assert hf_import.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=5) == str(snapshot)
+    assert importer.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=0) == str(snapshot)
+    assert importer.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=5) == str(snapshot)
     assert downloads == ["meta-llama/Llama-3.1-8B"]  # once, by rank 0
     cfg = {"training": {"model": compose(["training=llama31/8b"])["training"]["model"],
                         "checkpoint": {"init_from_hf": "meta-llama/Llama-3.1-8B", "load": True}}}
-    assert hf_import.source_for_run(cfg, str(run_dir), rank=3) == str(snapshot)
+    assert importer.source_for_run(cfg, str(run_dir), rank=3) == str(snapshot)
     # A rank that cannot see rank 0's download says so, with the fix.
     (run_dir / ".init_from_hf.json").write_text(json.dumps({"source": "org/other", "path": "/not/shared"}))
-    with pytest.raises(hf_import.SourceError, match="cannot see /not/shared.*HF_HOME"):
-        hf_import.locate("org/other", str(run_dir), rank=1)
+    with pytest.raises(importer.SourceError, match="cannot see /not/shared.*HF_HOME"):
+        importer.locate("org/other", str(run_dir), rank=1)

@@ -22,10 +22,10 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("safetensors")
 
 import cpu_megatron  # noqa: E402
-from launcher.config import compose  # noqa: E402
-from launcher.hardware import LocalGpus  # noqa: E402
-from launcher.plan import build_plan  # noqa: E402
-from recipes import export_hf, hf, hf_import  # noqa: E402
+from launcher.config.compose import compose  # noqa: E402
+from launcher.plan.build import build_plan  # noqa: E402
+from launcher.plan.hardware import LocalGpus  # noqa: E402
+from recipes.hf import exporter, importer, mapping  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = int(os.environ.get("HF_MEMORY_LAYERS", "4"))
@@ -67,7 +67,7 @@ def write_random_model(directory: Path, shapes: dict, total: int) -> None:
     """Random bf16 weights of these shapes as Hugging Face shards (safetensors' own writer) and index."""
     from safetensors.torch import save_file
 
-    shards = export_hf.shard_plan(shapes, 2, SHARD_BYTES)
+    shards = exporter.shard_plan(shapes, 2, SHARD_BYTES)
     weight_map = {}
     generator = torch.Generator().manual_seed(0)
     for index, names in enumerate(shards):
@@ -75,7 +75,7 @@ def write_random_model(directory: Path, shapes: dict, total: int) -> None:
         save_file({n: torch.randn(shapes[n], generator=generator).to(torch.bfloat16) for n in names},
                   str(directory / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in names})
-    (directory / hf_import.INDEX).write_text(json.dumps({"metadata": {"total_size": total},
+    (directory / importer.INDEX).write_text(json.dumps({"metadata": {"total_size": total},
                                                          "weight_map": weight_map}))
 
 
@@ -86,14 +86,14 @@ def import_on_meta(rank: int, cfg: dict, plan: dict, hf_dir: str) -> tuple[int, 
     reset_peak_rss()
     before = peak_rss_bytes()
     local = sum(p.numel() * p.element_size() for c in chunks for p in c.parameters())
-    hf_import.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
                               show_progress=False)
     return before, peak_rss_bytes(), local
 
 
 def import_and_save(rank: int, cfg: dict, plan: dict, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan, dtype=torch.bfloat16)
-    hf_import.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
                               show_progress=False)
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
@@ -105,7 +105,7 @@ def source(tmp_path_factory):
     cfg, plan = configured()
     model = cfg["training"]["model"]
     directory = tmp_path_factory.mktemp("source")
-    shapes = hf.hf_shapes(model)
+    shapes = mapping.hf_shapes(model)
     tensor_bytes = [2 * math.prod(s) for s in shapes.values()]
     total, largest = sum(tensor_bytes), max(tensor_bytes)
     require_free_disk(directory, 3 * total + 2**30)
@@ -146,8 +146,8 @@ def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, scratc
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
     checkpoint = cpu_megatron.run_ranks(import_and_save, 2, cfg, plan, str(source["dir"]), str(run_dir))[0]
     out = scratch / "export"
-    probe = ("import sys\nfrom recipes import export_hf\nfrom test_hf_memory import peak_rss_bytes\n"
-             "code = export_hf.main(sys.argv[1:])\nprint('PEAK_RSS', peak_rss_bytes())\nsys.exit(code)")
+    probe = ("import sys\nfrom recipes.hf import exporter\nfrom test_hf_memory import peak_rss_bytes\n"
+             "code = exporter.main(sys.argv[1:])\nprint('PEAK_RSS', peak_rss_bytes())\nsys.exit(code)")
     start = time.time()
     result = subprocess.run([sys.executable, "-c", probe, "--checkpoint", checkpoint, "--out", str(out),
                              "--max-shard-size", str(SHARD_BYTES), "--no-tokenizer", "--no-progress"],
@@ -162,8 +162,8 @@ def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, scratc
 
     from safetensors import safe_open
 
-    index = json.loads((source["dir"] / hf_import.INDEX).read_text())["weight_map"]
-    exported = json.loads((out / export_hf.INDEX).read_text())["weight_map"]
+    index = json.loads((source["dir"] / importer.INDEX).read_text())["weight_map"]
+    exported = json.loads((out / exporter.INDEX).read_text())["weight_map"]
     assert set(index) == set(exported)
     for name in index:
         with safe_open(str(source["dir"] / index[name]), "pt") as a, safe_open(str(out / exported[name]), "pt") as b:

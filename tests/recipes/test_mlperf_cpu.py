@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.config import compose
-from launcher.mlperf_report import compliance_problems
-from launcher.plan import build_plan
-from recipes import data
-from recipes.mlperf import MLPerfLog, run_keys
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.report.mlperf import compliance_problems
+from recipes.observability.mlperf import MLPerfLog, run_keys
+from recipes.trainer import data
 
 
 def mlperf_run(benchmark: str, *overrides: str) -> tuple[dict, dict]:

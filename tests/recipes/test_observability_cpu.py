@@ -16,10 +16,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from launcher.config import compose
-from launcher.plan import build_plan
-from recipes import metrics, observability, profiling, telemetry, tracking
-from recipes.distributed import RankInfo
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from recipes.observability import profiling, telemetry, tracking
+from recipes.observability.observers import Observers
+from recipes.trainer import metrics
+from recipes.trainer.distributed import RankInfo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,9 +59,10 @@ def test_scalars_cover_every_metric_and_leave_out_absent_ones():
 FIRST_SEGMENT = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from launcher.config import compose
-from launcher.plan import build_plan
-from recipes import metrics, tracking
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from recipes.observability import tracking
+from recipes.trainer import metrics
 cfg = compose([]); plan = build_plan(cfg).to_json_dict()
 import time
 real_time = time.time
@@ -147,9 +150,10 @@ def wandb_history(run: Path) -> tuple[dict, dict[int, dict]]:
 WANDB_SEGMENTS = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from launcher.config import compose
-from launcher.plan import build_plan
-from recipes import metrics, tracking
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from recipes.observability import tracking
+from recipes.trainer import metrics
 cfg = compose(["logging.wandb.enabled=true", "logging.wandb.mode=offline", "logging.tensorboard=false"])
 plan = build_plan(cfg).to_json_dict()
 said = []
@@ -359,7 +363,7 @@ def test_a_uuid_nvml_does_not_know_falls_back_to_the_cuda_order(tmp_path):
 
 
 def test_the_sampler_thread_writes_the_csv_the_report_reads_and_a_resume_appends(tmp_path):
-    from launcher import telemetry_report
+    from launcher.report import telemetry as telemetry_report
 
     nvml = FakeNvml()
     for step in (5, 9):  # two starts of the same run (a resume) write into one file
@@ -386,7 +390,7 @@ def test_job_gpus_follow_cuda_visible_devices_when_cuda_cannot_name_them(monkeyp
 def test_observers_on_the_last_rank_track_profile_and_close(tmp_path):
     cfg, plan = plan_for("telemetry.enabled=false", "profile.enabled=true", "profile.start_step=1",
                          "profile.end_step=2")
-    observers = observability.Observers(str(tmp_path), cfg, plan, RankInfo(0, 0, 1, "127.0.0.1", 0))
+    observers = Observers(str(tmp_path), cfg, plan, RankInfo(0, 0, 1, "127.0.0.1", 0))
     model_config = SimpleNamespace(timers=None)
     observers.training_starts(model_config, resume_step=0)
     assert isinstance(model_config.timers, profiling.RangeTimers)
@@ -404,7 +408,7 @@ def test_observers_on_the_last_rank_track_profile_and_close(tmp_path):
 
 def test_observers_on_other_ranks_do_nothing(tmp_path):
     cfg, plan = plan_for("telemetry.enabled=false", "profile.enabled=true")
-    observers = observability.Observers(str(tmp_path), cfg, plan, RankInfo(1, 1, 4, "127.0.0.1", 0))
+    observers = Observers(str(tmp_path), cfg, plan, RankInfo(1, 1, 4, "127.0.0.1", 0))
     model_config = SimpleNamespace(timers=None)
     observers.training_starts(model_config, resume_step=0)
     observers.log(record(plan, 1, 5.0))
@@ -418,7 +422,7 @@ def test_telemetry_starts_on_local_rank_0_only_and_marks_checkpoints_and_validat
     monkeypatch.setattr(telemetry, "missing_package", lambda cfg: None)
     monkeypatch.setattr(telemetry, "start", lambda run_dir, cfg, gpus: started.append(gpus) or sampler)
     cfg, plan = plan_for("logging.tensorboard=false")
-    observers = [observability.Observers(str(tmp_path), cfg, plan, RankInfo(r, r, 2, "h", 0)) for r in (0, 1)]
+    observers = [Observers(str(tmp_path), cfg, plan, RankInfo(r, r, 2, "h", 0)) for r in (0, 1)]
     assert started == [["0"]]  # plan.gpus_per_node GPUs of this node, sampled by local rank 0 only
     observers[0].training_starts(SimpleNamespace(timers=None), resume_step=6)
     with observers[0].range("checkpoint"):  # e.g. training.checkpoint.save_initial
@@ -443,7 +447,7 @@ def test_missing_packages_stop_every_rank_with_one_line_each(tmp_path, monkeypat
                         lambda name, *a: None if name in ("tensorboard", "wandb", "pynvml") else real(name, *a))
     cfg, plan = plan_for("logging.wandb.enabled=true")
     with pytest.raises(SystemExit) as stop:
-        observability.Observers(str(tmp_path), cfg, plan, RankInfo(0, 0, 2, "h", 0))
+        Observers(str(tmp_path), cfg, plan, RankInfo(0, 0, 2, "h", 0))
     assert str(stop.value).splitlines() == [
         "error: logging.tensorboard=true needs the tensorboard package: pip install tensorboard, or set "
         "logging.tensorboard=false",

@@ -12,12 +12,12 @@ import sys
 import pytest
 
 from launcher.cli import prepare
-from launcher.config import compose
-from launcher.hardware import LocalGpus
-from launcher.plan import build_plan
-from launcher.rundir import write_run_dir
-from recipes import preflight
-from recipes.preflight import MIB, Measurement
+from launcher.config.compose import compose
+from launcher.jobs.rundir import write_run_dir
+from launcher.plan.build import build_plan
+from launcher.plan.hardware import LocalGpus
+from recipes.observability import preflight
+from recipes.observability.preflight import MIB, Measurement
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,11 @@ import time
 import pytest
 import torch
 
-from launcher.config import compose
-from launcher.plan import build_plan
-from recipes import checkpoint, data, hf, metrics, settings, stop_signals
-from recipes.distributed import rank_info
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from recipes.hf import mapping
+from recipes.trainer import checkpoint, data, metrics, settings, stop_signals
+from recipes.trainer.distributed import rank_info
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,7 +105,7 @@ def test_userbuffer_shape_is_one_cp_shard_of_a_microbatch():
                                                (80, 8, 5, False), (6, 2, 2, True), (32, 1, None, False)])
 def test_plan_layer_split_matches_megatron(layers, pp, vp, asym):
     """The launcher's per-stage layer counts are what megatron-core builds on each pipeline rank."""
-    from launcher.plan import layers_per_pipeline_stage
+    from launcher.plan.formulas import layers_per_pipeline_stage
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
@@ -199,7 +200,7 @@ def test_a_spawned_multiprocessing_manager_started_while_blocked_survives_sigter
     # tracker (which unblocks SIGTERM in its caller). A fresh interpreter, so neither is running yet.
     script = """
 import multiprocessing, os, signal
-from recipes.stop_signals import helpers_immune_to_stop_signals
+from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 with helpers_immune_to_stop_signals():
     manager = multiprocessing.get_context("spawn").Manager()
@@ -316,7 +317,7 @@ def test_hf_mapping_round_trips_and_packs_qkv_per_group():
     cfg, plan = plan_for()
     model = dict(cfg["training"]["model"], vocab_size=1000, num_layers=2)
     hf_state = _random_hf_state(model)
-    mc = hf.hf_to_megatron(hf_state, model, padded_vocab_size=1024)
+    mc = mapping.hf_to_megatron(hf_state, model, padded_vocab_size=1024)
     assert mc["embedding.word_embeddings.weight"].shape[0] == 1024
     # Padding rows are copies of the last vocabulary row (what Megatron-LM's converters write).
     assert torch.equal(mc["output_layer.weight"][1000:], hf_state["lm_head.weight"][-1:].expand(24, -1))
@@ -328,7 +329,7 @@ def test_hf_mapping_round_trips_and_packs_qkv_per_group():
     k = hf_state["model.layers.1.self_attn.k_proj.weight"]
     assert torch.equal(qkv[start:start + d], q[per_group * d:per_group * d + d])
     assert torch.equal(qkv[start + per_group * d:start + per_group * d + d], k[d:2 * d])
-    back = hf.megatron_to_hf(mc, model)
+    back = mapping.megatron_to_hf(mc, model)
     assert back.keys() == hf_state.keys()
     for key in hf_state:
         assert torch.equal(back[key], hf_state[key]), key
@@ -337,7 +338,7 @@ def test_hf_mapping_round_trips_and_packs_qkv_per_group():
 # ----------------------------------------------------------------------------- apex stand-in
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_wgrad_fallback_accumulates_the_weight_gradient(dtype):
-    from recipes import wgrad_fallback
+    from recipes.trainer import wgrad_fallback
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 16, 32, generator=g).to(torch.bfloat16)  # [seq, batch, in]
@@ -359,7 +360,7 @@ def test_wgrad_fallback_installed_after_megatron_was_imported_still_reaches_its_
     script = """
 import megatron.core.tensor_parallel.layers as layers
 assert not layers._grad_accum_fusion_available
-from recipes import wgrad_fallback
+from recipes.trainer import wgrad_fallback
 assert wgrad_fallback.install()
 assert layers._grad_accum_fusion_available
 assert layers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 is wgrad_fallback.wgrad_gemm_accum_fp32
@@ -374,7 +375,8 @@ def test_a_rank_under_torchrun_dies_with_its_agent():
     # outlive it. The check polls for an event the kernel makes immediate; the deadline only bounds a failure.
     agent = """
 import os, subprocess, sys
-rank = subprocess.Popen([sys.executable, "-c", "from recipes.distributed import die_with_torchrun; import sys, time; "
+rank = subprocess.Popen([sys.executable, "-c", "from recipes.trainer.distributed import die_with_torchrun; "
+                         "import sys, time; "
                          "sys.exit(3) if not die_with_torchrun() else print('armed', flush=True); time.sleep(600)"],
                         env={**os.environ, "TORCHELASTIC_RUN_ID": "test"}, start_new_session=True,
                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -399,6 +401,6 @@ def _state(pid: int) -> str:
 
 
 def test_ranks_started_otherwise_are_left_alone():
-    from recipes.distributed import die_with_torchrun
+    from recipes.trainer.distributed import die_with_torchrun
 
     assert die_with_torchrun({"SLURM_PROCID": "0"}) is False

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recipes import stack
-from recipes.stack import Found, GpuFound
+from common import stack
+from common.stack import Found, GpuFound
 
 REPO = Path(__file__).resolve().parents[2]
 DECLARED = stack.load_declared()

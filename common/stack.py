@@ -1,0 +1,410 @@
+"""The training stack declared in conf/stack.yaml against what this interpreter has.
+
+    python -m recipes.stack                               # table: found versus declared
+    python -m recipes.stack check --run-dir RUN           # what every rank checks first; exit 2 on a mismatch
+    python -m recipes.stack install [--wheel-dir DIR]     # pip-install what is missing or out of range
+    python -m recipes.stack wheels DIR                    # the wheels install needs, for air-gapped machines
+
+A mismatch found after the queue wait and the allocation of a thousand GPUs should cost seconds, not an
+AttributeError deep inside the trainer: every training rank runs the check before it imports megatron-core, and
+data preparation before it starts. Imports only the standard library and yaml at module level."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+import importlib
+import importlib.metadata
+import os
+from pathlib import Path
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+STACK_FILE = REPO / "conf" / "stack.yaml"
+# The declared components, in the order they import (each needs the one before).
+COMPONENTS = ("torch", "megatron_core", "transformer_engine")
+FIX = ("build the training image (python main.py stages=[container], or the Dockerfile; README: The training "
+       "stack), install it here with `python -m recipes.stack install`, or set stack_check=false to accept the risk")
+
+
+def load_declared(cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The `stack` section of a resolved config, else conf/stack.yaml of this repository."""
+    if cfg and cfg.get("stack"):
+        return dict(cfg["stack"])
+    import yaml
+
+    with open(STACK_FILE) as f:
+        return yaml.safe_load(f)["stack"]
+
+
+# --------------------------------------------------------------------------- what is here
+@dataclass(frozen=True)
+class Found:
+    version: str | None      # None: not importable
+    error: str | None = None  # why it did not import (first line)
+
+
+@dataclass(frozen=True)
+class GpuFound:
+    name: str | None                       # None: no CUDA GPU visible
+    capability: tuple[int, int] | None
+    nccl: str | None                       # NCCL version torch was built with; None: no NCCL
+
+
+def _version_of(module_name: str, distribution: str) -> str | None:
+    top = importlib.import_module(module_name.split(".")[0])
+    version = getattr(top, "__version__", None)
+    if version:
+        return str(version)
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def discover(component: Mapping[str, Any]) -> Found:
+    """Import the component (a package can be installed and still fail to import: a torch extension built for
+    another torch, a missing CUDA library) and read its version."""
+    import warnings
+
+    try:
+        # Quietly: megatron-core warns at import about optional packages (apex, and Transformer Engine where only
+        # data preparation runs) that are not what this check is about.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importlib.import_module(component["module"])
+    except Exception as err:  # any import failure is the finding, whatever its type
+        text = str(err).strip().splitlines()
+        return Found(None, f"{type(err).__name__}: {text[0] if text else ''}".strip(": "))
+    return Found(_version_of(component["module"], component["distribution"]) or "unknown")
+
+
+def discover_all(declared: Mapping[str, Any], names: Iterable[str] = COMPONENTS) -> dict[str, Found]:
+    found: dict[str, Found] = {}
+    for name in names:
+        if name != "torch" and found.get("torch", Found("-")).version is None:
+            found[name] = Found(None, "needs torch")  # importing it would only repeat torch's error
+            continue
+        found[name] = discover(declared[name])
+    return found
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def discover_installed(declared: Mapping[str, Any]) -> dict[str, Found]:
+    """The components by their installed distributions, without importing them: an image build has no GPU, and
+    Transformer Engine does not import without one."""
+    return {name: Found(installed_version(declared[name]["distribution"]), "not installed") for name in COMPONENTS}
+
+
+def discover_gpu(local_rank: int = 0) -> GpuFound:
+    import torch
+
+    nccl = None
+    if torch.distributed.is_available() and torch.distributed.is_nccl_available():
+        version = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    if not torch.cuda.is_available():
+        return GpuFound(None, None, nccl)
+    index = local_rank if local_rank < torch.cuda.device_count() else 0
+    return GpuFound(torch.cuda.get_device_name(index), tuple(torch.cuda.get_device_capability(index)), nccl)
+
+
+# --------------------------------------------------------------------------- comparing
+def in_range(version: str, supported: str) -> bool:
+    """PEP 440 range check; local labels (+cu130, +e75546b) and pre-releases of a supported version count."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(supported).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _capability(text: str) -> tuple[int, int]:
+    major, minor = str(text).split(".")
+    return int(major), int(minor)
+
+
+def problems(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFound | None = None,
+             precision: str = "bf16", python: str | None = None) -> list[str]:
+    """Each mismatch as a short phrase; empty when the stack is as declared. `gpu=None` skips the GPU and NCCL
+    checks (data preparation needs neither)."""
+    out = []
+    python = python or ".".join(map(str, sys.version_info[:3]))
+    if not in_range(python, declared["python"]["supported"]):
+        out.append(f"Python {python} found, {declared['python']['supported']} needed")
+    for name, what in found.items():
+        component = declared[name]
+        label = component["distribution"]
+        if what.version is None:
+            out.append(f"{label} not importable ({what.error}), {component['supported']} needed "
+                       f"(tested {component['tested']})")
+        elif what.version == "unknown" or not in_range(what.version, component["supported"]):
+            out.append(f"{label} {what.version} found, {component['supported']} needed (tested {component['tested']})")
+    if gpu is not None:
+        need = _capability(declared["min_compute_capability"][precision])
+        if gpu.capability is None:
+            out.append("no CUDA GPU visible to this process")
+        elif gpu.capability < need:
+            have = ".".join(map(str, gpu.capability))
+            out.append(f"{precision} needs compute capability {need[0]}.{need[1]} or newer, {gpu.name} has {have}"
+                       + ("; use dtype=bf16" if precision == "fp8" else ""))
+        if gpu.nccl is None:
+            out.append("torch has no NCCL (torch.distributed.is_nccl_available() is false)")
+    return out
+
+
+def error_line(found_problems: Sequence[str]) -> str:
+    return f"error: the training stack does not match conf/stack.yaml: {'; '.join(found_problems)}. Fix: {FIX}"
+
+
+# --------------------------------------------------------------------------- the check every rank runs
+def check_or_exit(cfg: Mapping[str, Any], precision: str | None, rank: int = 0, local_rank: int = 0,
+                  components: Sequence[str] = COMPONENTS, say: Callable[[str], None] | None = None) -> None:
+    """Exit with status 2 (one line, printed on rank 0 only) when the stack does not match. `precision=None`:
+    no GPU needed (data preparation)."""
+    if not cfg.get("stack_check", True):
+        return
+    declared = load_declared(cfg)
+    found = discover_all(declared, components)
+    gpu = None
+    if precision is not None and found.get("torch", Found(None)).version is not None:
+        gpu = discover_gpu(local_rank)
+    issues = problems(declared, found, gpu, precision or "bf16")
+    if issues:
+        if rank == 0:
+            (say or (lambda line: print(line, file=sys.stderr, flush=True)))(error_line(issues))
+        sys.exit(2)
+
+
+def check_run(run_dir: str, rank: int = 0, local_rank: int = 0) -> None:
+    """The check for a training rank of RUN_DIR (its config.yaml and plan.json)."""
+    import json
+
+    import yaml
+
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    with open(os.path.join(run_dir, "plan.json")) as f:
+        plan = json.load(f)
+    check_or_exit(cfg, "fp8" if plan.get("fp8") else "bf16", rank, local_rank)
+
+
+# --------------------------------------------------------------------------- installing
+def _cuda_major() -> str:
+    import torch
+
+    if not torch.version.cuda:
+        raise SystemExit("stack: this torch has no CUDA (torch.version.cuda is None); start from a CUDA base image")
+    return torch.version.cuda.split(".")[0]
+
+
+def requirement(component: Mapping[str, Any], cuda_major: Callable[[], str] = _cuda_major) -> str:
+    """`megatron-core==0.19.2`, `transformer-engine[pytorch,core_cu13]==2.20.2`: the tested version."""
+    extras = [e.format(cuda_major=cuda_major()) if "{cuda_major}" in e else e for e in component.get("extras") or []]
+    return f"{component['distribution']}{'[' + ','.join(extras) + ']' if extras else ''}=={component['tested']}"
+
+
+def missing_requirements(declared: Mapping[str, Any], found: Mapping[str, Found],
+                         installed: Callable[[str], str | None] | None = None,
+                         cuda_major: Callable[[], str] | None = None) -> list[str]:
+    """Pip requirements for what is missing or outside its range; components first (pinned to the tested
+    version), then the project's own requirements."""
+    from packaging.requirements import Requirement
+
+    installed = installed or installed_version
+    cuda_major = cuda_major or _cuda_major
+    out = []
+    for name in COMPONENTS:
+        component, what = declared[name], found[name]
+        if what.version is not None and in_range(what.version, component["supported"]):
+            continue
+        if not component.get("install"):
+            raise SystemExit(f"stack: {component['distribution']} {what.version or 'missing'} does not satisfy "
+                             f"{component['supported']}, and it comes with the base image: start from a base with "
+                             f"{component['distribution']} {component['supported']} "
+                             f"(tested {component['tested']})")
+        out.append(requirement(component, cuda_major))
+    for text in declared.get("requirements") or []:
+        req = Requirement(text)
+        version = installed(req.name)
+        if version is None or not req.specifier.contains(version, prereleases=True):
+            out.append(text)
+    return out
+
+
+def pip_command(requirements: Sequence[str], wheel_dir: str | None, constraints: str | None) -> list[str]:
+    # No build isolation: Transformer Engine's torch extension must build against the torch that is here.
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation"]
+    if wheel_dir:
+        cmd += ["--no-index", "--find-links", wheel_dir]
+    if constraints:
+        cmd += ["--constraint", constraints]
+    return cmd + list(requirements)
+
+
+def _to_install(declared: Mapping[str, Any], say: Callable[[str], None]) -> tuple[dict[str, Found], list[str]] | None:
+    """(what is installed, the requirements to add); None, said, when there is no torch to build on."""
+    found = discover_installed(declared)
+    if found["torch"].version is None:
+        say(f"stack: torch is not installed here; start from a base image with torch {declared['torch']['supported']}")
+        return None
+    return found, missing_requirements(declared, found)
+
+
+def install(declared: Mapping[str, Any], wheel_dir: str | None = None, dry_run: bool = False,
+            say: Callable[[str], None] = print) -> int:
+    wanted = _to_install(declared, say)
+    if wanted is None:
+        return 2
+    found, todo = wanted
+    if not todo:
+        say("stack: everything conf/stack.yaml declares is here; nothing to install")
+        return 0
+    constraints = _torch_constraint(found)
+    command = pip_command(todo, wheel_dir, constraints)
+    say("stack: " + " ".join(command))
+    try:
+        if dry_run:
+            return 0
+        code = subprocess.run(command).returncode
+    finally:
+        os.unlink(constraints)
+    if code:
+        say(f"stack: pip failed (exit status {code})" + ("; the wheel directory lacks what pip names above: fill it "
+            "with python -m recipes.stack wheels DIR on a machine with the same image and a package index"
+            if wheel_dir else "; without a package index, pass --wheel-dir (python -m recipes.stack wheels DIR makes "
+            "one)"))
+        return code
+    remaining = problems(declared, discover_installed(declared))
+    if remaining:
+        say(error_line(remaining))
+        return 2
+    say("stack: installed; the interpreter now has the declared stack")
+    return 0
+
+
+def _torch_constraint(found: Mapping[str, Found]) -> str:
+    """A constraints file that holds the base image's torch: no dependency may replace it."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="stack-constraints-", delete=False) as f:
+        f.write(f"torch=={found['torch'].version}\n")
+    return f.name
+
+
+def fetch_commands(report: Mapping[str, Any], dest: str) -> list[list[str]]:
+    """From pip's installation report (pip install --dry-run --report): each package pip would install, as the
+    exact file it chose; wheels are downloaded, source archives built into wheels here (Transformer Engine's torch
+    extension builds against this machine's torch, which is why this runs on the image an air-gapped cluster
+    uses)."""
+    commands = []
+    for item in report.get("install", []):
+        url = item["download_info"]["url"]
+        if url.endswith(".whl"):
+            commands.append([sys.executable, "-m", "pip", "download", "--no-deps", "-d", dest, url])
+        else:
+            commands.append([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dest,
+                             url])
+    return commands
+
+
+def wheels(declared: Mapping[str, Any], dest: str, say: Callable[[str], None] = print) -> int:
+    """Fill `dest` with every wheel `install` would need here, dependencies included, for an air-gapped machine
+    that runs the same image: run it where a package index is reachable."""
+    import json
+
+    wanted = _to_install(declared, say)
+    if wanted is None:
+        return 2
+    found, todo = wanted
+    if not todo:
+        say("stack: everything conf/stack.yaml declares is here; no wheels are needed for this image")
+        return 0
+    constraints = _torch_constraint(found)
+    report_path = constraints + ".report.json"
+    try:
+        resolve = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-build-isolation",
+                   "--constraint", constraints, "--report", report_path, *todo]
+        if subprocess.run(resolve).returncode:
+            say("stack: pip could not resolve " + " ".join(todo))
+            return 1
+        with open(report_path) as f:
+            commands = fetch_commands(json.load(f), dest)
+    finally:
+        for path in (constraints, report_path):
+            if os.path.exists(path):
+                os.unlink(path)
+    os.makedirs(dest, exist_ok=True)
+    for index, command in enumerate(commands, start=1):
+        say(f"stack: [{index}/{len(commands)}] {os.path.basename(command[-1])}")
+        if subprocess.run([*command[:-1], "--quiet", command[-1]]).returncode:
+            say(f"stack: fetching {command[-1]} failed")
+            return 1
+    say(f"stack: {len(commands)} wheels in {dest}; on the air-gapped machine: python -m recipes.stack install "
+        f"--wheel-dir {dest}")
+    return 0
+
+
+# --------------------------------------------------------------------------- the table
+def table(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFound | None) -> str:
+    rows = [("component", "found", "supported", "tested", "")]
+    python = ".".join(map(str, sys.version_info[:3]))
+    rows.append(("python", python, declared["python"]["supported"], declared["python"]["tested"],
+                 "ok" if in_range(python, declared["python"]["supported"]) else "MISMATCH"))
+    for name, what in found.items():
+        component = declared[name]
+        ok = what.version not in (None, "unknown") and in_range(what.version, component["supported"])
+        rows.append((component["distribution"], what.version or f"missing ({what.error})", component["supported"],
+                     str(component["tested"]), "ok" if ok else "MISMATCH"))
+    if gpu is not None:
+        capability = ".".join(map(str, gpu.capability)) if gpu.capability else "-"
+        rows.append(("GPU", f"{gpu.name or 'none'} (sm {capability})",
+                     f">= {declared['min_compute_capability']['bf16']} (fp8: "
+                     f"{declared['min_compute_capability']['fp8']})", "", "ok" if gpu.capability else "MISSING"))
+        rows.append(("NCCL", gpu.nccl or "missing", "", "", "ok" if gpu.nccl else "MISSING"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m recipes.stack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    check = sub.add_parser("check", help="exit 2 with one line when the stack does not match")
+    check.add_argument("--run-dir", help="check for this run (its config.yaml and precision)")
+    inst = sub.add_parser("install", help="pip-install what is missing or outside the declared range")
+    inst.add_argument("--wheel-dir", help="install only from this directory of wheels (no package index)")
+    inst.add_argument("--dry-run", action="store_true", help="print the pip command, install nothing")
+    fetch = sub.add_parser("wheels", help="download (and build) every wheel install would need here, dependencies "
+                                          "included, into DIR: for air-gapped machines running the same image")
+    fetch.add_argument("dest", metavar="DIR")
+    args = parser.parse_args(argv)
+    if args.command == "check":
+        if args.run_dir:
+            check_run(args.run_dir)
+        else:
+            check_or_exit({}, "bf16")
+        print("stack: ok")
+        return 0
+    declared = load_declared()
+    if args.command == "install":
+        return install(declared, args.wheel_dir, args.dry_run)
+    if args.command == "wheels":
+        return wheels(declared, args.dest)
+    found = discover_all(declared)
+    gpu = discover_gpu() if found["torch"].version is not None else None
+    print(table(declared, found, gpu))
+    # The GPU is shown for information (a login node has none); each run checks it for its precision.
+    return 1 if problems(declared, found) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Measured and published training throughput (conf/perf/): the rows the step-time model is fit to and the tests
+hold the memory estimate to (measured.yaml), and NVIDIA's published H100 results the benchmark compares with
+(nvidia_h100.yaml)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from common.plan import Plan
+from launcher.config.compose import CONF_DIR
+from launcher.plan.formulas import model_flops_per_sample
+from launcher.plan.hardware import gpu_spec
+
+PERF_DIR = CONF_DIR / "perf"
+MEASURED = PERF_DIR / "measured.yaml"
+NVIDIA_H100 = PERF_DIR / "nvidia_h100.yaml"
+
+
+def measured_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
+    return yaml.safe_load(path.read_text())["rows"]
+
+
+def row_overrides(row: Mapping[str, Any]) -> list[str]:
+    """main.py overrides that plan a measured row as it ran (the GPU type and node size of that machine)."""
+    return [*row["overrides"], "cluster=bcm", f"cluster.gpu_type={row['gpu']}",
+            f"cluster.gpus_per_node={row['gpus_per_node']}", f"training.global_batch_size={row['global_batch_size']}",
+            "memory_check=false"]
+
+
+def measured_tokens_per_s_per_gpu(row: Mapping[str, Any], plan: Plan) -> float:
+    """The row's throughput; rows recorded as MFU (bf16 peak) are converted with the plan's FLOPs per sample."""
+    if row.get("tokens_per_s_per_gpu"):
+        return float(row["tokens_per_s_per_gpu"])
+    peak = gpu_spec(plan.gpu_type).bf16_peak_flops
+    return row["mfu_bf16"] * peak * plan.seq_length / plan.model_flops_per_sample
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One of NVIDIA's published rows."""
+    model: str
+    dtype: str
+    gpus: int
+    layout: str
+    tokens_per_s_per_gpu: float
+    source: str
+    gpu: str
+    seq_length: int
+
+    def mfu(self, model_cfg: Mapping[str, Any], peak: str = "bf16") -> float:
+        """MFU of the published throughput with the plan's FLOPs formula (model_cfg: the full model's
+        architecture), against the bf16 or fp8 peak of the GPU it ran on."""
+        spec = gpu_spec(self.gpu)
+        flops = self.tokens_per_s_per_gpu / self.seq_length * model_flops_per_sample(model_cfg, self.seq_length)
+        return flops / (spec.fp8_peak_flops if peak == "fp8" else spec.bf16_peak_flops)
+
+
+def training_model(model: str) -> dict[str, Any]:
+    """The architecture of a training config by plan.json's name (llama31_70b -> conf/training/llama31/70b.yaml):
+    the full model, also for a run that overrode its layer count."""
+    from launcher.config.compose import compose
+
+    family, _, size = model.partition("_")
+    return compose([f"training={family}/{size}"])["training"]["model"]
+
+
+def nvidia_reference(model: str, dtype: str, path: Path = NVIDIA_H100) -> Reference | None:
+    """NVIDIA's row for this model (plan.json's `model`, e.g. llama31_70b) and dtype; None when there is none."""
+    published = yaml.safe_load(path.read_text())
+    for row in published["rows"]:
+        if row["model"] == model and row["dtype"] == dtype:
+            return Reference(row["model"], row["dtype"], row["gpus"], row["layout"],
+                             float(row["tokens_per_s_per_gpu"]), row["source"], published["gpu"],
+                             published["seq_length"])
+    return None

@@ -1,0 +1,1 @@
+"""Composing the Hydra config into a plain dict, and the sweeps over it."""

@@ -1,0 +1,155 @@
+"""The exact commands each stage runs, and the srun/pyxis flags around them. Strings only: rendering puts them
+into scripts, the plan records the training one."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def python_bin_dir() -> str:
+    """Where the Python running main.py lives (a virtualenv's bin/): local and bare-metal jobs put it first on
+    PATH so `python` in the job is the one that planned it."""
+    return str(Path(sys.executable).parent)
+
+
+def in_container(cluster: Mapping[str, Any]) -> bool:
+    """Cluster jobs run in cluster.container unless it is null or cluster.container_runtime=none; jobs on this
+    machine run with the Python that runs main.py."""
+    return (cluster["platform"] != "local" and bool(cluster.get("container"))
+            and cluster.get("container_runtime") != "none")
+
+
+def shell_line(prefix: list[str], command: str, container: Sequence[str] = ()) -> str:
+    """`prefix [container] command` with one flag per line when long, so a rendered script reads (and diffs) flag
+    by flag; `container` (e.g. `apptainer exec ... image.sif`) starts its own line; `command` is shell text."""
+    text = shlex.join([*prefix, *container])
+    if len(text) <= 40:
+        return f"{text} {command}"
+    parts = [shlex.quote(a) for a in prefix]
+    if container:
+        parts += [shlex.join(container[:2])] + [shlex.quote(a) for a in container[2:]]
+    return " \\\n    ".join(parts + [command])
+
+
+def grouped_line(groups: Sequence[Sequence[str]], command: str) -> str:
+    """`group group ... command`, one group per line (a flag with its value, `apptainer exec`), for launchers
+    whose flags take separate values (mpirun -x NAME)."""
+    parts = [shlex.join(g) for g in groups if g]
+    return " \\\n    ".join(parts + [command])
+
+
+# --------------------------------------------------------------------------- what runs
+def training_entry(run_dir: Path) -> list[str]:
+    """The training entry every rank runs; it reads config.yaml and plan.json from the run directory."""
+    return ["python", "-m", "recipes.train", "--run-dir", str(run_dir)]
+
+
+def preflight_entry(run_dir: Path) -> list[str]:
+    """The network preflight every rank of the training job's shape runs (recipes/observability/preflight.py)."""
+    return ["python", "-m", "recipes.preflight", "--run-dir", str(run_dir)]
+
+
+def torchrun_command(num_gpus: int, run_dir: Path, entry: list[str] | None = None) -> list[str]:
+    """torchrun over this machine's GPUs for an entry (default: training): `python -m ...`, or any other program
+    (e.g. the nsys wrapper), which torchrun then starts with --no-python. It starts through the job's `python`
+    (a virtualenv over a system's packages has no torchrun script of its own). --standalone: a rendezvous on a
+    free local port, so two local runs never collide."""
+    entry = entry or training_entry(run_dir)
+    program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
+    return ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(num_gpus), *program]
+
+
+def stack_check_command(run_dir: Path) -> list[str]:
+    """The check every rank runs first (common/stack.py), once before the ranks start: a mismatch is then one
+    line and exit status 2 rather than one failure per rank."""
+    return ["python", "-m", "recipes.stack", "check", "--run-dir", str(run_dir)]
+
+
+def data_prep_command(run_dir: Path, shard: str | None = None) -> str:
+    cmd = shlex.join(["python", "-m", "data_prep", "run", "--config", str(run_dir / "config.yaml")])
+    return cmd if shard is None else f"{cmd} --shard {shard}"
+
+
+def data_check_command(run_dir: Path) -> list[str]:
+    """data_prep's own check of every shard, reading them as training will (megatron's IndexedDataset)."""
+    return ["python", "-m", "data_prep", "verify", "--config", str(run_dir / "config.yaml"), "--shard", "all"]
+
+
+def export_hf_command(cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
+    """The newest complete checkpoint of the run to Hugging Face format (recipes/hf/exporter.py)."""
+    ckpt = cfg["training"]["checkpoint"]
+    out = ckpt.get("export_dir") or str(run_dir / "hf")
+    return ["python", "-m", "recipes.hf.exporter", "--checkpoint", str(run_dir / "checkpoints"), "--out", str(out),
+            "--max-shard-size", str(ckpt["export_max_shard_size"])]
+
+
+def report_command(run_dir: Path) -> list[str]:
+    return ["python", "-m", "launcher.report", str(run_dir)]
+
+
+# --------------------------------------------------------------------------- srun + pyxis
+def _abs_paths(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        if value.startswith("/"):
+            yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _abs_paths(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _abs_paths(v)
+
+
+def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
+    """host:container mounts at identical paths: the repository, results_dir, and the directories of every
+    absolute path the training and data preparation configs name (tokenizer, blend prefixes, data dirs, weights
+    to start from), so
+    paths in config.yaml mean the same thing inside the container."""
+    dirs: list[Path] = [REPO, Path(cfg["results_dir"])]
+    output_dir = (cfg.get("data_preparation") or {}).get("output_dir")
+    if output_dir and str(output_dir).startswith("/"):
+        dirs.append(Path(output_dir))  # created before the data preparation job is submitted
+    for path in _abs_paths([cfg["training"].get("tokenizer"), cfg["training"].get("data"),
+                            cfg["training"].get("checkpoint"), cfg.get("data_preparation")]):
+        p = Path(path)
+        # A directory is mounted itself; a file or a prefix (.bin/.idx without extension) through its parent.
+        mount = p if p.is_dir() else p.parent
+        if mount == Path("/"):
+            continue
+        dirs.append(mount)
+    kept: list[Path] = []
+    for d in dirs:
+        if not any(d == k or k in d.parents for k in kept):
+            kept = [k for k in kept if d not in k.parents] + [d]
+    mounts = [f"{d}:{d}" for d in kept]
+    for extra in cfg["cluster"].get("container_mounts") or []:
+        mounts.append(extra if ":" in extra else f"{extra}:{extra}")
+    return mounts
+
+
+def srun_prefix(cfg: Mapping[str, Any], *, env_keys: Iterable[str] = (), mpi: bool = False,
+                extra: Iterable[str] = ()) -> list[str]:
+    """srun with the pyxis flags (when the job runs in a pyxis container) and the cluster's own srun_args."""
+    cluster = cfg["cluster"]
+    args = ["srun", *extra]
+    if mpi and cluster.get("mpi"):
+        args.append(f"--mpi={cluster['mpi']}")
+    if in_container(cluster) and cluster["container_runtime"] == "pyxis":
+        args += [
+            f"--container-image={cluster['container']}",
+            f"--container-mounts={','.join(container_mounts(cfg))}",
+            f"--container-workdir={REPO}",
+            "--no-container-mount-home",
+        ]
+        if cluster.get("container_writable"):
+            args.append("--container-writable")
+        keys = list(env_keys)
+        if keys:
+            # Values the image also sets would otherwise win over ours inside the container.
+            args.append(f"--container-env={','.join(keys)}")
+    args += [str(a) for a in cluster.get("srun_args") or []]
+    return args

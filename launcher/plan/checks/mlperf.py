@@ -1,0 +1,92 @@
+"""MLPerf Training runs, host side: this run's settings against the benchmark's rules (the `mlperf` section that
+`training=mlperf/<benchmark>` brings), before anything is written.
+
+A setting that differs from the rules is a note, not an error: small runs (smoke tests, tuning) change them on
+purpose, and the note says that such a run is no benchmark result. Starting a benchmark that is defined from a
+checkpoint with random weights is an error unless `mlperf.allow_random_init=true`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from common.plan import Plan
+
+
+def check(cfg: Mapping[str, Any], plan: Plan) -> tuple[list[str], list[str]]:
+    """(problems, notes) for an MLPerf run; nothing for other runs."""
+    ml = cfg.get("mlperf")
+    if not ml:
+        return [], []
+    problems: list[str] = []
+    notes = [f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} ({why}): this run is "
+             "not a valid MLPerf result" for key, have, want, why in deviations(cfg, plan.global_batch_size)]
+    init = initial_weights_problem(cfg)
+    if init:
+        (notes if cfg.get("dry_run") else problems).append(init)
+    return problems, notes
+
+
+def expected_settings(rules: Mapping[str, Any], gbs: int) -> dict[str, tuple[Any, str]]:
+    """training.* key -> (the value the benchmark needs at this global batch size, where the rule comes from)."""
+    want = {
+        "seq_length": (rules["seq_length"], "max_sequence_length"),
+        "val_samples": (rules["eval_samples"], "eval_samples"),
+        "val_interval": (math.ceil(rules["eval_every_samples"] / gbs),
+                         f"an evaluation every {rules['eval_every_samples']} sequences at GBS {gbs}"),
+        "target_val_loss": (rules["target"], "the quality target"),
+        "optimizer.adam_beta1": (rules["adam_beta1"], "opt_adamw_beta_1"),
+        "optimizer.adam_beta2": (rules["adam_beta2"], "opt_adamw_beta_2"),
+        "optimizer.adam_eps": (rules["adam_eps"], "opt_adamw_epsilon"),
+        "optimizer.weight_decay": (rules["weight_decay"], "opt_adamw_weight_decay"),
+        "optimizer.clip_grad": (rules["clip_grad"], "opt_gradient_clip_norm"),
+    }
+    reference_gbs = rules.get("reference_gbs")
+    if reference_gbs:  # LR, warmup and the schedule's horizon scale with the batch size
+        want["optimizer.lr"] = (round(rules["lr_at_reference_gbs"] * gbs / reference_gbs, 8),
+                                f"opt_base_learning_rate x {reference_gbs} = GBS {gbs} x "
+                                f"{rules['lr_at_reference_gbs']}")
+        want["scheduler.warmup_steps"] = (math.ceil(rules["warmup_steps_at_reference_gbs"] * reference_gbs / gbs),
+                                          f"opt_learning_rate_warmup_steps at GBS {gbs}")
+        want["scheduler.decay_steps"] = (math.ceil(rules["max_steps"] * reference_gbs / gbs),
+                                         f"the schedule's horizon at GBS {gbs}, warmup + "
+                                         "opt_learning_rate_decay_steps")
+    else:
+        want["scheduler.decay_steps"] = (rules["max_steps"], "max_steps")
+    return want
+
+
+def deviations(cfg: Mapping[str, Any], gbs: int) -> list[tuple[str, Any, Any, str]]:
+    """(training key, its value, the benchmark's value, rule) for every setting that differs from the rules."""
+    train = cfg["training"]
+    out = []
+    for key, (want, why) in expected_settings(cfg["mlperf"]["rules"], gbs).items():
+        have = _lookup(train, key)
+        if not _same(have, want):
+            out.append((f"training.{key}", have, want, why))
+    return out
+
+
+def initial_weights_problem(cfg: Mapping[str, Any]) -> str | None:
+    """A benchmark that starts from a checkpoint, given none (and random weights not allowed explicitly)."""
+    ml = cfg["mlperf"]
+    ckpt = cfg["training"]["checkpoint"]
+    if not ml["rules"].get("starts_from_checkpoint") or ml.get("allow_random_init"):
+        return None
+    if ckpt.get("init_from") or ckpt.get("init_from_hf"):
+        return None
+    return (f"mlperf {ml['benchmark']} starts from Meta's checkpoint (init_checkpoint_step 0): set "
+            "training.checkpoint.init_from_hf=<directory of meta-llama/Llama-3.1-405B> (or "
+            "training.checkpoint.init_from=<checkpoint directory>), or mlperf.allow_random_init=true for a smoke test")
+
+
+def _lookup(section: Mapping[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        section = section[part]
+    return section
+
+
+def _same(have: Any, want: Any) -> bool:
+    if isinstance(have, (int, float)) and isinstance(want, (int, float)) and not isinstance(have, bool):
+        return math.isclose(have, want, rel_tol=1e-9, abs_tol=0.0)
+    return have == want

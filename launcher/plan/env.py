@@ -1,0 +1,36 @@
+"""The training job's environment variables the plan records."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from launcher.plan.errors import PlanError
+
+
+def training_env(parallel: Mapping[str, Any], cluster: Mapping[str, Any]) -> dict[str, str]:
+    """The environment NVIDIA's reference recipes set, only where it applies, then the cluster's own."""
+    tp, pp, cp, vp = parallel["tp"], parallel["pp"], parallel["cp"], parallel["vp"]
+    env = {
+        "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+        "NCCL_NVLS_ENABLE": "0",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if tp > 1 or cp > 1:
+        # Kernels must start in issue order so TP/CP communication overlaps the GEMMs it feeds.
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    if parallel["tp_comm_overlap"] and not cluster.get("nvlink_multicast", True):
+        # Userbuffers fall back to CUDA IPC where NVLink multicast is missing (PCIe, many single nodes).
+        env["UB_SKIPMC"] = "1"
+    if pp > 1:
+        env["NCCL_P2P_NET_CHUNKSIZE"] = "2097152"
+        if vp:
+            # Leave SMs for the pipeline's P2P kernels while LayerNorm kernels run.
+            env["NVTE_FWD_LAYERNORM_SM_MARGIN"] = "16"
+            env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = "16"
+    for key, value in (cluster.get("env") or {}).items():
+        env[str(key)] = str(value)
+    conflicting = sorted(k for k in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN") if k in env)
+    if conflicting:
+        raise PlanError([f"cluster.env sets {', '.join(conflicting)}: choose the attention backend with "
+                         "training.model.attention_backend instead (megatron-core sets these itself)"])
+    return env

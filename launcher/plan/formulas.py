@@ -1,0 +1,64 @@
+"""The plan's formulas: padded vocabulary, model FLOPs per sample, parameters per layer, the pipeline split."""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def model_flops_per_sample(model: Mapping[str, Any], seq_length: int) -> float:
+    """Training FLOPs (fwd + bwd) for one sequence, the formula the public recipes' MFU tables use:
+    seq * (attention + mlp + embedding)."""
+    layers, h = model["num_layers"], model["hidden_size"]
+    heads, groups = model["num_attention_heads"], model["num_query_groups"]
+    attention = 12 * layers * h * h * (1 + groups / heads + seq_length / h)
+    mlp = 18 * layers * model["ffn_hidden_size"] * h
+    embedding = 6 * model["vocab_size"] * h
+    return float(seq_length * (attention + mlp + embedding))
+
+
+def layer_parameters(model: Mapping[str, Any]) -> int:
+    """Parameters of one decoder layer (attention, SwiGLU MLP, two RMSNorm weights, no biases)."""
+    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
+    q = model["num_attention_heads"] * model["kv_channels"]
+    kv = 2 * model["num_query_groups"] * model["kv_channels"]
+    return h * (q + kv) + q * h + 3 * h * ffn + 2 * h
+
+
+def layers_per_pipeline_stage(num_layers: int, pp: int, asymmetric: bool) -> list[int]:
+    """Decoder layers on each PP rank, in order. With the asymmetric split the embedding takes one layer's slot
+    on the first stage and the loss one on the last. Assumes the split was validated."""
+    if pp == 1:
+        return [num_layers]
+    if not asymmetric:
+        return [num_layers // pp] * pp
+    per_stage = (num_layers + 2) // pp
+    return [per_stage - 1] + [per_stage] * (pp - 2) + [per_stage - 1]
+
+
+def pipeline_split_problems(num_layers: int, pp: int, vp: int | None, asymmetric: bool) -> list[str]:
+    chunks = vp or 1
+    if asymmetric:
+        if pp == 1:
+            return ["parallelism.asymmetric_pipeline=true needs parallelism.pp > 1; set it to false"]
+        slots = num_layers + 2
+        if slots % pp:
+            good = [p for p in range(2, 17) if slots % p == 0]
+            return [f"asymmetric pipeline: training.model.num_layers + 2 = {slots} is not divisible by "
+                    f"parallelism.pp={pp}; use pp in {good}"]
+        per_stage = slots // pp
+        if per_stage % chunks:
+            good = [v for v in range(1, per_stage + 1) if per_stage % v == 0]
+            return [f"asymmetric pipeline: (training.model.num_layers + 2) / parallelism.pp = {per_stage} layers "
+                    f"per stage do not split into parallelism.vp={vp} chunks; use vp in {good}"]
+        return []
+    if num_layers % (pp * chunks):
+        what = f"parallelism.pp={pp}" + (f" x parallelism.vp={vp}" if vp else "")
+        return [f"training.model.num_layers={num_layers} does not split evenly over {what}; choose pp (x vp) "
+                f"dividing {num_layers}, or set parallelism.asymmetric_pipeline=true"]
+    return []

@@ -1,0 +1,95 @@
+"""Throughput report: step time over a late window, tokens/s, tokens/s/GPU, TFLOPS/GPU, MFU (naming the peak)
+and days to train 1T tokens, for run directories or bare training logs (NeMo's progress lines included), plus a
+PNG of loss and step time per run.
+
+    python -m launcher.report results/RUN_A results/RUN_B
+    python -m launcher.report --rank results/llama31_8b_bf16_*      # fastest first, beside the model's prediction
+    python -m launcher.report nemo.log --gbs 128 --seq 8192 --gpus 64 --model llama31/70b --peak fp8
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from launcher.report import mlperf, telemetry
+from launcher.report.throughput import format_table, load, plot, summarize
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", type=Path, help="run directories and/or training log files")
+    p.add_argument("--window", help="positions START:END (half-open) of the logged steps to average; "
+                                    "default: 70%%..90%% of the run (35:45 of 50)")
+    p.add_argument("--rank", action="store_true", help="also rank the runs, fastest first, beside the step-time "
+                                                       "model's prediction for each (run directories)")
+    p.add_argument("--plot", type=Path, help="PNG to write (default: RUN_DIR/report.png for one run directory, "
+                                             "else ./report.png)")
+    bare = p.add_argument_group("for log files without a run directory")
+    bare.add_argument("--plan", help="a plan.json to take the sizes from")
+    bare.add_argument("--gbs", type=int, help="global batch size")
+    bare.add_argument("--seq", type=int, help="sequence length")
+    bare.add_argument("--gpus", type=int, help="number of GPUs")
+    bare.add_argument("--model", help="training config for FLOPs per sample, e.g. llama31/70b")
+    bare.add_argument("--gpu", default="h100", help="GPU type for the MFU peak (default h100)")
+    bare.add_argument("--peak", choices=("bf16", "fp8"), default="bf16",
+                      help="which peak MFU divides by (default bf16; compare FP8 runs in tokens/s/GPU)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    window = None
+    if args.window:
+        try:
+            a, b = args.window.split(":")
+            window = (int(a), int(b))
+        except ValueError:
+            print(f"error: --window {args.window!r}: use START:END, e.g. 35:45", file=sys.stderr)
+            return 2
+    reports, mlperf_runs = [], []
+    try:
+        for path in args.paths:
+            runs = mlperf.load_runs(path)
+            mlperf_runs += runs
+            try:
+                info, steps = load(path, args)
+                reports.append(summarize(info, steps, window))
+            except ValueError as err:
+                if not runs:  # an MLPerf log without step timings (mllog.txt) still has its score
+                    raise
+                print(f"note: no throughput for {path}: {err}")
+    except (ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = args.plot or (args.paths[0] / "report.png" if len(args.paths) == 1 and args.paths[0].is_dir()
+                        else Path("report.png"))
+    if reports:
+        print(format_table(reports))
+        peaks = sorted({f"{r.info.peak_label} = {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU"
+                        for r in reports if r.info.peak_flops})
+        print("step s: mean over the steps shown; MFU = GBS x model FLOPs per sample / step time / GPUs / peak"
+              + (f" ({'; '.join(peaks)})" if peaks else ""))
+        if args.rank:
+            from launcher.report.ranking import format_ranking  # the step-time model: only --rank needs it
+
+            print(format_ranking(reports, [path if path.is_dir() else None for path in args.paths]))
+    if mlperf_runs:
+        print("\n" + mlperf.format_section(mlperf_runs))
+    try:
+        if reports:
+            print(f"plot: {plot(reports, out)}")
+        if mlperf_runs:
+            print(f"plot: {mlperf.plot(mlperf_runs, out.with_name(out.stem + '_mlperf.png'))}")
+    except ImportError:  # a training image without matplotlib still gets the table
+        print("plot: skipped, matplotlib is not installed")
+    for path in args.paths:  # GPU telemetry of each run directory that has it
+        if path.is_dir():
+            telemetry.report(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

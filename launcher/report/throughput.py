@@ -1,0 +1,259 @@
+"""Throughput report: step time over a late window, tokens/s, tokens/s/GPU, TFLOPS/GPU, MFU (naming the peak)
+and days to train 1T tokens, for run directories or bare training logs (NeMo's progress lines included), plus a
+PNG of loss and step time per run. The command line, `python -m launcher.report`, is launcher/report/__main__.py."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from launcher.plan import table
+from launcher.plan.formulas import model_flops_per_sample
+from launcher.plan.hardware import GPUS, gpu_spec
+from launcher.report import figures, mlperf
+
+TOKENS_TO_TRAIN = 1e12
+
+# Names in log lines -> metrics.jsonl keys.
+_KEYS = {
+    "reduced_train_loss": "loss", "train_loss": "loss", "loss": "loss", "lm loss": "loss",
+    "train_step_timing in s": "step_time_s", "step_time_s": "step_time_s",
+    "global_step": "step", "step": "step",
+    "consumed_samples": "consumed_samples", "lr": "lr", "grad_norm": "grad_norm", "val_loss": "val_loss",
+    "tokens_per_s": "tokens_per_s", "tflops_per_gpu": "tflops_per_gpu", "mfu": "mfu",
+}
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
+# key=value where keys may hold spaces ("train_step_timing in s"); pairs are separated by " | " or ", ".
+_PAIR = re.compile(rf"([A-Za-z_][A-Za-z0-9_ ]*?)\s*=\s*({_NUMBER})(?![\w.])")
+
+
+def parse_pairs(line: str) -> dict[str, float]:
+    pairs = {}
+    for chunk in re.split(r"\s*\|\s*|,\s+|\[|\]", line):
+        match = _PAIR.search(chunk)
+        if match:
+            pairs[match.group(1).strip()] = float(match.group(2))
+    return pairs
+
+
+def parse_log(text: str) -> list[dict[str, float]]:
+    """One record per training step from progress lines (ours or NeMo's). Progress bars redraw the same step
+    with carriage returns, so the last line seen for a step wins."""
+    by_step: dict[float, dict[str, float]] = {}
+    order = 0
+    for line in re.split(r"[\r\n]+", text):
+        pairs = parse_pairs(line)
+        record = {_KEYS[k]: v for k, v in pairs.items() if k in _KEYS}
+        if "step_time_s" not in record:
+            continue
+        step = record.get("step")
+        if step is None:
+            order += 1
+            step = order
+        record["step"] = int(step)
+        by_step[step] = record
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed job
+    return [r for r in records if r.get("step") is not None]
+
+
+@dataclass
+class RunInfo:
+    name: str
+    global_batch_size: int | None
+    seq_length: int | None
+    num_gpus: int | None
+    model_flops_per_sample: float | None
+    peak_flops: float | None
+    peak_label: str | None   # e.g. "h100 fp8"
+    layout: str = "-"
+
+
+@dataclass
+class RunReport:
+    info: RunInfo
+    steps: list[dict[str, Any]]
+    window: tuple[int, int]
+    step_time_s: float
+    loss: float | None
+    val: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if not (self.info.global_batch_size and self.info.seq_length):
+            return None
+        return self.info.global_batch_size * self.info.seq_length / self.step_time_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float | None:
+        return self.tokens_per_s / self.info.num_gpus if self.tokens_per_s and self.info.num_gpus else None
+
+    @property
+    def tflops_per_gpu(self) -> float | None:
+        i = self.info
+        if not (i.global_batch_size and i.model_flops_per_sample and i.num_gpus):
+            return None
+        return i.global_batch_size * i.model_flops_per_sample / self.step_time_s / i.num_gpus / 1e12
+
+    @property
+    def mfu(self) -> float | None:
+        tflops = self.tflops_per_gpu
+        return tflops * 1e12 / self.info.peak_flops if tflops and self.info.peak_flops else None
+
+    @property
+    def days_to_train_1t_tokens(self) -> float | None:
+        return TOKENS_TO_TRAIN / self.tokens_per_s / 86400 if self.tokens_per_s else None
+
+
+def late_window(n: int) -> tuple[int, int]:
+    """Positions [start, end) to average: the first steps are slow (compilation, allocator warm-up), so the
+    public recipes use iterations 35-44 of 50; generally 70%..90% of the run, or all but the first step of
+    a short one."""
+    if n >= 10:
+        return int(n * 0.7), int(n * 0.9)
+    return (1, n) if n >= 2 else (0, n)
+
+
+def summarize(info: RunInfo, records: list[dict[str, Any]], window: tuple[int, int] | None = None) -> RunReport:
+    """Averages over `window`, positions in the timed steps (validation-only records carry no step time)."""
+    steps = [r for r in records if r.get("step_time_s") is not None]
+    if not steps:
+        raise ValueError(f"{info.name}: no step timings found (metrics.jsonl or 'train_step_timing in s=' lines)")
+    start, end = window or late_window(len(steps))
+    chosen = steps[start:end]
+    if not chosen:
+        raise ValueError(f"{info.name}: window {start}:{end} is empty ({len(steps)} steps logged)")
+    step_time = sum(float(s["step_time_s"]) for s in chosen) / len(chosen)
+    losses = [s["loss"] for s in steps if s.get("loss") is not None and not math.isnan(s["loss"])]
+    return RunReport(info, steps, (start, start + len(chosen)), step_time, losses[-1] if losses else None,
+                     val=[(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None])
+
+
+# --------------------------------------------------------------------------- inputs
+def _info_from_plan(name: str, plan: dict[str, Any], steps: list[dict[str, Any]]) -> RunInfo:
+    peak, label = plan.get("peak_flops_per_gpu"), None
+    if peak:
+        label = f"{plan.get('gpu_type')} {plan.get('peak_flops_kind')}"
+    else:  # planned without knowing the GPU: the trainer logs the peak it divided by
+        logged = [s["mfu_peak_flops"] for s in steps if s.get("mfu_peak_flops")]
+        if logged:
+            peak, label = float(logged[-1]), f"{plan.get('peak_flops_kind', '')} (as logged)".strip()
+    layout = table.layout(plan["tp"], plan["pp"], plan["cp"], plan.get("vp"))
+    return RunInfo(name, plan["global_batch_size"], plan["seq_length"], plan["num_gpus"],
+                   plan["model_flops_per_sample"], peak, label, layout)
+
+
+def _log_files(run_dir: Path) -> list[Path]:
+    logs = run_dir / "logs"
+    # Oldest first (a resubmitted run has several job logs); the last line seen for a step wins.
+    found = [*logs.glob("training*.log"), *logs.glob("training_*.out")] if logs.is_dir() else []
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, Any]]]:
+    """A run directory (plan.json + metrics.jsonl, else its logs) or a bare log file (sizes from flags)."""
+    if path.is_dir():
+        plan_path = path / "plan.json"
+        if not plan_path.exists():
+            raise ValueError(f"{path}: no plan.json (not a run directory); pass a log file with --gbs/--seq/--gpus")
+        steps: list[dict[str, Any]] = []
+        if (path / "metrics.jsonl").exists():
+            steps = read_metrics(path / "metrics.jsonl")
+        if not steps:
+            text = "\n".join(p.read_text(errors="replace") for p in _log_files(path))
+            steps = parse_log(text)
+        return _info_from_plan(path.name, json.loads(plan_path.read_text()), steps), steps
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or directory")
+    text = path.read_text(errors="replace")
+    steps = parse_log(text)
+    for key, value in mlperf.sizes_from_mllog(text).items():  # an MLPerf log states its own sizes
+        if not getattr(args, key):
+            setattr(args, key, value)
+    if args.plan:
+        return _info_from_plan(path.name, json.loads(Path(args.plan).read_text()), steps), steps
+    missing = [flag for flag, value in (("--gbs", args.gbs), ("--seq", args.seq), ("--gpus", args.gpus)) if not value]
+    if missing:
+        raise ValueError(f"{path}: a bare log needs {', '.join(missing)} (or --plan RUN_DIR/plan.json)")
+    flops = None
+    if args.model:
+        flops = model_flops_per_sample(_model_config(args.model), args.seq)
+    try:
+        spec = gpu_spec(args.gpu)
+    except KeyError:
+        raise ValueError(f"--gpu {args.gpu}: unknown GPU type; use one of {', '.join(GPUS)}") from None
+    peak = spec.fp8_peak_flops if args.peak == "fp8" else spec.bf16_peak_flops
+    return RunInfo(path.name, args.gbs, args.seq, args.gpus, flops, peak, f"{spec.name} {args.peak}"), steps
+
+
+def _model_config(model: str) -> dict[str, Any]:
+    from launcher.config.compose import compose
+
+    name = model if "/" in model else f"llama31/{model}"
+    try:
+        return compose([f"training={name}"])["training"]["model"]
+    except Exception as err:  # Hydra's own error types; the message names the options
+        raise ValueError(f"--model {model}: {str(err).splitlines()[0]}") from err
+
+
+# --------------------------------------------------------------------------- output
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_table(reports: Sequence[RunReport]) -> str:
+    header = ["run", "GPUs", "layout", "GBS", "seq", "window", "step s", "tokens/s", "tokens/s/GPU",
+              "TFLOPS/GPU", "MFU", "MFU peak", "days/1T tok", "loss"]
+    rows = [header]
+    for r in reports:
+        i = r.info
+        peak = f"{i.peak_label} {i.peak_flops / 1e12:.0f}T" if i.peak_flops else "-"
+        rows.append([
+            i.name, _fmt(i.num_gpus, "d"), i.layout, _fmt(i.global_batch_size, "d"), _fmt(i.seq_length, "d"),
+            f"{r.window[0]}-{r.window[1] - 1} of {len(r.steps)}", f"{r.step_time_s:.3f}",
+            _fmt(r.tokens_per_s, ",.0f"), _fmt(r.tokens_per_s_per_gpu, ",.0f"), _fmt(r.tflops_per_gpu, ".1f"),
+            _fmt(None if r.mfu is None else 100 * r.mfu, ".1f", "%"), peak,
+            _fmt(r.days_to_train_1t_tokens, ",.1f"), _fmt(r.loss, ".4f"),
+        ])
+    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+    left = {0, 2, 11}
+    lines = ["  ".join(cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot(reports: Sequence[RunReport], path: Path) -> Path:
+    plt = figures.pyplot()
+    fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    for r in reports:
+        steps = [s["step"] for s in r.steps]
+        with_loss = [(s["step"], s["loss"]) for s in r.steps if s.get("loss") is not None]
+        if with_loss:
+            line, = ax_loss.plot(*zip(*with_loss), label=r.info.name)
+            if r.val:
+                ax_loss.plot(*zip(*r.val), "o", color=line.get_color(), label=f"{r.info.name} (validation)")
+        ax_time.plot(steps, [s["step_time_s"] for s in r.steps], label=r.info.name)
+        lo, hi = r.window
+        ax_time.axvspan(steps[lo], steps[hi - 1], alpha=0.08)  # the averaged window
+    ax_loss.set_ylabel("training loss")
+    ax_time.set_ylabel("step time (s)")
+    ax_time.set_xlabel("step")
+    for ax in (ax_loss, ax_time):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return figures.save(fig, path)

@@ -1,0 +1,1 @@
+"""Hugging Face Llama weights in (the import) and out (the export), and the name mapping between the two."""

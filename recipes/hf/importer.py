@@ -1,0 +1,344 @@
+"""Start a run from Hugging Face Llama weights (`training.checkpoint.init_from_hf`: a directory or a hub id).
+
+Every rank reads only what its model chunks hold, straight from the `*.safetensors` shards with lazy slicing: its
+rows of q/k/v (whole KV groups) and of gate/up, its columns of the row-parallel weights, its vocabulary rows,
+the norms, for the layers its pipeline (and virtual pipeline) stages hold. What a rank holds comes from
+megatron-core itself (the chunks' `sharded_state_dict()`: global tensor, offset and shape of every local
+tensor), so every layout megatron can build is covered, the asymmetric pipeline split included. Context- and
+data-parallel ranks read the same as their tensor/pipeline peer. A rank's host memory holds one slice at a time.
+
+A hub id is downloaded once, by rank 0, into the Hugging Face cache (HF_TOKEN for gated models) while the other
+ranks wait; compute nodes without internet use a directory fetched beforehand:
+
+    python -m recipes.hf.importer fetch meta-llama/Llama-3.1-8B --local-dir /shared/models/Llama-3.1-8B
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+import struct
+import sys
+import time
+from typing import Any, Callable, Mapping
+
+from common import hf_config
+from common.hf_config import KEY, HFConfigError
+from recipes.hf import mapping
+
+INDEX = "model.safetensors.index.json"
+READ_BLOCK_BYTES = 64 * 2**20
+# What a run (and an export) needs of a hub repository: weights, index, configs, tokenizer.
+HUB_FILES = ["*.safetensors", "*.json", "tokenizer.model"]
+_MARKER = ".init_from_hf.json"  # in the run directory: where rank 0 found (or downloaded) a hub id
+
+
+class SourceError(ValueError):
+    """A Hugging Face checkpoint that cannot be read; str() is one line naming the file and the fix."""
+
+
+# --------------------------------------------------------------------------- the safetensors files
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a .safetensors file, after checking that the file holds every byte it declares."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise SourceError(f"{path} is truncated (no header): download it again")
+            (length,) = struct.unpack("<Q", head)
+            raw = f.read(length)
+    except FileNotFoundError:
+        raise SourceError(f"{path} is missing: download the checkpoint again") from None
+    if len(raw) < length:
+        raise SourceError(f"{path} is truncated (header cut short): download it again")
+    try:
+        header = json.loads(raw)
+    except json.JSONDecodeError:
+        raise SourceError(f"{path} is not a safetensors file (unreadable header)") from None
+    data_end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
+                   default=0)
+    size, expected = path.stat().st_size, 8 + length + data_end
+    if size < expected:
+        raise SourceError(f"{path} is truncated: {size:,} bytes, its header declares {expected:,}; download it "
+                          "again")
+    return header
+
+
+class SafetensorsDir:
+    """A Hugging Face model directory: which file holds each tensor, and slices of tensors read lazily."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self.weight_map = self._weight_map()
+        self._headers: dict[str, dict[str, Any]] = {}
+
+    def _weight_map(self) -> dict[str, str]:
+        index = self.directory / INDEX
+        files = sorted(p.name for p in self.directory.glob("*.safetensors"))
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError):
+                raise SourceError(f"{index} is not a safetensors index (no weight_map); download it again") from None
+            missing = sorted({f for f in weight_map.values() if not (self.directory / f).is_file()})
+            if missing:
+                raise SourceError(f"{self.directory}: {INDEX} names {', '.join(missing)}, which "
+                                  f"{'is' if len(missing) == 1 else 'are'} missing; download the checkpoint again")
+            return dict(weight_map)
+        if len(files) == 1:
+            names = safetensors_header(self.directory / files[0])
+            return {name: files[0] for name in names if name != "__metadata__"}
+        if not files:
+            raise SourceError(f"{KEY}={self.directory} has no *.safetensors files (only safetensors checkpoints "
+                              "are read; convert .bin/.pth weights with transformers' save_pretrained first)")
+        raise SourceError(f"{self.directory} has {len(files)} *.safetensors files but no {INDEX}: download the "
+                          "index too")
+
+    def header(self, file: str) -> dict[str, Any]:
+        if file not in self._headers:
+            self._headers[file] = safetensors_header(self.directory / file)
+        return self._headers[file]
+
+    def entry(self, name: str) -> dict[str, Any]:
+        if name not in self.weight_map:
+            raise SourceError(f"{self.directory} has no tensor {name}; is it a Llama checkpoint of this size?")
+        file = self.weight_map[name]
+        header = self.header(file)
+        if name not in header:
+            raise SourceError(f"{self.directory / file} has no tensor {name} although {INDEX} says so; download "
+                              "it again")
+        return header[name]
+
+    def dtype(self, name: str):
+        import torch
+
+        kinds = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+        kind = self.entry(name)["dtype"]
+        if kind not in kinds:
+            raise SourceError(f"{self.directory}: {name} is {kind}; only BF16, F16 and F32 weights are read")
+        return kinds[kind]
+
+    def check_shapes(self, expected: Mapping[str, tuple[int, ...]]) -> None:
+        """Every tensor the model needs is there with its shape (one line naming the first that is not)."""
+        for name, shape in expected.items():
+            found = tuple(self.entry(name)["shape"])
+            if found != tuple(shape):
+                raise SourceError(f"{self.directory}: {name} has shape {list(found)}, training.model needs "
+                                  f"{list(shape)}")
+
+    def read(self, name: str, rows: slice, cols: slice | None):
+        """Rows (and columns) of one tensor, read from its shard without loading the rest of it."""
+        from safetensors import SafetensorError, safe_open
+
+        self.entry(name)  # validates the file (complete) before safetensors maps it
+        path = self.directory / self.weight_map[name]
+        try:
+            with safe_open(str(path), framework="pt") as f:  # closed at once: no mapped pages linger
+                part = f.get_slice(name)
+                return part[rows] if cols is None else part[rows, cols]
+        except SafetensorError as err:
+            raise SourceError(f"{path}: {err}; download it again") from None
+
+
+def read_region(src: SafetensorsDir, name: str, layer: int | None, model: Mapping[str, Any], padded_vocab: int,
+                start: list[int], size: list[int]):
+    """The block [start, start + size) of megatron's global tensor `name` (one layer of it), from Hugging Face
+    tensors: a TP shard of q/k/v or gate/up gathers its rows from several of them. Read in row blocks of at most
+    READ_BLOCK_BYTES into one preallocated tensor, so a rank's host memory holds its slice and one block."""
+    import torch
+
+    cols = slice(start[1], start[1] + size[1]) if len(size) == 2 else None
+    first, last = start[0], start[0] + size[0]
+    out = None
+    row = 0
+    for piece in mapping.pieces(name, layer, model, padded_vocab):
+        lo, hi = max(first, row), min(last, row + piece.rows)
+        if lo < hi:
+            if out is None:
+                out = torch.empty(size, dtype=src.dtype(piece.hf_name))
+            target = out[lo - first:hi - first]
+            if piece.repeat:
+                target.copy_(src.read(piece.hf_name, slice(piece.start, piece.start + 1), cols).expand_as(target))
+            else:
+                step = max(1, READ_BLOCK_BYTES // max(1, target[0].numel() * target.element_size()))
+                for begin in range(0, hi - lo, step):
+                    rows = min(step, hi - lo - begin)
+                    first_row = piece.start + lo - row + begin
+                    target[begin:begin + rows].copy_(src.read(piece.hf_name, slice(first_row, first_row + rows), cols))
+        row += piece.rows
+    if out is None or row < last:
+        raise SourceError(f"{name}: rows {first}-{last} requested, training.model gives {row}")
+    return out
+
+
+def read_sharded_tensor(src: SafetensorsDir, sh_ten, model: Mapping[str, Any], padded_vocab: int):
+    """The local data of one of megatron's ShardedTensors, from the Hugging Face files."""
+    name, layer = mapping.global_key(sh_ten.key)
+    start, size = list(sh_ten.global_offset), list(sh_ten.local_shape)
+    if sh_ten.prepend_axis_num:  # layers stacked along a leading axis: the offset there is the layer
+        layer = start[0]
+        start = start[sh_ten.prepend_axis_num:]
+    try:
+        tensor = read_region(src, name, layer, model, padded_vocab, start, size)
+    except KeyError:
+        raise SourceError(f"the model has a tensor {sh_ten.key} that a Llama checkpoint does not hold") from None
+    return tensor.to(sh_ten.dtype)
+
+
+def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_vocab: int,
+                    say: Callable[[str], None], show_progress: bool) -> None:
+    """Fill this rank's model chunks from a Hugging Face directory: what dist_checkpointing.load does with a
+    checkpoint of its own, with the Hugging Face files as the storage."""
+    from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace, merge
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factory_merges
+    from megatron.core.dist_checkpointing.state_dict_utils import load_preprocess
+    from megatron.core.dist_checkpointing.utils import force_all_tensors_to_non_fp8
+    from tqdm import tqdm
+
+    from recipes.trainer.model import unwrap
+
+    src = SafetensorsDir(directory)
+    src.check_shapes(mapping.hf_shapes(model))
+    say(f"initialising weights from Hugging Face {directory}")
+    prepared = []
+    for chunk in chunks:
+        sharded = unwrap(chunk).sharded_state_dict()
+        force_all_tensors_to_non_fp8(sharded)  # FP8 parameters: load the high-precision values
+        prepared.append(load_preprocess(sharded))
+    local = [t for sharded, _, _ in prepared for t in _sharded_tensors(sharded)]
+    count = len(local)
+    bar = tqdm(total=sum(t.data.numel() * t.data.element_size() for t in local), unit="B", unit_scale=True,
+               desc="init_from_hf", disable=not show_progress, mininterval=2.0)
+    del local
+    done = 0
+
+    def fill(value):
+        nonlocal done
+        if isinstance(value, ShardedTensor):
+            tensor = read_sharded_tensor(src, value, model, padded_vocab).to(value.data.device)
+            done += 1
+            bar.update(tensor.numel() * tensor.element_size())
+            bar.set_postfix_str(f"{done}/{count} tensors", refresh=False)
+            return tensor
+        if isinstance(value, ShardedObject):  # Transformer Engine's extra state: keep the freshly built one
+            return value.data
+        return value
+
+    for chunk, (sharded, nonpersistent, factories) in zip(chunks, prepared):
+        dict_list_map_inplace(fill, sharded)
+        merge(sharded, nonpersistent)
+        unwrap(chunk).load_state_dict(apply_factory_merges(sharded, factories))
+    bar.close()
+
+
+def _sharded_tensors(sharded):
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    return [x for x in nested_values(sharded) if isinstance(x, ShardedTensor)]
+
+
+# --------------------------------------------------------------------------- where the weights are, per rank
+def download(repo_id: str, local_dir: str | None = None) -> str:
+    """A hub repository's weights, configs and tokenizer into the Hugging Face cache (or `local_dir`)."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    except ImportError:
+        raise SourceError(f"{KEY}={repo_id} is a hub id but huggingface_hub is not installed; pip install "
+                          "huggingface_hub, or download the model and pass its directory") from None
+    token = os.environ.get("HF_TOKEN") or None
+    try:
+        return snapshot_download(repo_id, token=token, local_dir=local_dir, allow_patterns=HUB_FILES)
+    except GatedRepoError:
+        fix = "export HF_TOKEN=<your token>" if token is None else "HF_TOKEN has no access yet"
+        raise SourceError(f"{repo_id} is gated on the Hugging Face hub: accept its license at "
+                          f"https://huggingface.co/{repo_id} ({fix})") from None
+    except RepositoryNotFoundError:
+        raise SourceError(f"{KEY}={repo_id}: no such hub repository (or HF_TOKEN cannot see it)") from None
+    except (HfHubHTTPError, OSError) as err:
+        raise SourceError(f"downloading {repo_id} failed: {err}; on a machine without internet, download it "
+                          "elsewhere and pass the directory") from None
+
+
+def _wait_for_marker(marker: Path, repo_id: str, poll_s: float = 2.0) -> str:
+    """Rank 0 writes the marker when its download is done; the other ranks wait for it (a failed download ends
+    the job through the launcher, which stops every rank)."""
+    waited = 0.0
+    while True:
+        try:
+            record = json.loads(marker.read_text())
+            if record.get("source") == repo_id:
+                return record["path"]
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(poll_s)
+        waited += poll_s
+        if waited % 300 < poll_s:
+            print(f"[recipes] waiting for rank 0 to download {repo_id} ({waited:.0f} s)", flush=True)
+
+
+def locate(value: str, run_dir: str, rank: int) -> str:
+    """The directory of `init_from_hf` on this rank. A hub id: rank 0 downloads it (nothing to do when cached)
+    and tells the others where it is through a file in the run directory."""
+    if not hf_config.is_hub_id(value):
+        path = Path(value).expanduser()
+        if not path.is_dir():
+            raise SourceError(f"{KEY}={value} is not a directory on this node (rank {rank}): put it on a "
+                              "filesystem every node sees")
+        return str(path)
+    marker = Path(run_dir) / _MARKER
+    if rank == 0:
+        path = download(value)
+        tmp = marker.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"source": value, "path": path}))
+        os.replace(tmp, marker)
+        return path
+    path = _wait_for_marker(marker, value)
+    if not Path(path, "config.json").is_file():
+        raise SourceError(f"rank {rank} cannot see {path}, where rank 0 downloaded {value}: set HF_HOME to a "
+                          "shared filesystem, or fetch it first (python -m recipes.hf.importer fetch "
+                          f"{value} --local-dir DIR) and set {KEY}=DIR")
+    return path
+
+
+def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | None:
+    """The checked Hugging Face directory this run starts from, or None (not configured, or the run resumes from
+    a checkpoint of its own). Runs on every rank before any GPU work; a problem ends the process with one line
+    (printed by rank 0, or by the rank that alone has it)."""
+    from recipes.trainer.checkpoint import latest_checkpoint
+
+    ckpt = cfg["training"]["checkpoint"]
+    value = ckpt.get("init_from_hf")
+    if not value or (ckpt["load"] and latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
+        return None
+    try:
+        path = locate(str(value), run_dir, rank)
+    except SourceError as err:
+        raise SystemExit(f"error: {err}") from None
+    try:
+        hf_config.check_directory(path, cfg["training"]["model"], source=str(value))
+    except HFConfigError as err:
+        raise SystemExit(f"error: {err}" if rank == 0 else 2) from None
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Hugging Face Llama weights for training.checkpoint.init_from_hf")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch = sub.add_parser("fetch", help="download a hub repository's weights, configs and tokenizer (HF_TOKEN)")
+    fetch.add_argument("repo_id", help="e.g. meta-llama/Llama-3.1-8B")
+    fetch.add_argument("--local-dir", help="download into this directory instead of the Hugging Face cache")
+    args = parser.parse_args(argv)
+    try:
+        path = download(args.repo_id, args.local_dir)
+    except SourceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.repo_id} -> {path}\nstart a run from it with: {KEY}={path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

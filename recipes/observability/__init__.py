@@ -1,0 +1,1 @@
+"""Watching a run: tracking, profiling, GPU telemetry, MLPerf logging, and the network preflight."""

@@ -1,0 +1,100 @@
+"""What the trainer calls so a run can be watched: experiment tracking (recipes/observability/tracking.py), the
+profiling window (recipes/observability/profiling.py) and GPU telemetry (recipes/observability/telemetry.py), each
+only where its config enables it and on the ranks that do it. Every call is cheap and safe when the feature is off."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Mapping
+
+from recipes.observability import profiling, telemetry, tracking
+
+
+# Ranges during which the GPUs do something other than training steps.
+SAMPLER_ACTIVITIES = ("validation", "checkpoint")
+
+
+def _print(message: str) -> None:
+    print(f"[recipes] {message}", flush=True)
+
+
+def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
+    """Packages the enabled features need, one line each naming the fix. Checked on every rank (they share the
+    environment), so all of them stop together, before anything is built."""
+    nvml = telemetry.missing_package(dict(cfg))
+    return tracking.missing_packages(cfg) + ([nvml] if nvml else [])
+
+
+class Observers:
+    """Holds the telemetry sampler, the profiling window and the tracker of this rank. Made from the rank's
+    environment (recipes.trainer.distributed.RankInfo) before the process group and the model exist."""
+
+    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], info: Any):
+        self.run_dir, self.cfg, self.plan = run_dir, cfg, plan
+        rank, local_rank = info.rank, info.local_rank
+        self.rank = rank
+        self.is_last_rank = rank == info.world_size - 1
+        problems = missing_packages(cfg)
+        if problems:
+            raise SystemExit("\n".join(f"error: {p}" for p in problems))
+        self.tracker: tracking.Tracker | None = None
+        self.sampler: telemetry.Sampler | None = None
+        profile_cfg = cfg.get("profile")
+        self.window = (profiling.ProfileWindow(run_dir, profile_cfg, rank, say=_print)
+                       if profiling.profiled_here(profile_cfg, rank) else None)
+        telemetry_cfg = cfg.get("telemetry") or {}
+        if telemetry_cfg.get("enabled") and local_rank == 0:
+            gpus = telemetry.job_gpu_ids(int(plan["gpus_per_node"]))
+            self.sampler = telemetry.start(run_dir, telemetry_cfg, gpus)
+
+    def training_starts(self, model_config: Any, resume_step: int) -> None:
+        """Opens the tracker (last rank: it has the metrics) and installs the forward/backward ranges."""
+        if self.is_last_rank:
+            self.tracker = tracking.Tracker(self.run_dir, self.cfg, self.plan, resume_step, say=_print)
+        if self.window is not None:
+            model_config.timers = self.window.timers()
+        if self.sampler is not None:
+            self.sampler.step = resume_step
+
+    @contextlib.contextmanager
+    def range(self, name: str) -> Iterator[None]:
+        """A named range (optimizer, validation, checkpoint) in the profile of a profiled rank; validation and
+        checkpoint samples are marked in the telemetry, so the report's "during steps" leaves them out."""
+        marked = self.sampler is not None and name in SAMPLER_ACTIVITIES
+        if marked:
+            previous, self.sampler.activity = self.sampler.activity, name
+        try:
+            if self.window is None:
+                yield
+            else:
+                with self.window.range(name):
+                    yield
+        finally:
+            if marked:
+                self.sampler.activity = previous
+
+    def step_begins(self, step: int) -> None:
+        if self.window is not None:
+            self.window.step_begins(step)
+
+    def step_ended(self, step: int) -> None:
+        if self.window is not None:
+            self.window.step_ended(step)
+        if self.sampler is not None:
+            self.sampler.step = step
+            if self.sampler.activity == "startup":
+                self.sampler.activity = ""
+
+    def log(self, record: Any) -> None:
+        if self.tracker is not None:
+            self.tracker.log(record)
+
+    def close(self) -> None:
+        """Idempotent; the trainer calls it however training ends."""
+        if self.window is not None:
+            self.window.close()
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None

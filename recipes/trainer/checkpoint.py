@@ -1,0 +1,272 @@
+"""Checkpoints with megatron-core's dist_checkpointing: model, optimizer, LR scheduler, RNG, step and data
+position. A checkpoint is written under a partial name and renamed once every rank has finished, so only
+complete checkpoints carry the `iter_NNNNNNN` name; resume picks the newest of those."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+import json
+import os
+import re
+import shutil
+from typing import Any, Callable
+
+from recipes.trainer.model import unwrap
+from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+
+TRACKER = "latest_checkpointed_iteration.txt"
+STATE_FILE = "train_state.json"
+_COMPLETE = re.compile(r"^iter_(\d{7})$")
+_PARTIAL_PREFIX = ".partial_"
+
+
+@dataclass
+class TrainState:
+    """What, beside the tensors, a resumed run needs to continue exactly where it stopped."""
+    step: int
+    consumed_samples: int
+
+
+# --------------------------------------------------------------------------- bookkeeping (no torch)
+def checkpoint_name(step: int) -> str:
+    return f"iter_{step:07d}"
+
+
+def partial_path(root: str, step: int) -> str:
+    return os.path.join(root, _PARTIAL_PREFIX + checkpoint_name(step))
+
+
+def complete_checkpoints(root: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = _COMPLETE.match(name)
+        path = os.path.join(root, name)
+        if match and os.path.isfile(os.path.join(path, STATE_FILE)):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(root: str) -> tuple[int, str] | None:
+    complete = complete_checkpoints(root)
+    return complete[-1] if complete else None
+
+
+def read_train_state(path: str) -> TrainState:
+    with open(os.path.join(path, STATE_FILE)) as f:
+        return TrainState(**json.load(f))
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def finalize_checkpoint(root: str, state: TrainState) -> str:
+    """Mark the partial checkpoint of state.step complete: state file, rename, tracker. Run on one rank after
+    every rank has written its shards."""
+    partial = partial_path(root, state.step)
+    _write_atomically(os.path.join(partial, STATE_FILE), json.dumps(asdict(state), indent=1))
+    final = os.path.join(root, checkpoint_name(state.step))
+    if os.path.exists(final):  # the same step saved again (e.g. after a signal at a save step)
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    _write_atomically(os.path.join(root, TRACKER), f"{state.step}\n")
+    return final
+
+
+def prune_checkpoints(root: str, keep_last: int) -> list[str]:
+    """Delete all but the newest keep_last complete checkpoints (keep_last <= 0 keeps everything)."""
+    if keep_last <= 0:
+        return []
+    removed = []
+    for _, path in complete_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def remove_partials(root: str) -> list[str]:
+    """Leftovers of interrupted saves; they never count as checkpoints."""
+    if not os.path.isdir(root):
+        return []
+    removed = []
+    for name in os.listdir(root):
+        if name.startswith(_PARTIAL_PREFIX):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+# --------------------------------------------------------------------------- distributed save / load
+def _model_key(index: int, count: int) -> str:
+    return "model" if count == 1 else f"model{index}"
+
+
+def _model_sharded_state(chunks) -> dict[str, Any]:
+    return {_model_key(i, len(chunks)): unwrap(chunk).sharded_state_dict() for i, chunk in enumerate(chunks)}
+
+
+def _load_model_state(chunks, loaded: dict[str, Any]) -> None:
+    for index, chunk in enumerate(chunks):
+        unwrap(chunk).load_state_dict(loaded[_model_key(index, len(chunks))])
+
+
+def _rng_state():
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core import parallel_state as ps, tensor_parallel
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    state = {
+        "random": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(),
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    # Identical across data-parallel replicas; one copy per (PP, TP) position.
+    return ShardedObject("rng_state", state,
+                         (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
+                         (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
+                         replica_id=ps.get_data_parallel_rank(with_context_parallel=True))
+
+
+def _set_rng_state(state: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def sharded_state(chunks, optimizer, scheduler, is_loading: bool) -> dict[str, Any]:
+    state = _model_sharded_state(chunks)
+    # The optimizer maps its shards onto the model's sharded tensors.
+    state["optimizer"] = optimizer.sharded_state_dict(dict(state), is_loading=is_loading,
+                                                      metadata=_OPTIMIZER_METADATA)
+    state["scheduler"] = scheduler.state_dict()
+    state["rng_state"] = _rng_state()
+    return state
+
+
+class Checkpointer:
+    """Saves (optionally asynchronously) and loads this run's checkpoints; holds the async queue."""
+
+    def __init__(self, root: str, keep_last: int, async_save: bool):
+        import torch
+
+        self.root = root
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self.rank = torch.distributed.get_rank()
+        self._queue = None
+        if async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self._queue = AsyncCallsQueue()
+        if self.rank == 0:
+            os.makedirs(root, exist_ok=True)
+            remove_partials(root)
+        torch.distributed.barrier()
+
+    def save(self, chunks, optimizer, scheduler, state: TrainState, log: Callable[[str], None]) -> None:
+        import torch
+        from megatron.core import dist_checkpointing
+
+        self.wait()  # one save in flight at a time
+        partial = partial_path(self.root, state.step)
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(partial)
+        torch.distributed.barrier()
+        snapshot = TrainState(**asdict(state))
+        extra = {"async_sharded_save": True, "async_strategy": _async_strategy()} if self.async_save else {}
+
+        def finalize() -> None:
+            if self.rank == 0:
+                path = finalize_checkpoint(self.root, snapshot)
+                prune_checkpoints(self.root, self.keep_last)
+                log(f"saved checkpoint {path}")
+            torch.distributed.barrier()
+
+        with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
+            request = dist_checkpointing.save(sharded_state(chunks, optimizer, scheduler, is_loading=False),
+                                              partial, **extra)
+            if request is not None:
+                request.add_finalize_fn(finalize)
+                self._queue.schedule_async_request(request)
+        if request is None:
+            finalize()
+
+    def poll(self) -> None:
+        """Finish async saves whose writes are done (collective; call on every rank each step)."""
+        if self._queue is not None:
+            self._queue.maybe_finalize_async_calls(blocking=False)
+
+    def wait(self) -> None:
+        if self._queue is not None:
+            self._queue.maybe_finalize_async_calls(blocking=True)
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self.wait()
+            self._queue.close()
+
+    def load_latest(self, chunks, optimizer, scheduler, log: Callable[[str], None]) -> TrainState | None:
+        """Restore the newest complete checkpoint into the model, optimizer and scheduler; None when there is
+        none. Every rank must see the same checkpoint (shared filesystem)."""
+        import torch
+        from megatron.core import dist_checkpointing
+
+        latest = latest_checkpoint(self.root)
+        steps = torch.tensor([latest[0] if latest else -1], dtype=torch.long, device="cuda")
+        torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
+        if latest is None or steps.item() != latest[0]:
+            if latest is not None:
+                raise SystemExit(f"ranks disagree on the latest checkpoint under {self.root}: is it on a shared "
+                                 "filesystem?")
+            return None
+        step, path = latest
+        log(f"resuming from {path}")
+        loaded = dist_checkpointing.load(sharded_state(chunks, optimizer, scheduler, is_loading=True), path)
+        _load_model_state(chunks, loaded)
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(loaded["scheduler"])
+        _set_rng_state(loaded["rng_state"])
+        return read_train_state(path)
+
+
+def load_model_weights(path: str, chunks, log: Callable[[str], None]) -> None:
+    """Model weights only, from any checkpoint of this format (another run, another parallel layout: the
+    sharded format reshards on load). Optimizer, scheduler and data position start fresh."""
+    from megatron.core import dist_checkpointing
+
+    if not os.path.isfile(os.path.join(path, STATE_FILE)):
+        raise SystemExit(f"training.checkpoint.init_from={path} is not a complete checkpoint (no {STATE_FILE})")
+    log(f"initialising weights from {path}")
+    _load_model_state(chunks, dist_checkpointing.load(_model_sharded_state(chunks), path))
+
+
+def _async_strategy() -> str:
+    try:
+        from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX
+    except ImportError:
+        HAVE_NVRX = False
+    return "nvrx" if HAVE_NVRX else "mcore"

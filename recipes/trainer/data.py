@@ -1,0 +1,222 @@
+"""Training data: megatron's GPTDataset over the data-preparation outputs (or its mock dataset), a sampler that
+resumes at any consumed-sample count, and per-rank batches (loaded once per TP group and broadcast; sliced
+for context parallelism)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import os
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+
+# The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
+BATCH_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
+
+
+@dataclass(frozen=True)
+class MockTokenizer:
+    """What megatron's mock dataset needs of a tokenizer: vocabulary size, end-of-document id, and identifiers
+    for the hash naming its cached sample indices. Real data uses data_prep's tokenizer, which has all three."""
+    vocab_size: int
+    eod: int
+
+    @property
+    def unique_identifiers(self) -> dict:
+        return {"class": "MockTokenizer", "vocab_size": self.vocab_size, "eod": self.eod}
+
+
+def blend_of(data_cfg: Mapping[str, Any]) -> tuple[list[str], list[float] | None]:
+    """training.data.blend as megatron's (prefixes, weights): [w, p, w, p, ...] or [p, p, ...]."""
+    blend = list(data_cfg["blend"])
+    if all(isinstance(item, str) for item in blend):
+        return blend, None
+    return [str(p) for p in blend[1::2]], [float(w) for w in blend[::2]]
+
+
+def split_sizes(train_steps: int, global_batch_size: int, val_interval: int, val_samples: int) -> list[int]:
+    """Samples per split (train, validation, test). Every evaluation reads the same val_samples sequences, so
+    validation losses compare across evaluations and across a resume."""
+    return [train_steps * global_batch_size, val_samples if val_interval > 0 else 0, 0]
+
+
+def eval_samples(train: Mapping[str, Any], global_batch_size: int) -> int:
+    """Sequences per evaluation: training.val_samples, else val_steps global batches."""
+    return train.get("val_samples") or train["val_steps"] * global_batch_size
+
+
+def eval_microbatches(samples: int, micro_batch_size: int, dp_size: int, per_call: int) -> list[int]:
+    """Microbatches per data-parallel rank for each pipeline-schedule call of one evaluation: calls as large as
+    a training step's, the last one taking the rest (the plan checked that samples split into microbatches)."""
+    total = samples // (micro_batch_size * dp_size)
+    return [per_call] * (total // per_call) + ([total % per_call] if total % per_call else [])
+
+
+class InOrderSequences(torch.utils.data.Dataset):
+    """The first `num_samples` sequences of the documents of `prefixes` (data preparation outputs), read in order
+    and never shuffled: sample i is tokens [i*seq, (i+1)*seq] of the documents laid end to end (seq + 1 tokens:
+    inputs and labels shifted by one), cut as megatron's GPTDataset cuts its samples. MLPerf evaluates on exactly
+    these sequences."""
+
+    def __init__(self, prefixes: list[str], seq_length: int, num_samples: int):
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        self.seq_length = seq_length
+        self.parts = []
+        for prefix in prefixes:
+            dtype = IndexedDataset(prefix, mmap=True).index.dtype
+            self.parts.append(np.memmap(prefix + ".bin", dtype=dtype, mode="r"))
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        available = max(0, int(self.offsets[-1]) - 1) // seq_length
+        if num_samples > available:
+            raise SystemExit(f"training.data.valid_blend holds {available} sequences of {seq_length} tokens but an "
+                             f"evaluation reads {num_samples} (training.val_samples); prepare more validation data "
+                             "or evaluate fewer sequences")
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _tokens(self, start: int, stop: int) -> np.ndarray:
+        pieces = []
+        for part, first in zip(self.parts, self.offsets[:-1]):
+            lo, hi = max(start - first, 0), min(stop - first, len(part))
+            if lo < hi:
+                pieces.append(np.asarray(part[lo:hi], dtype=np.int64))
+        return np.concatenate(pieces)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        start = index * self.seq_length
+        window = torch.from_numpy(self._tokens(start, start + self.seq_length + 1))
+        return {"tokens": window[:-1], "labels": window[1:],
+                "loss_mask": torch.ones(self.seq_length, dtype=torch.float32),
+                "position_ids": torch.arange(self.seq_length, dtype=torch.int64)}
+
+
+def build_tokenizer(cfg: Mapping[str, Any]):
+    """The configured tokenizer (the one data preparation used), or a stand-in for mock data."""
+    train = cfg["training"]
+    if train["data"]["mock"]:
+        vocab = train["model"]["vocab_size"]
+        return MockTokenizer(vocab_size=vocab, eod=min(128001, vocab - 1))
+    from data_prep.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(train["tokenizer"]["type"], train["tokenizer"]["path"])
+    if tokenizer.vocab_size > train["model"]["vocab_size"]:
+        raise SystemExit(f"training.tokenizer has {tokenizer.vocab_size} tokens but training.model.vocab_size is "
+                         f"{train['model']['vocab_size']}; raise the model's vocab_size")
+    return tokenizer
+
+
+def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, build_here: bool, cache_dir: str):
+    """Train and validation datasets (None on ranks that do not read data). The validation set is the `split`
+    share of the blend, or training.data.valid_blend read in order."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+    train = cfg["training"]
+    data = train["data"]
+    config = GPTDatasetConfig(
+        random_seed=cfg["seed"],
+        sequence_length=plan["seq_length"],
+        blend=None if data["mock"] else blend_of(data),
+        split=data["split"],
+        path_to_cache=cache_dir,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,  # causal attention is implied by the TE kernels
+        mmap_bin_files=True,
+    )
+    val_samples = eval_samples(train, plan["global_batch_size"])
+    separate = bool(data.get("valid_blend")) and not data["mock"]
+    sizes = split_sizes(train["train_steps"], plan["global_batch_size"], train["val_interval"],
+                        0 if separate else val_samples)
+    cls = MockGPTDataset if data["mock"] else GPTDataset
+    train_ds, valid_ds, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: build_here, config).build()
+    if separate and build_here and train["val_interval"] > 0:
+        valid_ds = InOrderSequences(list(data["valid_blend"]), plan["seq_length"], val_samples)
+    return train_ds, valid_ds
+
+
+def sample_indices(consumed_samples: int, total_samples: int, micro_batch_size: int, dp_rank: int,
+                   dp_size: int) -> Iterator[list[int]]:
+    """Megatron's pretraining order: global positions walk the dataset in order; each step of mbs*dp samples
+    gives DP rank r the slice [r*mbs, (r+1)*mbs). Starting at consumed_samples resumes the exact order."""
+    stride = micro_batch_size * dp_size
+    start = consumed_samples - consumed_samples % stride
+    for base in range(start, total_samples - stride + 1, stride):
+        first = base + dp_rank * micro_batch_size
+        yield list(range(first, first + micro_batch_size))
+
+
+class _IndexBatches(torch.utils.data.Sampler):
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+    def __iter__(self):
+        return sample_indices(**self.kwargs)
+
+    def __len__(self):
+        k = self.kwargs
+        return max(0, (k["total_samples"] - k["consumed_samples"]) // (k["micro_batch_size"] * k["dp_size"]))
+
+
+def _stack_fields(samples: list[dict]) -> torch.Tensor:
+    fields = [torch.stack([torch.as_tensor(s[name]) for s in samples]).to(torch.int64) for name in BATCH_FIELDS]
+    return torch.stack(fields)  # [4, mbs, seq]
+
+
+def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
+                num_workers: int) -> Iterator[torch.Tensor]:
+    sampler = _IndexBatches(consumed_samples=consumed_samples, total_samples=len(dataset),
+                            micro_batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                                         collate_fn=_stack_fields, pin_memory=True, persistent_workers=False)
+    with helpers_immune_to_stop_signals():  # the workers start here
+        return iter(loader)
+
+
+class MicrobatchSource:
+    """One rank's microbatches. TP rank 0 of a stage that needs data reads them; the other TP ranks receive
+    them by broadcast. Every rank of the stage then keeps its context-parallel share of the sequence."""
+
+    def __init__(self, loader: Iterator[torch.Tensor] | None, shape: tuple[int, int]):
+        from megatron.core import parallel_state as ps
+
+        self.loader = loader
+        self.shape = shape
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.tp_src = ps.get_tensor_model_parallel_src_rank()
+        self.tp_size = ps.get_tensor_model_parallel_world_size()
+        self.cp_size = ps.get_context_parallel_world_size()
+        self.cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self.loader is not None:
+            stacked = next(self.loader).cuda(non_blocking=True)
+        else:
+            stacked = torch.empty((len(BATCH_FIELDS), *self.shape), dtype=torch.int64, device="cuda")
+        if self.tp_size > 1:
+            torch.distributed.broadcast(stacked, src=self.tp_src, group=self.tp_group)
+        batch = dict(zip(BATCH_FIELDS, stacked.unbind(0)))
+        batch["loss_mask"] = batch["loss_mask"].float()
+        if self.cp_size > 1:
+            from megatron.core.utils import get_batch_on_this_cp_rank
+
+            batch["cu_seqlens"] = None
+            batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=self.cp_group)
+            batch.pop("cu_seqlens", None)
+        return batch
+
+
+def dataset_cache_dir(run_dir: str) -> str:
+    path = os.path.join(run_dir, "dataset_cache")
+    os.makedirs(path, exist_ok=True)
+    return path

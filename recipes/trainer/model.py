@@ -1,0 +1,64 @@
+"""Llama 3.1 as megatron-core GPTModel chunks with the Transformer Engine layer spec, wrapped for data parallel."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from recipes.trainer import settings
+
+
+def unwrap(chunk):
+    """The GPTModel inside a DDP wrapper (or the model itself)."""
+    return getattr(chunk, "module", chunk)
+
+
+def build_model_chunks(config, cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[torch.nn.Module]:
+    """One GPTModel per virtual pipeline stage held by this rank, on the current GPU."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.enums import ModelType
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+    from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
+
+    spec = get_gpt_layer_with_transformer_engine_spec()
+    kwargs = settings.gpt_model_kwargs(cfg, plan)
+    chunks = []
+    for stage in range(plan["vp"] or 1):
+        vp_stage = stage if plan["vp"] else None
+        model = GPTModel(
+            config, spec,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            vp_stage=vp_stage, **kwargs)
+        model.model_type = ModelType.encoder_or_decoder
+        for param in model.parameters():
+            set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        chunks.append(model.cuda(torch.cuda.current_device()))
+    return chunks
+
+
+def wrap_data_parallel(chunks: list[torch.nn.Module], config, ddp_config) -> list[torch.nn.Module]:
+    from megatron.core.distributed import DistributedDataParallel
+
+    return [
+        # Bucketing only on the first chunk: the others' grads become ready in bursts the schedule already overlaps.
+        DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                disable_bucketing=index > 0)
+        for index, chunk in enumerate(chunks)
+    ]
+
+
+def init_userbuffers(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> None:
+    """Transformer Engine userbuffers for TP communication overlap; must run after model-parallel init and
+    before the first forward."""
+    from transformer_engine.pytorch import UserBufferQuantizationMode, initialize_ub
+
+    ub = settings.userbuffer_settings(cfg, plan)
+    modes = [UserBufferQuantizationMode.FP8 if ub["fp8"] else UserBufferQuantizationMode.NONE]
+    initialize_ub(shape=ub["shape"], tp_size=ub["tp_size"], quantization_modes=modes, dtype=torch.bfloat16,
+                  ub_cfgs=ub["ub_cfgs"], bootstrap_backend="nccl")
+
+
+def count_parameters(chunks: list[torch.nn.Module]) -> int:
+    return sum(p.numel() for chunk in chunks for p in chunk.parameters())

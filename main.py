@@ -2,7 +2,10 @@
 import hydra
 from omegaconf import DictConfig
 
-from launcher.cli import run
+from launcher.cli import one_line_errors, run
+from launcher.config_schema import register
+
+register()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
@@ -11,4 +14,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors():
+        main()

@@ -2,6 +2,8 @@
 submit (a cluster platform), run here (cluster=local), or stop there (dry_run=true)."""
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -147,13 +149,54 @@ def _run_here(prepared: Prepared, say: Say) -> int:
 
 
 # --------------------------------------------------------------------------- Hydra entry
+def _raised_in_omegaconf(err: BaseException) -> bool:
+    frame = err.__traceback__
+    while frame and frame.tb_next:
+        frame = frame.tb_next
+    return frame is not None and "omegaconf" in frame.tb_frame.f_code.co_filename
+
+
+@contextlib.contextmanager
+def one_line_errors():
+    """A config that does not compose (a wrong type, an unknown key or option, a bad override) ends as one line per
+    problem and exit status 2, like every other bad input, instead of Hydra's multi-line report. HYDRA_FULL_ERROR=1
+    set by the user keeps Hydra's full traceback."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from launcher.config_errors import error_lines
+
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        yield
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises instead of printing its own report
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException) as err:
+        for line in error_lines(err):
+            _err(f"error: {line}")
+        sys.exit(2)
+    except AssertionError as err:
+        if not _raised_in_omegaconf(err):
+            raise
+        # OmegaConf asserts when an override reaches into a section that is null in this config.
+        _err("error: an override sets a key inside a section this config does not have (parallelism.auto.* needs "
+             "parallelism=auto, mlperf.* needs training=mlperf/...)")
+        sys.exit(2)
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
 def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[str]:
     """Plan every point of a sweep (nothing written): problems as lines naming the point, including two points
     that would share a run directory."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     from launcher.config.compose import compose
+    from launcher.config_errors import error_lines
 
     keys = sweep.swept_keys(overrides)
     problems: list[str] = []
@@ -163,7 +206,11 @@ def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[
     try:
         for point in sweep.sweep_points(overrides):
             label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
-            cfg = compose(point)
+            try:
+                cfg = compose(point)
+            except (HydraException, OmegaConfBaseException) as err:
+                problems += [f"sweep point {label}: {line}" for line in error_lines(err)]
+                continue
             try:
                 if search.is_auto(cfg):
                     cfg = search.resolve(point, cfg, local_gpus, say=None)

@@ -16,7 +16,7 @@ def to_plain(cfg: DictConfig) -> dict[str, Any]:
     if "hydra" in cfg:
         with open_dict(cfg):
             del cfg["hydra"]
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]
 
 
 def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -26,6 +26,9 @@ def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
+    from launcher.config_schema import register
+
+    register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)

@@ -1,0 +1,177 @@
+"""Hydra's and OmegaConf's composition errors as the project's one-line messages: the key, the value given, what the
+schema expects and how to write it. Nothing is planned or written when composing fails."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+from launcher import config_schema as schema
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def error_lines(exc: BaseException) -> list[str]:
+    """One line per problem (without the `error: ` prefix), for any exception raised while composing a config."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, MissingConfigException):
+        return [_missing_option(exc)]
+    if isinstance(exc, OverrideParseException):
+        return [f"{exc.override}: not a valid override ({_first_line(exc)}); write key=value, lists as "
+                "'key=[a,b]' in quotes"]
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+    if isinstance(cause, OmegaConfBaseException):
+        return [_omegaconf_line(cause, _override_text(exc))]
+    return [_first_line(exc)]
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
+def _override_text(exc: BaseException) -> str | None:
+    """The override as the user typed it, where Hydra's message quotes it."""
+    match = re.search(r"(?:Error merging override|Could not override '[^']*'\.?)\s*(\S+=\S*)?", str(exc))
+    if match and match.group(1):
+        return match.group(1)
+    match = re.search(r"Error merging override (.+)", str(exc))
+    return match.group(1).strip() if match else None
+
+
+def _omegaconf_line(err: Any, typed: str | None) -> str:
+    from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, InterpolationResolutionError,
+                                  MissingMandatoryValue, ValidationError)
+
+    full_key = re.sub(r"\[\d+\]$", "", str(getattr(err, "full_key", "") or ""))
+    given = typed or f"{full_key}={getattr(err, 'value', None)!r}"
+    if isinstance(err, (ConfigKeyError, ConfigAttributeError)) and "not in" in str(err):
+        return _unknown_key(full_key, getattr(err, "object_type", None))
+    if isinstance(err, MissingMandatoryValue):
+        return f"{full_key} has no value: set it ({_doc(full_key)})"
+    if isinstance(err, ValidationError):
+        field_type = _field_type(full_key)
+        if field_type is None:
+            return f"{given}: {_first_line(err)}"
+        return f"{given}: {full_key} must be {describe(field_type)} ({_doc(full_key)})"
+    if isinstance(err, InterpolationResolutionError):
+        return f"{full_key}: cannot resolve its interpolation ({_first_line(err)})"
+    return f"{given}: {_first_line(err)}"
+
+
+# --------------------------------------------------------------------------- the schema, by dotted key
+def _candidates(kind: Any, part: str) -> list[type]:
+    """The dataclasses a section may be: the declared one, and for cluster/data_preparation every option's class."""
+    if part == "cluster":
+        return list(schema.CLUSTERS.values())
+    if part == "data_preparation":
+        return list(schema.DATA_SOURCES.values())
+    return [kind]
+
+
+def _lookup(dotted: str) -> list[tuple[type, dataclasses.Field]]:
+    """Every (schema class, field) the dotted key can name: several where a section differs by option (cluster,
+    data_preparation); a mapping's own keys (step_time.gpus.<gpu>) are stepped over."""
+    parts = dotted.split(".")
+    sections: list[Any] = [schema.Config]
+    index = 0
+    while index < len(parts):
+        found = [(owner, f) for owner in sections if dataclasses.is_dataclass(owner)
+                 for f in dataclasses.fields(owner) if f.name == parts[index]]
+        if index == len(parts) - 1 or not found:
+            return found
+        step, sections = 1, []
+        for owner, f in found:
+            inner = _unwrap_optional(_hint(owner, f))
+            if typing.get_origin(inner) is dict:
+                inner, step = typing.get_args(inner)[1], 2
+            sections += _candidates(inner, parts[index])
+        index += step
+    return []
+
+
+def _hint(owner: type, f: dataclasses.Field) -> Any:
+    return typing.get_type_hints(owner)[f.name]
+
+
+def _unwrap_optional(kind: Any) -> Any:
+    if typing.get_origin(kind) is typing.Union:
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        return args[0] if len(args) == 1 else kind
+    return kind
+
+
+def _field_type(dotted: str) -> Any:
+    found = _lookup(dotted)
+    return _hint(*found[0]) if found else None
+
+
+def _doc(dotted: str) -> str:
+    found = _lookup(dotted)
+    return found[0][1].metadata.get("doc", "") if found else ""
+
+
+def describe(kind: Any) -> str:
+    """What a value of this schema type looks like, in words."""
+    optional = typing.get_origin(kind) is typing.Union and type(None) in typing.get_args(kind)
+    inner = _unwrap_optional(kind)
+    origin = typing.get_origin(inner)
+    if origin in (list, typing.List):
+        (item,) = typing.get_args(inner) or (Any,)
+        if isinstance(item, type) and issubclass(item, enum.Enum):
+            items = " of " + ", ".join(member.name for member in item)
+        else:
+            items = "" if item is Any else f" of {_plural(item)}"
+        text = f"a list{items} (write 'key=[a,b]' in quotes)"
+    elif origin in (dict, typing.Dict):
+        text = "a mapping (write 'key={a: 1}' in quotes)"
+    elif isinstance(inner, type) and issubclass(inner, enum.Enum):
+        text = "one of " + ", ".join(member.name for member in inner)
+    elif dataclasses.is_dataclass(inner):
+        text = "a section of keys (set them one by one: key.name=value)"
+    else:
+        text = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(inner, "a value")
+    return text + (" or null" if optional else "")
+
+
+def _plural(item: Any) -> str:
+    text = describe(item)
+    for single, plural in (("an integer", "integers"), ("a number", "numbers"), ("a string", "strings"),
+                           ("true or false", "true/false values")):
+        text = text.replace(single, plural)
+    return text
+
+
+def _unknown_key(full_key: str, owner: Any) -> str:
+    section, _, name = full_key.rpartition(".")
+    known = [f.name for f in dataclasses.fields(owner)] if dataclasses.is_dataclass(owner) else []
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {section + '.' if section else ''}{close[0]}?" if close else ""
+    where = f" of {section}" if section else ""
+    if section == "cluster" and owner is not None:
+        where = f" of cluster on platform {_platform_of(owner)}"
+    return f"{full_key} is not a key{where}{hint} (README: Configuration lists the keys)"
+
+
+def _platform_of(owner: type) -> str:
+    return next((name for name, kind in schema.CLUSTERS.items() if kind is owner), owner.__name__)
+
+
+def _missing_option(exc: Any) -> str:
+    """`training=llama31/9b`: the group, the option given, and the options there are."""
+    match = re.search(r"Could not find '([^']+)'", str(exc))
+    path = match.group(1) if match else str(getattr(exc, "missing_cfg_file", ""))
+    # Options may lie in sub-folders of their group (training=llama31/8b): the group is the first folder.
+    group, _, option = path.partition("/")
+    options = sorted(p.relative_to(CONF_DIR / group).with_suffix("").as_posix()
+                     for p in (CONF_DIR / group).rglob("*.yaml")
+                     if not any(part.startswith("_") for part in p.relative_to(CONF_DIR / group).parts)
+                     and not p.relative_to(CONF_DIR / group).as_posix().startswith("default/"))
+    if not options:
+        return _first_line(exc)
+    return f"{group}={option}: no such option; choose one of {', '.join(options)}"

@@ -36,6 +36,20 @@ def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
         return to_plain(cfg)
 
 
+def compose_unresolved(overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The composed config as conf/ writes it: interpolations such as ${path:results} kept, not resolved."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from launcher.config_schema import register
+
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = hydra_compose("config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)  # type: ignore[return-value]
+
+
 @contextmanager
 def hydra_state_kept():
     """compose() re-initializes Hydra; a running Hydra app (main.py, a sweep) needs its own state back afterwards."""

@@ -3,7 +3,7 @@ import hydra
 from omegaconf import DictConfig
 
 from launcher.cli import one_line_errors, run
-from launcher.config_schema import register
+from launcher.config.schema import register
 
 register()
 

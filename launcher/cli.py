@@ -164,7 +164,7 @@ def one_line_errors():
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from launcher.config_errors import error_lines
+    from launcher.config.errors import error_lines
 
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         yield
@@ -196,7 +196,7 @@ def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[
     from omegaconf.errors import OmegaConfBaseException
 
     from launcher.config.compose import compose
-    from launcher.config_errors import error_lines
+    from launcher.config.errors import error_lines
 
     keys = sweep.swept_keys(overrides)
     problems: list[str] = []

@@ -26,7 +26,7 @@ def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from launcher.config_schema import register
+    from launcher.config.schema import register
 
     register()
     GlobalHydra.instance().clear()
@@ -41,7 +41,7 @@ def compose_unresolved(overrides: Sequence[str] = ()) -> dict[str, Any]:
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from launcher.config_schema import register
+    from launcher.config.schema import register
 
     register()
     GlobalHydra.instance().clear()

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from launcher import config_reference, config_schema as schema
-from launcher.config import compose
+from launcher.config import reference as config_reference, schema
+from launcher.config.compose import compose
 
 from launcher_helpers import REPO
 
@@ -127,5 +127,5 @@ def test_the_readme_reference_is_the_generated_one():
     readme = (REPO / "README.md").read_text()
     assert config_reference.BEGIN in readme and config_reference.END in readme
     assert config_reference.replace_block(readme, config_reference.reference()) == readme, (
-        "README's configuration reference differs from the schema: python -m launcher.config_reference "
+        "README's configuration reference differs from the schema: python -m launcher.config.reference "
         "--write README.md")

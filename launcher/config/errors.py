@@ -7,12 +7,10 @@ import difflib
 import enum
 import re
 import typing
-from pathlib import Path
 from typing import Any
 
-from launcher import config_schema as schema
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from launcher.config import schema
+from launcher.config.compose import CONF_DIR
 
 
 def error_lines(exc: BaseException) -> list[str]:

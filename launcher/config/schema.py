@@ -1,7 +1,7 @@
 """The typed schema of the config: one dataclass per config group, registered in Hydra's ConfigStore. The YAML files
 in conf/ fill it in (each key's value and default lives there); this module declares every key's type and its
 one-line meaning. Hydra checks each value against its type while composing, so `training.seq_length=abc` or a
-string where a list belongs is refused before anything is planned (launcher/config_errors.py prints it as one
+string where a list belongs is refused before anything is planned (launcher/config/errors.py prints it as one
 line). Ranges and rules between keys are the plan's checks (launcher/plan/checks/).
 
 A group whose options carry different keys (cluster: one per platform; data_preparation: one per source) has a

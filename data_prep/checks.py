@@ -76,7 +76,7 @@ def _plain(dp: Any) -> tuple[Optional[Mapping[str, Any]], Optional[str]]:
     omegaconf = sys.modules.get("omegaconf")
     if omegaconf is not None and omegaconf.OmegaConf.is_config(dp):
         try:
-            return omegaconf.OmegaConf.to_container(dp, resolve=True), None
+            return omegaconf.OmegaConf.to_container(dp, resolve=True, enum_to_str=True), None
         except Exception as e:  # an interpolation that cannot be resolved
             return None, f"data_preparation: cannot resolve the section ({str(e).splitlines()[0]})"
     if not isinstance(dp, Mapping):

@@ -108,7 +108,7 @@ def _check_stack(config_path: str) -> None:
 
     try:
         raw = OmegaConf.load(config_path)
-        cfg = {key: OmegaConf.to_container(raw[key], resolve=True) if OmegaConf.is_config(raw[key]) else raw[key]
+        cfg = {key: OmegaConf.to_container(raw[key], resolve=True, enum_to_str=True) if OmegaConf.is_config(raw[key]) else raw[key]
                for key in ("stack", "stack_check") if key in raw}
     except Exception:  # _load reports an unreadable config with its own message
         cfg = {}

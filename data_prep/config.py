@@ -40,7 +40,7 @@ def load_section(path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
     else:
         raise ConfigError(f"config {path} has no data_preparation section (pass the run directory's config.yaml)")
     try:
-        return OmegaConf.to_container(section, resolve=True)
+        return OmegaConf.to_container(section, resolve=True, enum_to_str=True)
     except OmegaConfBaseException as e:
         msg = str(e).splitlines()[0]
         raise ConfigError(f"config {path}: cannot resolve data_preparation ({msg}); pass the resolved config.yaml "

@@ -10,20 +10,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
+from common.checkpoints import latest_checkpoint
 from common.plan import Plan
 from launcher.autoconf import search
 from launcher.config import sweep
-from launcher.config.compose import to_plain
+from launcher.config.compose import compose, hydra_state_kept, to_plain
+from launcher.config.errors import error_lines, every_error_line
 from launcher.jobs.rundir import record_jobs, run_dir_of, write_run_dir
-from launcher.jobs.stages import StagePlan, plan_stages, selected_stages
+from launcher.jobs.stages import StagePlan, plan_stages
 from launcher.jobs.submit import SubmitError, run_here
-from launcher.plan.build import build_plan, missing_data
-from launcher.plan.checks import mlperf, observability
 from launcher.plan.errors import PlanError
 from launcher.plan.hardware import LocalGpus, detect_local_gpus
 from launcher.plan.table import format_plan
+from launcher.plan.validate import normalized, validate
 from launcher.platforms import platform_of
 
 Say = Callable[[str], None]
@@ -39,33 +44,25 @@ class Prepared:
     plan: Plan
     run_dir: Path
     stages: StagePlan
+    warnings: list[str]
 
 
 def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prepared:
     """Everything derived and validated, nothing written. Raises PlanError."""
-    cfg = dict(cfg)
-    cfg["stages"] = selected_stages(cfg)  # every later step reads this list
-    cfg["results_dir"] = str(Path(cfg["results_dir"]).expanduser().absolute())
     platform = platform_of(cfg)
     if platform.client is None and local_gpus is None:
         local_gpus = detect_local_gpus()
-    plan = build_plan(cfg, local_gpus)
+    validated = validate(cfg, local_gpus)
+    cfg, plan = validated.cfg, validated.plan
     run_dir = run_dir_of(cfg)
     stages = plan_stages(cfg, plan, run_dir)
-    stages.warnings += observability.check(cfg, plan)
     plan.command = stages.command
-    problems, notes = mlperf.check(cfg, plan)
-    if problems:
-        raise PlanError(problems)
-    stages.warnings += notes
-    if cfg.get("dry_run") and "data_preparation" not in cfg["stages"]:
-        stages.warnings += [f"{line} (a real run stops here)" for line in missing_data(cfg)]
     client = platform.client
     if client and not cfg.get("dry_run") and stages.jobs and shutil.which(client) is None:
         raise PlanError([f"cluster={cfg['cluster']['name']} submits with {client}, which is not on this machine's "
                          "PATH: run where its client is installed and configured, or add dry_run=true to only "
                          "write the jobs"])
-    return Prepared(cfg, plan, run_dir, stages)
+    return Prepared(cfg, plan, run_dir, stages, validated.warnings)
 
 
 def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say = print) -> int:
@@ -77,8 +74,13 @@ def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say
             _err(f"error: {problem}")
         return 2
     cfg, plan, run_dir, stages = prepared.cfg, prepared.plan, prepared.run_dir, prepared.stages
-    had_checkpoints = any((run_dir / "checkpoints").glob("*"))
-    scripts = write_run_dir(run_dir, cfg, plan, stages.jobs)
+    had_checkpoints = latest_checkpoint(str(run_dir / "checkpoints")) is not None
+    try:
+        scripts = write_run_dir(run_dir, cfg, plan, stages.jobs)
+    except OSError as err:
+        _err(f"error: cannot write the run directory {run_dir}: {err.strerror or err}; set results_dir to a "
+             "writable directory")
+        return 2
 
     if "training" in cfg["stages"]:
         say(f"Plan for {run_dir.name}")
@@ -89,7 +91,7 @@ def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say
         say("note: this run directory has checkpoints; training resumes from the latest one")
     for note in stages.notes:
         say(f"note: {note}")
-    for warning in stages.warnings:
+    for warning in prepared.warnings:
         say(f"warning: {warning}")
 
     if cfg.get("dry_run"):
@@ -161,11 +163,6 @@ def one_line_errors():
     """A config that does not compose (a wrong type, an unknown key or option, a bad override) ends as one line per
     problem and exit status 2, like every other bad input, instead of Hydra's multi-line report. HYDRA_FULL_ERROR=1
     set by the user keeps Hydra's full traceback."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from launcher.config.errors import error_lines
-
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         yield
         return
@@ -173,7 +170,7 @@ def one_line_errors():
     try:
         yield
     except (HydraException, OmegaConfBaseException) as err:
-        for line in error_lines(err):
+        for line in every_error_line(err, sweep.cli_overrides(sys.argv[1:])):
             _err(f"error: {line}")
         sys.exit(2)
     except AssertionError as err:
@@ -190,32 +187,21 @@ def one_line_errors():
 def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[str]:
     """Plan every point of a sweep (nothing written): problems as lines naming the point, including two points
     that would share a run directory."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from launcher.config.compose import compose
-    from launcher.config.errors import error_lines
-
     keys = sweep.swept_keys(overrides)
     problems: list[str] = []
     seen: dict[Path, str] = {}
-    # compose() re-initializes Hydra; the running sweep needs its own state back afterwards.
-    saved_hydra, saved_cfg = GlobalHydra.instance().hydra, HydraConfig.instance().cfg
-    try:
+    with hydra_state_kept():
         for point in sweep.sweep_points(overrides):
             label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
             try:
                 cfg = compose(point)
+                if search.is_auto(cfg):
+                    cfg = search.resolve(point, cfg, local_gpus, say=None)
+                cfg = named_point(cfg, point, keys)
+                prepared = prepare(cfg, local_gpus)
             except (HydraException, OmegaConfBaseException) as err:
                 problems += [f"sweep point {label}: {line}" for line in error_lines(err)]
                 continue
-            try:
-                if search.is_auto(cfg):
-                    cfg = search.resolve(point, cfg, local_gpus, say=None)
-                cfg["run_name"] += sweep.run_name_suffix(point, keys)
-                prepared = prepare(cfg, local_gpus)
             except PlanError as err:
                 problems += [f"sweep point {label}: {p}" for p in err.problems]
                 continue
@@ -223,16 +209,28 @@ def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[
                 problems.append(f"sweep points {seen[prepared.run_dir]} and {label} share the run directory "
                                 f"{prepared.run_dir}; set run_name per point")
             seen[prepared.run_dir] = label
-    finally:
-        GlobalHydra.instance().hydra = saved_hydra
-        HydraConfig.instance().cfg = saved_cfg
     return problems
 
 
-def run(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+def named_point(cfg: Mapping[str, Any], point: Sequence[str], keys: Sequence[str]) -> dict[str, Any]:
+    """A sweep point's config with its own run name: the run's name and the values that tell the points apart."""
+    cfg = normalized(cfg)
+    cfg["run_name"] += sweep.run_name_suffix(point, keys)
+    return cfg
 
+
+def _remove_sweep_record(sweep_dir: str) -> None:
+    """Hydra writes its record of the sweep (multirun.yaml) before the first point runs; a sweep refused as a
+    whole leaves nothing behind, the record included."""
+    path = Path(sweep_dir)
+    if path.is_dir() and {p.name for p in path.iterdir()} <= {"multirun.yaml"}:
+        shutil.rmtree(path)
+        for parent in (path.parent, path.parent.parent):  # sweeps/ and results_dir, when this made them
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+
+
+def run(cfg: DictConfig) -> None:
     plain = to_plain(cfg)
     local_gpus = detect_local_gpus() if plain["cluster"].get("platform") == "local" else None
     hydra_cfg = HydraConfig.get()
@@ -247,12 +245,13 @@ def run(cfg: DictConfig) -> None:
             sys.exit(2)
     if multirun:
         overrides = sweep.cli_overrides(sys.argv[1:])
-        plain["run_name"] += sweep.run_name_suffix(hydra_cfg.overrides.task, sweep.swept_keys(overrides))
+        plain = named_point(plain, hydra_cfg.overrides.task, sweep.swept_keys(overrides))
         if hydra_cfg.job.num == 0:  # check every point before the first one is submitted
             problems = check_sweep(overrides, local_gpus)
             if problems:
                 for problem in problems:
                     _err(f"error: {problem}")
+                _remove_sweep_record(hydra_cfg.sweep.dir)
                 _err("error: nothing was written or submitted for any point of this sweep")
                 sys.exit(2)
     code = launch(plain, local_gpus)

@@ -261,7 +261,7 @@ class Trainer:
             self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state, self.say)
 
     def _last_good_checkpoint(self) -> str:
-        from recipes.trainer.checkpoint import latest_checkpoint
+        from common.checkpoints import latest_checkpoint
 
         latest = latest_checkpoint(self.checkpointer.root)
         return latest[1] if latest else "none saved yet"

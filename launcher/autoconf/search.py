@@ -1,5 +1,5 @@
 """parallelism=auto: every layout of the search space (conf/parallelism/auto.yaml) on the job's GPUs, validated by
-the plan itself (build_plan: TP/PP/CP splits, batch divisibility, the memory estimate against the GPU), ranked by
+the plan itself (its layout checks: TP/PP/CP splits, batch divisibility, the memory estimate against the GPU), ranked by
 the step-time model (launcher/autoconf/steptime.py). The pick becomes the run's layout as the overrides of an
 explicit layout (a named one when it has exactly these settings, else parallelism=custom), so the run directory is
 exactly what that command line gives; main.py prints it.
@@ -18,6 +18,7 @@ from common.plan import Plan
 from launcher.autoconf.steptime import StepTime, predict
 from launcher.config.compose import CONF_DIR, compose, hydra_state_kept
 from launcher.plan.build import build_plan
+from launcher.plan.validate import LAYOUT_CHECKS, validate
 from launcher.plan.errors import PlanError
 from launcher.plan.hardware import LocalGpus, gpu_spec
 from launcher.plan.table import layout as layout_label
@@ -145,7 +146,7 @@ def layout_settings(auto: Mapping[str, Any], hidden: int, layout: Layout) -> dic
 
 
 def candidate_config(cfg: Mapping[str, Any], layout: Layout) -> dict[str, Any]:
-    """The config build_plan checks for a layout: the same keys parallelism=custom and the layout's overrides
+    """The config the plan checks for a layout: the same keys parallelism=custom and the layout's overrides
     compose to (the userbuffer preset's contents aside, which planning does not read). The memory check is on:
     a layout the estimate says does not fit is never picked."""
     auto = cfg["parallelism"]["auto"]
@@ -177,7 +178,7 @@ def _gpu_type_problem(cfg: Mapping[str, Any], local_gpus: LocalGpus | None) -> s
 
 
 def search(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Search:
-    """Every candidate through build_plan; the ones that fit ranked by predicted step time."""
+    """Every candidate through the plan's layout checks; the ones that fit ranked by predicted step time."""
     auto = cfg["parallelism"]["auto"]
     space = search_space(auto)
     problem = _gpu_type_problem(cfg, local_gpus)
@@ -190,7 +191,7 @@ def search(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Searc
         tried += 1
         candidate = candidate_config(cfg, layout)
         try:
-            plan = build_plan(candidate, local_gpus)
+            plan = validate(candidate, local_gpus, checks=LAYOUT_CHECKS).plan
         except PlanError as err:
             dropped[drop_reason(err.problems[0])] += 1
             continue
@@ -217,7 +218,7 @@ def _first_fitting(cfg: Mapping[str, Any], space: Mapping[str, list], num_gpus: 
     cfg = {**cfg, "parallelism": {**cfg["parallelism"], "num_gpus": num_gpus}}
     for layout in candidate_layouts(space, num_gpus):
         try:
-            build_plan(candidate_config(cfg, layout), local_gpus)
+            validate(candidate_config(cfg, layout), local_gpus, checks=LAYOUT_CHECKS)
             return True
         except PlanError:
             continue

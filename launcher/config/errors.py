@@ -29,6 +29,41 @@ def error_lines(exc: BaseException) -> list[str]:
     return [_first_line(exc)]
 
 
+def every_error_line(exc: BaseException, overrides: list[str], limit: int = 20) -> list[str]:
+    """Hydra stops at the first override that does not fit the schema; compose again without each offending
+    override in turn, so one run of main.py names every bad value, not just the first."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from launcher.config.compose import compose
+
+    lines, remaining = error_lines(exc), list(overrides)
+    for _ in range(limit):
+        offending = _offending_override(exc, remaining)
+        if offending is None:
+            break
+        remaining.remove(offending)
+        try:
+            compose(remaining)
+            break
+        except (HydraException, OmegaConfBaseException) as err:
+            exc = err
+            lines += [line for line in error_lines(err) if line not in lines]
+    return lines
+
+
+def _offending_override(exc: BaseException, overrides: list[str]) -> str | None:
+    """The command-line override an error is about: the one its message quotes, or for an unknown option
+    (`Could not find 'dtype/fp16'`) the one that chose it."""
+    text = str(exc)
+    missing = re.search(r"Could not find '([^']+)'", text)
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if override in text or (missing and missing.group(1) == f"{key}/{value}"):
+            return override
+    return None
+
+
 def _first_line(exc: BaseException) -> str:
     return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
@@ -53,10 +88,15 @@ def _omegaconf_line(err: Any, typed: str | None) -> str:
     if isinstance(err, MissingMandatoryValue):
         return f"{full_key} has no value: set it ({_doc(full_key)})"
     if isinstance(err, ValidationError):
+        bad = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", _first_line(err))
+        if bad and full_key == "stages":
+            return f"{given}: {bad.group(1)!r} is not a stage; use one of {bad.group(2)}"
+        if bad:
+            return f"{given}: {full_key} must be one of {bad.group(2)} ({_doc(full_key)})"
         field_type = _field_type(full_key)
         if field_type is None:
             return f"{given}: {_first_line(err)}"
-        return f"{given}: {full_key} must be {describe(field_type)} ({_doc(full_key)})"
+        return f"{given}: {full_key} must be {describe(field_type)} ({_doc(full_key)}){_whole(given, field_type)}"
     if isinstance(err, InterpolationResolutionError):
         return f"{full_key}: cannot resolve its interpolation ({_first_line(err)})"
     return f"{given}: {_first_line(err)}"
@@ -112,6 +152,18 @@ def _field_type(dotted: str) -> Any:
 def _doc(dotted: str) -> str:
     found = _lookup(dotted)
     return found[0][1].metadata.get("doc", "") if found else ""
+
+
+def _whole(given: str, kind: Any) -> str:
+    """`train_steps=1e3` is a float to the parser: say how to write the integer it means."""
+    key, _, text = given.partition("=")
+    try:
+        value = float(text)
+    except ValueError:
+        return ""
+    if _unwrap_optional(kind) is int and value.is_integer():
+        return f"; write {key}={int(value)}"
+    return ""
 
 
 def describe(kind: Any) -> str:

@@ -485,7 +485,7 @@ class DataPreparationConfig:
 
 @dataclass
 class PileData(DataPreparationConfig):
-    file_numbers: str = key("shards to prepare, e.g. \"0-1\", \"3\", \"0,2,5-7\"")
+    file_numbers: Any = key("shards to prepare: \"0-1\", \"3\", \"0,2,5-7\", or a list of numbers")
     num_files: int = key("shards the source has")
     base_url: str = key("where shards come from: URL, local directory or file:// URL")
     file_template: str = key("shard file name, formatted with its number")
@@ -497,7 +497,7 @@ class C4Train:
     file_template: str = key("train file name, formatted with its number")
     num_files: int = key("train files")
     merged_files: int = key("groups of consecutive files merged into one")
-    tokenize: str = key("merged files to tokenize, e.g. \"6-7\"")
+    tokenize: Any = key("merged files to tokenize: \"6-7\", \"6\", or a list of numbers")
     output_template: str = key("output name, formatted with the merged file's number")
 
 
@@ -651,7 +651,8 @@ class Config:
     stages: List[Stage] = key("stages to run, in order: container, data_preparation, preflight, training, export")
     dry_run: bool = key("plan, validate and write everything; submit and run nothing")
     results_dir: str = key("run directories go under it")
-    run_name: str = key("the run directory's name")
+    run_name: Optional[str] = key("the run directory's name; null: <model>_<dtype>_<layout>_<N>gpu for training, "
+                                  "data_<source> for data preparation alone, container_<image> for the image alone")
     seed: int = key("random seed")
     memory_check: bool = key("fail when the memory estimate exceeds the GPU; false accepts the risk")
     stack_check: bool = key("ranks and data preparation check the training stack first; false accepts the risk")

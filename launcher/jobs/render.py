@@ -49,7 +49,7 @@ def render_local(job: Job, run_dir: Path) -> str:
     return "\n".join([
         "#!/usr/bin/env bash",
         f"# {job.title}",
-        f"# Written by main.py for {run_dir.name}; run it again with: bash {run_dir / job.script}",
+        f"# Written by main.py for {run_dir.name}; run it again with: bash {shlex.quote(str(run_dir / job.script))}",
         "set -euo pipefail",
         KEEP_LOG,
         f"cd {shlex.quote(str(REPO))}",
@@ -91,7 +91,7 @@ def render_sbatch(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> str:
     return "\n".join([
         "#!/bin/bash",
         f"# {job.title}",
-        f"# Written by main.py for {run_dir.name}; submit it again with: sbatch {run_dir / job.script}",
+        f"# Written by main.py for {run_dir.name}; submit it again with: sbatch {shlex.quote(str(run_dir / job.script))}",
         *[f"#SBATCH {d}" for d in directives],
         "set -euo pipefail",
         *_env_lines(job),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +15,20 @@ import yaml
 from common.plan import Plan
 from launcher.jobs.render import Job
 from launcher.platforms import platform_of
+
+
+def default_run_name(cfg: Mapping[str, Any]) -> str:
+    """The run directory's name when run_name is null, from what the selected stages produce, so that runs of
+    different things never meet in one directory: `<model>_<dtype>_<layout>_<N>gpu` for training (and the stages
+    that go with it), `data_<source>` for data preparation alone, `container_<image>` for the image build alone."""
+    stages = set(cfg["stages"])
+    if stages & {"training", "preflight", "export"}:
+        par = cfg["parallelism"]
+        return f"{cfg['training']['name']}_{cfg['dtype']['name']}_{par['name']}_{par['num_gpus']}gpu"
+    if "data_preparation" in stages:
+        return f"data_{cfg['data_preparation']['name']}"
+    image = Path(str(cfg["cluster"].get("container") or "image"))
+    return "container_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", image.name.removesuffix(image.suffix))
 
 
 def run_dir_of(cfg: Mapping[str, Any]) -> Path:

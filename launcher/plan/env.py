@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from launcher.plan.errors import PlanError
 
 
 def training_env(parallel: Mapping[str, Any], cluster: Mapping[str, Any]) -> dict[str, str]:
@@ -29,8 +28,4 @@ def training_env(parallel: Mapping[str, Any], cluster: Mapping[str, Any]) -> dic
             env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = "16"
     for key, value in (cluster.get("env") or {}).items():
         env[str(key)] = str(value)
-    conflicting = sorted(k for k in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN") if k in env)
-    if conflicting:
-        raise PlanError([f"cluster.env sets {', '.join(conflicting)}: choose the attention backend with "
-                         "training.model.attention_backend instead (megatron-core sets these itself)"])
     return env

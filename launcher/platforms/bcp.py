@@ -192,7 +192,7 @@ def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
     submission = "\n".join([
         "#!/usr/bin/env bash",
         f"# {job.title}: submits to NGC Base Command Platform the job that runs {body_name(job.stage)}",
-        f"# Written by main.py for {run_dir.name}; submit it again with: bash {run_dir / job.script}",
+        f"# Written by main.py for {run_dir.name}; submit it again with: bash {shlex.quote(str(run_dir / job.script))}",
         "set -euo pipefail",
         "exec " + _grouped(ngc_command(job, cfg, run_dir)),
         "",
@@ -218,7 +218,7 @@ def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
 def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> list[str]:
     lines = []
     for index, job in enumerate(jobs):
-        lines.append(f"bash {run_dir / job.script}")
+        lines.append(shlex.join(["bash", str(run_dir / job.script)]))
         if index < len(jobs) - 1:
             lines.append("# ... until `ngc base-command job info <its id>` shows Status: FINISHED_SUCCESS")
     return lines

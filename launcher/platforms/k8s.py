@@ -190,7 +190,7 @@ def manifests(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[dict[str,
 
 def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
     header = (f"# {job.title}\n# Written by main.py for {run_dir.name}; submit it again with: "
-              f"kubectl create -f {run_dir / job.script}\n")
+              f"kubectl create -f {shlex.quote(str(run_dir / job.script))}\n")
     body = yaml.dump_all(manifests(job, cfg, run_dir), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
                          width=120)
     return {job.script: header + body}

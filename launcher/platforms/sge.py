@@ -148,7 +148,7 @@ def render_qsub(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> str:
     return "\n".join([
         "#!/bin/bash",
         f"# {job.title}",
-        f"# Written by main.py for {run_dir.name}; submit it again with: qsub {run_dir / job.script}",
+        f"# Written by main.py for {run_dir.name}; submit it again with: qsub {shlex.quote(str(run_dir / job.script))}",
         *[f"#$ {d}" for d in _directives(job, cluster, run_dir)],
         *setup,
         *modules,

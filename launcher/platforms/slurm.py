@@ -142,7 +142,9 @@ def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> li
     lines = []
     for index, job in enumerate(jobs, start=1):
         dependency = f"afterok:$JOB{index - 1}" if index > 1 else None
-        lines.append(f"JOB{index}=$({' '.join(sbatch_command(run_dir / job.script, dependency))})")
+        # The script's path is quoted; the dependency stays unquoted so the shell expands $JOB<n>.
+        command = sbatch_command(run_dir / job.script, dependency)
+        lines.append(f"JOB{index}=$({' '.join(command[:-1])} {shlex.quote(command[-1])})")
     return lines
 
 

@@ -41,7 +41,7 @@ class ExportError(ValueError):
 # --------------------------------------------------------------------------- reading the checkpoint
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """An `iter_NNNNNNN` directory, or a run directory / its checkpoints/ (then the newest complete one)."""
-    from recipes.trainer.checkpoint import STATE_FILE, latest_checkpoint
+    from common.checkpoints import STATE_FILE, latest_checkpoint
 
     path = Path(path).expanduser().absolute()
     if path.is_dir() and not (path / STATE_FILE).exists() and not (path / ".metadata").exists():

@@ -307,7 +307,7 @@ def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | Non
     """The checked Hugging Face directory this run starts from, or None (not configured, or the run resumes from
     a checkpoint of its own). Runs on every rank before any GPU work; a problem ends the process with one line
     (printed by rank 0, or by the rank that alone has it)."""
-    from recipes.trainer.checkpoint import latest_checkpoint
+    from common.checkpoints import latest_checkpoint
 
     ckpt = cfg["training"]["checkpoint"]
     value = ckpt.get("init_from_hf")

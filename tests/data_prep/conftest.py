@@ -4,10 +4,14 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
-from dataprep_helpers import Server, make_docs, make_handler
+from data_prep.config import load_section
+from data_prep.pipeline import Pipeline, Settings
+from data_prep.shards import list_shards
+from dataprep_helpers import Server, make_docs, make_handler, write_config, write_shard
 
 
 @pytest.fixture
@@ -42,3 +46,15 @@ def tokenizer_spec(request, tokenizers_dir):
     return request.param, tokenizers_dir[request.param]
 
 
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, tokenizers_dir) -> Path:
+    """Two finished shards, a (40 documents) and b (30), made by the pipeline with the sentencepiece model."""
+    d = tmp_path_factory.mktemp("prepared")
+    inputs = [str(write_shard(d / "a.jsonl", make_docs(40, seed=1)).path),
+              str(write_shard(d / "b.jsonl.gz", make_docs(30, seed=2)).path)]
+    cfg = write_config(d / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), d / "out",
+                       inputs=inputs, workers=1)
+    dp = load_section(str(cfg))
+    results = Pipeline(Settings.from_config(dp), log=lambda _: None).run(list_shards(dp), progress=False)
+    assert [r.status for r in results] == ["done", "done"]
+    return d / "out"

@@ -6,6 +6,7 @@ import gzip
 import http.server
 import json
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,6 +162,7 @@ def write_config(path: Path, name: str, tokenizer: tuple[str, str], output_dir: 
     """A run-directory style config.yaml: the real conf/data_preparation/<name>.yaml with test overrides, plus the
     training.tokenizer keys it interpolates."""
     dp = OmegaConf.load(REPO / "conf" / "data_preparation" / f"{name}.yaml")
+    dp.pop("defaults")  # the schema it names is Hydra's business; a run directory's config holds values only
     dp.output_dir = str(output_dir)
     dp.download.backoff_s = 0.01
     dp.download.max_backoff_s = 0.05
@@ -172,3 +174,10 @@ def write_config(path: Path, name: str, tokenizer: tuple[str, str], output_dir: 
                             "data_preparation": dp})
     OmegaConf.save(cfg, path)
     return path
+
+
+def copy_of(prepared: Path, name: str, dest: Path) -> str:
+    """A private copy of a finished shard (.bin, .idx, .done.json) to damage; returns its prefix."""
+    for ext in (".bin", ".idx", ".done.json"):
+        shutil.copy(prepared / f"{name}_text_document{ext}", dest / f"{name}_text_document{ext}")
+    return str(dest / f"{name}_text_document")

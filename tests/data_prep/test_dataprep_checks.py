@@ -12,37 +12,20 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from launcher.config.schema import register
 
 from data_prep import checks
 from data_prep.checks import pair_problem, preparation_problems, prepared_data_problems
 from data_prep.config import load_section
 from data_prep.pipeline import Pipeline, Settings
 from data_prep.shards import list_shards
-from dataprep_helpers import REPO, make_docs, write_config, write_shard
+from dataprep_helpers import REPO, copy_of, make_docs, write_config, write_shard
 
 KEY = "training.data.blend"
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, tokenizers_dir) -> Path:
-    """Two finished shards, a (40 documents) and b (30), made by the pipeline with the sentencepiece model."""
-    d = tmp_path_factory.mktemp("prepared")
-    inputs = [str(write_shard(d / "a.jsonl", make_docs(40, seed=1)).path),
-              str(write_shard(d / "b.jsonl.gz", make_docs(30, seed=2)).path)]
-    cfg = write_config(d / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), d / "out",
-                       inputs=inputs, workers=1)
-    dp = load_section(str(cfg))
-    results = Pipeline(Settings.from_config(dp), log=lambda _: None).run(list_shards(dp), progress=False)
-    assert [r.status for r in results] == ["done", "done"]
-    return d / "out"
-
-
-def copy_of(prepared: Path, name: str, dest: Path) -> str:
-    """A private copy of a finished shard (.bin, .idx, .done.json) to damage; returns its prefix."""
-    for ext in (".bin", ".idx", ".done.json"):
-        shutil.copy(prepared / f"{name}_text_document{ext}", dest / f"{name}_text_document{ext}")
-    return str(dest / f"{name}_text_document")
 
 
 def sp_tokenizer(tokenizers_dir) -> dict:
@@ -240,6 +223,7 @@ def test_an_unusable_training_tokenizer_is_said_once(prepared, tmp_path):
 
 def composed(*overrides: str):
     """The data_preparation section as main.py composes it."""
+    register()  # the schema and the ${path:} resolver the YAML files name
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = compose("config", overrides=["data_preparation.output_dir=/data/out", *overrides])
     return cfg.data_preparation
@@ -254,7 +238,8 @@ def test_a_plain_section_and_a_composed_one_alike(tmp_path):
     from omegaconf import OmegaConf
 
     dp = composed("data_preparation.workers=0")
-    assert preparation_problems(dp) == preparation_problems(OmegaConf.to_container(dp, resolve=True)) == [
+    plain = OmegaConf.to_container(dp, resolve=True, enum_to_str=True)  # what to_plain gives the launcher
+    assert preparation_problems(dp) == preparation_problems(plain) == [
         "data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"]
 
 
@@ -265,9 +250,15 @@ def files_cfg(tmp_path, tokenizers_dir):
     (tmp_path / "hf_without_json").mkdir()
 
     def make(*overrides: str):
-        return composed("data_preparation=files", f"data_preparation.inputs=[{src.path}]",
-                        "training.tokenizer.type=sentencepiece",
-                        f"training.tokenizer.path={tokenizers_dir['sentencepiece']}", *overrides)
+        """The section as a run directory's config.yaml holds it (plain values), with the overrides applied to the
+        file: data_prep reads such files itself, so it checks the values the schema would refuse in main.py too."""
+        section = OmegaConf.create(OmegaConf.to_container(composed(
+            "data_preparation=files", f"data_preparation.inputs=[{src.path}]", "training.tokenizer.type=sentencepiece",
+            f"training.tokenizer.path={tokenizers_dir['sentencepiece']}"), resolve=True, enum_to_str=True))
+        for override in overrides:
+            key, value = override.split("=", 1)
+            OmegaConf.update(section, key.removeprefix("data_preparation."), yaml.safe_load(value), merge=False)
+        return OmegaConf.to_container(section)
     return make
 
 
@@ -365,4 +356,4 @@ def test_the_checks_import_nothing_heavy(prepared, tokenizers_dir):
 def composed_plain() -> dict:
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(composed("data_preparation=c4"), resolve=True)
+    return OmegaConf.to_container(composed("data_preparation=c4"), resolve=True, enum_to_str=True)

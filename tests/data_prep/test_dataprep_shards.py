@@ -6,16 +6,21 @@ import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from launcher.config.schema import register
 
 from data_prep.shards import ConfigError, detect_format, list_shards, output_prefixes, parse_numbers, strip_extensions
 from dataprep_helpers import REPO
 
 
 def composed(*overrides: str):
-    """The data_preparation section as main.py composes it (a DictConfig, as the launcher passes it)."""
+    """The data_preparation section as main.py composes and resolves it (a plain mapping, as the launcher passes
+    it)."""
+    register()  # the schema and the ${path:} resolver the YAML files name
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = compose("config", overrides=["data_preparation.output_dir=/data/out", *overrides])
-    return cfg.data_preparation
+    return OmegaConf.to_container(cfg.data_preparation, resolve=True, enum_to_str=True)
 
 
 def test_shards_module_imports_nothing_heavy():

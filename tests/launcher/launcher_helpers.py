@@ -10,12 +10,18 @@ from pathlib import Path
 from launcher.cli import prepare
 from launcher.jobs.commands import python_bin_dir
 from launcher.jobs.rundir import render
+from launcher.plan.validate import validate
 from launcher.plan.hardware import LocalGpus
 
 REPO = Path(__file__).resolve().parents[2]
 EIGHT_H100 = LocalGpus(8, "h100", ("NVIDIA H100 80GB HBM3",) * 8)
 ONE_H100 = LocalGpus(1, "h100", ("NVIDIA H100 80GB HBM3",))
 NO_GPU = LocalGpus(0, None, ())
+
+
+def planned(cfg, local_gpus=None):
+    """The plan main.py makes of this config: every check (launcher/plan/validate.py), then the derivation."""
+    return validate(cfg, local_gpus).plan
 
 
 def run_main(*args: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:

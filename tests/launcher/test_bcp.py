@@ -136,7 +136,7 @@ def test_data_preparation_spreads_the_shards_over_the_replicas_then_checks(cfg_f
      "cluster.instance=dgxa100.80g.8.norm has a100 GPUs but cluster.gpu_type=h100; set cluster.gpu_type=a100"),
     ([], "the plan uses 1 GPU per node but cluster.instance=dgxh100.80g.8.norm has 8"),
     (["training=llama31/8b", "cluster.workspaces=[]"], "jobs see only workspaces and datasets"),
-    (["training=llama31/8b", "cluster.workspaces=[{id: code}]"], "cluster.workspaces: each entry needs id"),
+    (["training=llama31/8b", "cluster.workspaces=[{id: code, mount: code}]"], "cluster.workspaces: each entry needs id"),
     (["stages=[container]"], "stages has container but cluster=bcp runs images by name from a registry and builds "
                              "none: build and push the image with docker (README: Images for NGC Base Command and "
                              "Kubernetes)"),

@@ -70,7 +70,7 @@ def test_bad_inputs_fail_before_anything_is_written(tmp_path):
         (["training=llama31/405b", "parallelism.vp=3"], "parallelism.vp=3"),
         (["training=llama31/8b", "training.global_batch_size=130"], "training.global_batch_size=130"),
         (["training=llama31/8b", "cluster.ntasks_per_node=16"], "cluster.ntasks_per_node=16"),
-        (["stages=[trianing]"], "stages: unknown trianing"),
+        (["stages=[trianing]"], "stages=[trianing]: 'trianing' is not a stage"),
         (["cluster.time_limit=4h"], "cluster.time_limit='4h'"),
     ]
     for overrides, key in cases:
@@ -84,7 +84,7 @@ def test_bad_inputs_fail_before_anything_is_written(tmp_path):
 
 def test_submitting_without_sbatch_is_an_error_not_a_crash(tmp_path):
     results = tmp_path / "results"
-    out = run_main("cluster=bcm", "cluster.container=null", f"results_dir={results}", env={"PATH": "/nonexistent"})
+    out = run_main("cluster=bcm", "cluster.container_runtime=none", f"results_dir={results}", env={"PATH": "/nonexistent"})
     assert out.returncode == 2
     assert "sbatch" in out.stderr and "dry_run=true" in out.stderr
     assert not results.exists()
@@ -123,14 +123,14 @@ def test_a_sweep_with_one_bad_point_writes_no_point(tmp_path):
                    "training.global_batch_size=128,130")
     assert out.returncode == 2
     assert "sweep point training.global_batch_size=130: training.global_batch_size=130" in out.stderr
-    assert [p.name for p in results.iterdir()] == ["sweeps"]  # Hydra's record of the sweep only
+    assert not results.exists()  # not even Hydra's record of the sweep
 
 
 def test_dry_run_shows_the_afterok_chain_of_data_preparation_and_training(tmp_path):
     data = tmp_path / "data"
     result = run_main("stages=[data_preparation,training]", "data_preparation=pile",
                       "data_preparation.file_numbers='0-3'", f"data_preparation.output_dir={data}",
-                      "training=llama31/8b", "cluster=bcm", "cluster.container=null", "dry_run=true",
+                      "training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
                       f"results_dir={tmp_path}", "training.data.mock=false",
                       f"training.data.blend=[{data}/my-llama_00_text_document]")
     assert result.returncode == 0, result.stderr
@@ -145,15 +145,23 @@ def test_dry_run_shows_the_afterok_chain_of_data_preparation_and_training(tmp_pa
     ]
 
 
-def test_a_bare_stage_name_means_that_one_stage(tmp_path):
-    # `stages=data_preparation` (no brackets): data about to be prepared must not be required to exist yet.
+def test_a_bare_stage_name_is_refused_with_the_list_syntax(tmp_path):
+    # `stages=data_preparation` (no brackets) is a string where the schema wants a list: one line, nothing written.
+    result = run_main("stages=data_preparation", f"results_dir={tmp_path / 'runs'}", "dry_run=true")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: stages=data_preparation: stages must be a list") and \
+        "'key=[a,b]'" in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_data_about_to_be_prepared_need_not_exist_yet(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('{"text": "hello"}\n')
-    result = run_main("stages=data_preparation", "data_preparation=files", f"data_preparation.inputs=[{corpus}]",
+    result = run_main("stages=[data_preparation]", "data_preparation=files", f"data_preparation.inputs=[{corpus}]",
                       f"data_preparation.output_dir={tmp_path / 'data'}", "training.data.mock=false",
                       f"training.data.blend=[{tmp_path / 'data' / 'docs_text_document'}]", "dry_run=true",
                       f"results_dir={tmp_path / 'runs'}")
     assert result.returncode == 0, result.stderr
-    scripts = sorted(p.name for p in (tmp_path / "runs").glob("*/*.sh"))
-    assert scripts == ["data_preparation.sh"]
+    scripts = sorted(p.relative_to(tmp_path / "runs").as_posix() for p in (tmp_path / "runs").glob("*/*.sh"))
+    assert scripts == ["data_files/data_preparation.sh"]  # data preparation alone: a run directory of its own
     assert "Plan for" not in result.stdout  # the training plan table belongs to runs that train

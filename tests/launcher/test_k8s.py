@@ -103,7 +103,7 @@ def test_kubernetes_validate_rejects_a_broken_manifest(cfg_for, tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["cluster.container=null"], "cluster.container=None: cluster=k8s runs an image by name from a registry"),
     (["cluster.volumes=[]"], "pods see only cluster.volumes"),
-    (["cluster.volumes=[{claim: x}]"], "cluster.volumes: each entry needs claim"),
+    (["cluster.volumes=[{claim: x, mount: data}]"], "cluster.volumes: each entry needs claim"),
     (["cluster.time_limit=UNLIMITED"], "cluster.time_limit='UNLIMITED': this platform needs a finite time limit"),
     (["stages=[container]"], "stages has container but cluster=k8s runs images by name from a registry and builds "
                              "none: build and push the image with docker (README: Images for NGC Base Command and "

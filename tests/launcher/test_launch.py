@@ -56,7 +56,7 @@ def corpus(tmp_path: Path) -> Path:
     return data
 
 
-BARE_METAL = ["cluster=bcm", "cluster.container=null", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1"]
+BARE_METAL = ["cluster=bcm", "cluster.container_runtime=none", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1"]
 
 
 def test_stages_are_chained_with_afterok(cfg_for, fake_slurm, corpus, tmp_path, capsys):

@@ -11,11 +11,12 @@ import pytest
 import yaml
 
 from data_prep.shards import list_shards
-from launcher.plan.build import build_plan
 from launcher.plan.checks import mlperf
 from launcher.plan.errors import PlanError
+from launcher.plan.findings import Findings
+from launcher.plan.sizes import sizes_of
 
-from launcher_helpers import run_main
+from launcher_helpers import planned, run_main
 
 # The values cited in conf/training/mlperf/*.yaml, written out again by hand.
 LLAMA31_8B = {
@@ -161,17 +162,24 @@ def test_4_gpu_h100_nodes_are_refused_by_the_memory_check(tmp_path):
     assert out.returncode == 2 and "exceeds the 79.6 GiB of cluster.gpu_type=h100" in out.stderr
 
 
+def mlperf_findings(cfg) -> Findings:
+    found = Findings(dry_run=bool(cfg.get("dry_run")))
+    mlperf.check(cfg, sizes_of(cfg), found)
+    return found
+
+
 def test_405b_refuses_random_weights_unless_allowed(cfg_for):
     def problems(*overrides):
         cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "stages=[data_preparation,training]",
                       *overrides)
-        return mlperf.check(cfg, build_plan(cfg))[0]
+        return mlperf_findings(cfg).problems
 
     assert "mlperf.allow_random_init=true" in problems()[0]
     assert problems("mlperf.allow_random_init=true") == []
     assert problems("training.checkpoint.init_from=/ckpt/iter_0000000") == []
     cfg = cfg_for("training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true")
-    assert mlperf.check(cfg, build_plan(cfg)) == ([], [])  # 8B starts from random weights by definition
+    found = mlperf_findings(cfg)
+    assert (found.problems, found.warnings) == ([], [])  # 8B starts from random weights by definition
 
 
 def test_settings_that_leave_the_rules_are_named_with_the_value_they_need(cfg_for):
@@ -182,7 +190,7 @@ def test_settings_that_leave_the_rules_are_named_with_the_value_they_need(cfg_fo
                      "training.scheduler.decay_steps": 600_000, "training.val_interval": 20}
     cfg = cfg_for("training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true", "training.val_samples=64",
                   "training.seq_length=2048")
-    _, notes = mlperf.check(cfg, build_plan(cfg))
+    notes = mlperf_findings(cfg).warnings
     assert any("training.val_samples=64 differs from the benchmark's 1024" in n for n in notes)
     assert any("training.seq_length=2048 differs from the benchmark's 8192" in n for n in notes)
 
@@ -190,7 +198,7 @@ def test_settings_that_leave_the_rules_are_named_with_the_value_they_need(cfg_fo
 @pytest.mark.parametrize("overrides,message", [
     (["training.val_samples=1000"], "training.val_samples=1000 is not a multiple of training.micro_batch_size=1 "
                                     "x data-parallel size 16"),
-    (["training.val_samples=0"], "training.val_samples=0 must be null or a positive integer"),
+    (["training.val_samples=0"], "training.val_samples=0 must be positive (or null)"),
     # 5768 / DP 8 = 721 microbatches per rank: 5 calls of 144, then 1, which PP 8 x VP 8 cannot schedule
     (["training.val_samples=5768", "parallelism.num_gpus=1024"], "leaves a last evaluation call of 1 microbatch(es)"),
 ])
@@ -198,7 +206,7 @@ def test_evaluation_sizes_that_cannot_run_are_errors(cfg_for, overrides, message
     cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true", "parallelism.num_gpus=2048",
                   *overrides)
     with pytest.raises(PlanError) as err:
-        build_plan(cfg)
+        planned(cfg)
     assert message in str(err.value)
 
 

@@ -10,7 +10,7 @@ from launcher.plan.errors import PlanError
 from launcher.plan.formulas import model_flops_per_sample
 from launcher.plan.hardware import LocalGpus, gpu_spec
 
-from launcher_helpers import EIGHT_H100, NO_GPU, REPO
+from launcher_helpers import EIGHT_H100, NO_GPU, REPO, planned
 
 MODELS = ("tiny", "8b", "70b", "405b")
 DTYPES = ("bf16", "fp8")
@@ -77,15 +77,15 @@ def _check_consistent(plan, cfg):
 @pytest.mark.parametrize("model,dtype,layout,cluster",
                          list(itertools.product(MODELS, DTYPES, (DEFAULT, *LAYOUTS), CLUSTERS)))
 def test_combination(cfg_for, model, dtype, layout, cluster):
-    cfg = cfg_for(*_overrides(model, dtype, layout, cluster))
+    cfg = cfg_for(*_overrides(model, dtype, layout, cluster), "dry_run=true")  # no image needed here
     dtypes, clusters = VALID.get((model, layout), (set(), set()))
     if dtype in dtypes and cluster in clusters:
-        plan = build_plan(cfg, EIGHT_H100)
+        plan = planned(cfg, EIGHT_H100)
         _check_consistent(plan, cfg)
         assert plan.cannot_train_reason is None
     else:
         with pytest.raises(PlanError) as err:
-            build_plan(cfg, EIGHT_H100)
+            planned(cfg, EIGHT_H100)
         assert all("parallelism." in p or "cluster." in p or "training." in p for p in err.value.problems), \
             err.value.problems
 
@@ -137,7 +137,7 @@ def test_model_flops_match_the_public_tables(cfg_for):
 ])
 def test_bad_inputs_name_their_keys(cfg_for, overrides, keys):
     with pytest.raises(PlanError) as err:
-        build_plan(cfg_for(*overrides, "cluster=bcm"))
+        planned(cfg_for(*overrides, "cluster=bcm", "dry_run=true"))
     text = str(err.value)
     for key in keys:
         assert key in text, text
@@ -147,9 +147,9 @@ def test_bad_inputs_name_their_keys(cfg_for, overrides, keys):
 def test_local_machine_fit(cfg_for):
     two = LocalGpus(2, "h100", ("H100",) * 2)
     with pytest.raises(PlanError, match=r"parallelism.num_gpus=8 but this machine has 2 GPUs"):
-        build_plan(cfg_for("training=llama31/8b"), two)
+        planned(cfg_for("training=llama31/8b"), two)
     with pytest.raises(PlanError, match=r"cluster.gpus_per_node=4 but this machine has 2 GPUs"):
-        build_plan(cfg_for("cluster.gpus_per_node=4"), two)
+        planned(cfg_for("cluster.gpus_per_node=4"), two)
 
 
 def test_no_gpu_here_is_a_reason_not_an_error(cfg_for):
@@ -173,7 +173,7 @@ def test_userbuffers_without_multicast_skip_it(cfg_for):
 
 def test_cluster_env_cannot_pick_the_attention_backend(cfg_for):
     with pytest.raises(PlanError, match="training.model.attention_backend"):
-        build_plan(cfg_for("cluster=bcm", "+cluster.env.NVTE_FLASH_ATTN=1"))
+        planned(cfg_for("cluster=bcm", "+cluster.env.NVTE_FLASH_ATTN=1", "dry_run=true"))
 
 
 def test_plan_json_has_the_contract_keys(cfg_for):

@@ -62,7 +62,7 @@ def test_bare_metal_chain(cfg_for, tmp_path, corpus):
         "cluster=bcm", "stages=[data_preparation,training]", "data_preparation=files",
         f"data_preparation.inputs=[{corpus}/*.jsonl]", f"data_preparation.output_dir={tmp_path}/data",
         "data_preparation.job.cpus_per_task=4", "data_preparation.job.max_parallel=2",
-        "cluster.container=null", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1", "dry_run=true"))
+        "cluster.container_runtime=none", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1", "dry_run=true"))
     assert list(scripts) == ["data_preparation.sbatch", "data_check.sbatch", "submission.sbatch"]
     assert "#SBATCH --array=0-1%2" in scripts["data_preparation.sbatch"]
     for name, text in scripts.items():

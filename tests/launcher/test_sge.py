@@ -129,7 +129,7 @@ def test_submission_chains_hold_jid_and_records_the_ids(tmp_path):
                    "data_preparation=files", f"data_preparation.inputs=[{tmp_path}/*.jsonl]",
                    f"data_preparation.output_dir={tmp_path}/data", f"results_dir={tmp_path}/results", env=env)
     assert out.returncode == 0, out.stderr
-    run_dir = tmp_path / "results" / "llama31_tiny_bf16_tp1_1gpu"
+    run_dir = tmp_path / "results" / "data_files"  # data preparation alone: its own run directory
     assert (tmp_path / "calls.log").read_text().splitlines() == [
         f"qsub -terse {run_dir}/data_preparation.qsub", f"qsub -terse -hold_jid 41 {run_dir}/data_check.qsub"]
     jobs = json.loads((run_dir / "jobs.json").read_text())

@@ -53,7 +53,7 @@ def test_stage_problems_name_their_keys(cfg_for, overrides, message):
 
 def test_a_missing_container_is_only_a_warning_in_a_dry_run(cfg_for):
     prepared = prepare(cfg_for("cluster=bcm", "cluster.container=/nowhere/nemo.sqsh", "dry_run=true"))
-    assert prepared.stages.warnings and "does not exist" in prepared.stages.warnings[0]
+    assert prepared.warnings and "does not exist" in prepared.warnings[0]
 
 
 def test_local_container_import_needs_enroot(cfg_for, tmp_path, monkeypatch):

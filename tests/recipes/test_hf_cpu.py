@@ -304,7 +304,7 @@ def main_py(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_plan_rejects_a_mismatching_config_before_writing_anything(tmp_path):
     wrong = fake_llama_dir(tmp_path / "wrong", num_key_value_heads=16)
-    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container=null", "dry_run=true",
+    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
                      f"results_dir={tmp_path / 'results'}", f"training.checkpoint.init_from_hf={wrong}", cwd=tmp_path)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -312,7 +312,7 @@ def test_plan_rejects_a_mismatching_config_before_writing_anything(tmp_path):
     assert not (tmp_path / "results").exists()
 
     right = fake_llama_dir(tmp_path / "right")
-    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container=null", "dry_run=true",
+    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
                      f"results_dir={tmp_path / 'results'}", f"training.checkpoint.init_from_hf={right}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
@@ -321,7 +321,7 @@ def test_training_ranks_check_the_config_before_touching_a_gpu(tmp_path):
     """The rank-side check runs before CUDA or NCCL start: on this GPU-less machine the rank stops with the
     config error, not with the missing GPU."""
     source = fake_llama_dir(tmp_path / "weights")
-    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container=null", "dry_run=true",
+    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
                      "stack_check=false", f"results_dir={tmp_path / 'results'}", "run_name=r",
                      f"training.checkpoint.init_from_hf={source}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -365,7 +365,7 @@ def test_the_plan_checks_a_cached_hub_id_and_refuses_one_for_several_nodes(tmp_p
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     fake_hub_snapshot(tmp_path / "hub", "meta-llama/Llama-3.1-8B", num_hidden_layers=80)
-    base = ["training=llama31/8b", "cluster=bcm", "cluster.container=null", "dry_run=true",
+    base = ["training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
             f"results_dir={tmp_path / 'results'}", "memory_check=false"]
     with pytest.raises(PlanError, match="num_hidden_layers=80 vs training.model.num_layers=32"):
         prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-8B"]))

@@ -154,7 +154,7 @@ def test_the_stage_passes_and_prints_the_bandwidth_table(tmp_path):
 def test_below_the_threshold_it_fails_with_one_line_after_measuring_nodes_and_pairs(tmp_path, nodes,
                                                                                     gpus_per_node):
     world = nodes * gpus_per_node
-    run_dir = run_dir_for(tmp_path, "cluster=bcm", "cluster.container=null", f"cluster.gpus_per_node={gpus_per_node}",
+    run_dir = run_dir_for(tmp_path, "cluster=bcm", "cluster.container_runtime=none", f"cluster.gpus_per_node={gpus_per_node}",
                           f"parallelism.num_gpus={world}", "preflight.min_busbw_gbps=1000000", "dry_run=true")
     result = torchrun_preflight(run_dir, world)
     assert result.returncode != 0

@@ -16,7 +16,8 @@ import torch
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from recipes.hf import mapping
-from recipes.trainer import checkpoint, data, metrics, settings, stop_signals
+from common import checkpoints
+from recipes.trainer import data, metrics, settings, stop_signals
 from recipes.trainer.distributed import rank_info
 
 REPO = Path(__file__).resolve().parents[2]
@@ -229,39 +230,39 @@ def test_rank_info_from_torchrun_then_slurm():
 
 # ----------------------------------------------------------------------------- checkpoints
 def _fake_save(root, step, consumed):
-    os.makedirs(checkpoint.partial_path(root, step))
-    with open(os.path.join(checkpoint.partial_path(root, step), "shard"), "w") as f:
+    os.makedirs(checkpoints.partial_path(root, step))
+    with open(os.path.join(checkpoints.partial_path(root, step), "shard"), "w") as f:
         f.write("x")
-    return checkpoint.finalize_checkpoint(root, checkpoint.TrainState(step=step, consumed_samples=consumed))
+    return checkpoints.finalize_checkpoint(root, checkpoints.TrainState(step=step, consumed_samples=consumed))
 
 
 def test_only_finalized_checkpoints_count(tmp_path):
     root = str(tmp_path)
     _fake_save(root, 100, 800)
-    os.makedirs(checkpoint.partial_path(root, 200))  # a save killed midway
+    os.makedirs(checkpoints.partial_path(root, 200))  # a save killed midway
     os.makedirs(os.path.join(root, "iter_0000300"))  # a directory without the state file
-    assert checkpoint.latest_checkpoint(root)[0] == 100
-    state = checkpoint.read_train_state(checkpoint.latest_checkpoint(root)[1])
+    assert checkpoints.latest_checkpoint(root)[0] == 100
+    state = checkpoints.read_train_state(checkpoints.latest_checkpoint(root)[1])
     assert (state.step, state.consumed_samples) == (100, 800)
-    assert open(os.path.join(root, checkpoint.TRACKER)).read().strip() == "100"
-    assert checkpoint.remove_partials(root) == [".partial_iter_0000200"]
+    assert open(os.path.join(root, checkpoints.TRACKER)).read().strip() == "100"
+    assert checkpoints.remove_partials(root) == [".partial_iter_0000200"]
 
 
 def test_prune_keeps_the_newest(tmp_path):
     root = str(tmp_path)
     for step in (10, 20, 30, 40):
         _fake_save(root, step, step * 8)
-    removed = checkpoint.prune_checkpoints(root, keep_last=2)
+    removed = checkpoints.prune_checkpoints(root, keep_last=2)
     assert [os.path.basename(p) for p in removed] == ["iter_0000010", "iter_0000020"]
-    assert [s for s, _ in checkpoint.complete_checkpoints(root)] == [30, 40]
-    assert checkpoint.prune_checkpoints(root, keep_last=0) == []
+    assert [s for s, _ in checkpoints.complete_checkpoints(root)] == [30, 40]
+    assert checkpoints.prune_checkpoints(root, keep_last=0) == []
 
 
 def test_resaving_a_step_replaces_it(tmp_path):
     root = str(tmp_path)
     _fake_save(root, 50, 400)
     _fake_save(root, 50, 400)
-    assert [s for s, _ in checkpoint.complete_checkpoints(root)] == [50]
+    assert [s for s, _ in checkpoints.complete_checkpoints(root)] == [50]
 
 
 # ----------------------------------------------------------------------------- metrics

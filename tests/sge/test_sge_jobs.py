@@ -36,7 +36,7 @@ def submit(grid_engine, tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[P
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**grid_engine.env, "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 0, out.stderr
-    run_dir = results / "llama31_tiny_bf16_tp1_1gpu"
+    run_dir = results / "data_files"  # data preparation alone: its own run directory
     jobs = json.loads((run_dir / "jobs.json").read_text())
     assert [j["stage"] for j in jobs] == ["data_preparation", "data_check"]
     assert jobs[1]["dependency"] == f"hold_jid:{jobs[0]['job_id']}"

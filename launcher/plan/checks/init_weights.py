@@ -6,10 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from common import hf_config
+from launcher.plan.findings import Findings
+from launcher.plan.sizes import Sizes
+
+
+def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
+    for line in init_problems(cfg, sizes.num_nodes or 1):
+        found.problem(line)
+
 
 def init_problems(cfg: Mapping[str, Any], num_nodes: int) -> list[str]:
-    from common import hf_config
-
     ckpt = cfg["training"]["checkpoint"]
     value = ckpt.get("init_from_hf")
     if not value:

@@ -10,21 +10,29 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from common.plan import Plan
+from launcher.plan.findings import Findings
+from launcher.plan.sizes import Sizes
+
+# Compliance rulesets mlperf-logging has for each benchmark (compliance_checker/training_<ruleset>/).
+RULESETS = {"llama31_8b": ("5.1.0", "6.0.0", "6.1.0"), "llama31_405b": ("5.1.0", "6.0.0")}
 
 
-def check(cfg: Mapping[str, Any], plan: Plan) -> tuple[list[str], list[str]]:
-    """(problems, notes) for an MLPerf run; nothing for other runs."""
+def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
+    """An MLPerf run's settings against the benchmark's rules; nothing for other runs."""
     ml = cfg.get("mlperf")
     if not ml:
-        return [], []
-    problems: list[str] = []
-    notes = [f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} ({why}): this run is "
-             "not a valid MLPerf result" for key, have, want, why in deviations(cfg, plan.global_batch_size)]
+        return
+    known = RULESETS.get(ml["benchmark"], ())
+    if ml["ruleset"] not in known:
+        found.problem(f"mlperf.ruleset={ml['ruleset']} has no compliance rules for {ml['benchmark']}: use one of "
+                      f"{', '.join(known) or '(none known)'}")
+    if sizes.global_batch_size:
+        for key, have, want, why in deviations(cfg, sizes.global_batch_size):
+            found.warning(f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} ({why}): "
+                          "this run is not a valid MLPerf result")
     init = initial_weights_problem(cfg)
     if init:
-        (notes if cfg.get("dry_run") else problems).append(init)
-    return problems, notes
+        found.problem_unless_dry_run(init)
 
 
 def expected_settings(rules: Mapping[str, Any], gbs: int) -> dict[str, tuple[Any, str]]:

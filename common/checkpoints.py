@@ -1,0 +1,98 @@
+"""The checkpoints directory of a run, as files: which `iter_NNNNNNN` checkpoints are complete, the state file beside
+the tensors, and the partial names saves write under. Plain Python: the launcher reads it to check a run directory
+before resuming into it, the trainer and the export to find the newest checkpoint."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+import json
+import os
+import re
+import shutil
+
+TRACKER = "latest_checkpointed_iteration.txt"
+STATE_FILE = "train_state.json"
+_COMPLETE = re.compile(r"^iter_(\d{7})$")
+_PARTIAL_PREFIX = ".partial_"
+
+
+@dataclass
+class TrainState:
+    """What, beside the tensors, a resumed run needs to continue exactly where it stopped."""
+    step: int
+    consumed_samples: int
+
+
+def checkpoint_name(step: int) -> str:
+    return f"iter_{step:07d}"
+
+
+def partial_path(root: str, step: int) -> str:
+    return os.path.join(root, _PARTIAL_PREFIX + checkpoint_name(step))
+
+
+def complete_checkpoints(root: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = _COMPLETE.match(name)
+        path = os.path.join(root, name)
+        if match and os.path.isfile(os.path.join(path, STATE_FILE)):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(root: str) -> tuple[int, str] | None:
+    complete = complete_checkpoints(root)
+    return complete[-1] if complete else None
+
+
+def read_train_state(path: str) -> TrainState:
+    with open(os.path.join(path, STATE_FILE)) as f:
+        return TrainState(**json.load(f))
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def finalize_checkpoint(root: str, state: TrainState) -> str:
+    """Mark the partial checkpoint of state.step complete: state file, rename, tracker. Run on one rank after
+    every rank has written its shards."""
+    partial = partial_path(root, state.step)
+    _write_atomically(os.path.join(partial, STATE_FILE), json.dumps(asdict(state), indent=1))
+    final = os.path.join(root, checkpoint_name(state.step))
+    if os.path.exists(final):  # the same step saved again (e.g. after a signal at a save step)
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    _write_atomically(os.path.join(root, TRACKER), f"{state.step}\n")
+    return final
+
+
+def prune_checkpoints(root: str, keep_last: int) -> list[str]:
+    """Delete all but the newest keep_last complete checkpoints (keep_last <= 0 keeps everything)."""
+    if keep_last <= 0:
+        return []
+    removed = []
+    for _, path in complete_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def remove_partials(root: str) -> list[str]:
+    """Leftovers of interrupted saves; they never count as checkpoints."""
+    if not os.path.isdir(root):
+        return []
+    removed = []
+    for name in os.listdir(root):
+        if name.startswith(_PARTIAL_PREFIX):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed

@@ -1,0 +1,100 @@
+"""training.data and training.tokenizer: the blend, and for real data that its files are there, intact and made
+with training's tokenizer (data_prep/checks.py reads their headers and done markers)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from data_prep.checks import prepared_data_problems
+from data_prep.tokenizer import tokenizer_problem
+from launcher.plan.findings import Findings
+from launcher.plan.sizes import Sizes
+
+BLEND_FORMS = "[weight, prefix, weight, prefix, ...] or [prefix, ...]"
+
+
+def blend_prefixes(blend: Any) -> list[str] | None:
+    """The prefixes of a blend, [prefix, ...] or [weight, prefix, weight, prefix, ...]; None for anything else."""
+    if not isinstance(blend, (list, tuple)) or not blend:
+        return None
+    if all(isinstance(x, str) for x in blend):
+        return list(blend)
+    if len(blend) % 2 == 0 and all(_is_number(w) and isinstance(p, str) for w, p in zip(blend[::2], blend[1::2])):
+        return list(blend[1::2])
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def missing_data(cfg: Mapping[str, Any]) -> list[str]:
+    """One line per blend (training.data.blend, valid_blend) whose .bin/.idx files are not there (real data)."""
+    data = cfg["training"]["data"]
+    if data.get("mock"):
+        return []
+    lines = []
+    for key in ("blend", "valid_blend"):
+        missing = [p for p in blend_prefixes(data.get(key)) or [] if not _prepared(p)]
+        if missing:
+            lines.append(f"training.data.{key}: no .bin/.idx for {', '.join(missing)}; run the data_preparation "
+                         "stage first or fix the prefixes")
+    return lines
+
+
+def _prepared(prefix: str) -> bool:
+    return os.path.exists(prefix + ".bin") and os.path.exists(prefix + ".idx")
+
+
+def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
+    data = cfg["training"]["data"]
+    found.at_least("training.data.num_workers", data["num_workers"], 0)
+    _split(data["split"], found)
+    if data["mock"]:
+        for key in ("blend", "valid_blend"):
+            if data.get(key):
+                found.problem(f"training.data.mock=true ignores training.data.{key}: set training.data.mock=false "
+                              f"to train on it, or training.data.{key}=null")
+        return
+    if not _blends(data, found):
+        return
+    tokenizer = cfg["training"]["tokenizer"]
+    problem = tokenizer_problem(tokenizer["type"], tokenizer["path"], key="training.tokenizer")
+    if problem:
+        found.problem(problem)
+    if "data_preparation" in cfg["stages"]:
+        return  # the chain prepares the data before training reads it
+    for line in missing_data(cfg):
+        found.problem_unless_dry_run(line)
+    for key in ("blend", "valid_blend"):
+        present = [p for p in blend_prefixes(data.get(key)) or [] if _prepared(p)]
+        for line in prepared_data_problems(f"training.data.{key}", present, tokenizer):
+            found.problem(line)
+
+
+def _blends(data: Mapping[str, Any], found: Findings) -> bool:
+    blend, valid = data.get("blend"), data.get("valid_blend")
+    if not blend:
+        found.problem(f"training.data.mock=false needs training.data.blend: {BLEND_FORMS} from data preparation")
+        return False
+    if blend_prefixes(blend) is None:
+        found.problem(f"training.data.blend must be {BLEND_FORMS}; got {blend}")
+        return False
+    weights = blend[::2] if not isinstance(blend[0], str) else []
+    if any(w < 0 for w in weights) or (weights and not any(w > 0 for w in weights)):
+        found.problem(f"training.data.blend weights {weights} must be 0 or more with at least one above 0")
+        return False
+    if valid is not None and (blend_prefixes(valid) is None or not isinstance(valid[0], str)):
+        found.problem(f"training.data.valid_blend must be null or [prefix, ...] (read in order); got {valid}")
+        return False
+    return True
+
+
+def _split(split: str, found: Findings) -> None:
+    parts = split.split(",")
+    try:
+        shares = [float(p) for p in parts]
+    except ValueError:
+        shares = []
+    if len(shares) != 3 or any(s < 0 for s in shares) or sum(shares) <= 0:
+        found.problem(f"training.data.split={split!r} must be three shares train,validation,test, e.g. \"99,1,0\"")

@@ -1,0 +1,65 @@
+"""parallelism: the layout's sizes and the rules between them and the model."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from launcher.plan.findings import Findings
+from launcher.plan.formulas import pipeline_split_problems
+from launcher.plan.sizes import Sizes
+
+
+def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
+    par = cfg["parallelism"]
+    if par.get("auto") is not None:
+        found.problem("parallelism=auto is a search, not a layout: main.py replaces it with the layout it picks "
+                      "(parallelism.auto.pick) before planning")
+        return
+    ok = all([found.at_least(f"parallelism.{key}", par[key], 1) for key in ("tp", "pp", "cp", "num_gpus")])
+    found.at_least("parallelism.vp", par.get("vp"), 1)
+    found.at_least("parallelism.wgrad_deferral_limit", par["wgrad_deferral_limit"], 0)
+    if not ok:
+        return
+    tp, pp, cp = sizes.tp, sizes.pp, sizes.cp
+    if (par.get("vp") or 1) > 1 and pp == 1:
+        found.problem(f"parallelism.vp={par['vp']} (interleaved pipeline) needs parallelism.pp > 1; set vp=null")
+    _tensor_parallel(cfg, tp, found)
+    for line in pipeline_split_problems(cfg["training"]["model"]["num_layers"], pp, sizes.vp,
+                                        par["asymmetric_pipeline"]):
+        found.problem(line)
+    if cp > 1 and cfg["training"]["model"]["attention_backend"] == "unfused":
+        found.problem("parallelism.cp > 1 needs Transformer Engine fused or flash attention; set "
+                      "training.model.attention_backend=auto")
+    if par["cp_comm_type"] not in ("p2p", "a2a", "allgather", "a2a+p2p"):
+        found.problem(f"parallelism.cp_comm_type={par['cp_comm_type']!r}: use p2p, a2a, allgather or a2a+p2p")
+    if sizes.dp is None:
+        found.problem(f"parallelism.num_gpus={par['num_gpus']} is not a multiple of tp x pp x cp = {tp * pp * cp}")
+    _optimizer_sharding(par, pp, found)
+    _recompute(par, found)
+
+
+def _tensor_parallel(cfg: Mapping[str, Any], tp: int, found: Findings) -> None:
+    par, model = cfg["parallelism"], cfg["training"]["model"]
+    heads, groups, ffn = model["num_attention_heads"], model["num_query_groups"], model["ffn_hidden_size"]
+    if min(heads, groups, ffn) >= 1 and (heads % tp or groups % tp or ffn % tp):
+        good = [t for t in (1, 2, 4, 8, 16) if heads % t == 0 and groups % t == 0 and ffn % t == 0]
+        found.problem(f"parallelism.tp={tp} must divide training.model.num_attention_heads={heads} and "
+                      f"training.model.num_query_groups={groups}; use tp in {good}")
+    if par["sequence_parallel"] and tp == 1:
+        found.problem("parallelism.sequence_parallel=true needs parallelism.tp > 1; set it to false")
+    if par["tp_comm_overlap"] and not (par["sequence_parallel"] and tp > 1):
+        found.problem("parallelism.tp_comm_overlap=true needs parallelism.sequence_parallel=true and tp > 1")
+
+
+def _optimizer_sharding(par: Mapping[str, Any], pp: int, found: Findings) -> None:
+    if par["overlap_param_gather"] and not par["use_distributed_optimizer"]:
+        found.problem("parallelism.overlap_param_gather=true needs parallelism.use_distributed_optimizer=true")
+    if par["defer_embedding_wgrad_compute"] and pp == 1:
+        found.problem("parallelism.defer_embedding_wgrad_compute=true needs parallelism.pp > 1")
+
+
+def _recompute(par: Mapping[str, Any], found: Findings) -> None:
+    found.at_least("parallelism.recompute_num_layers", par.get("recompute_num_layers"), 1)
+    if par.get("recompute_granularity") == "full" and not (par.get("recompute_method")
+                                                           and par.get("recompute_num_layers")):
+        found.problem("parallelism.recompute_granularity=full needs parallelism.recompute_method=uniform|block "
+                      "and parallelism.recompute_num_layers")

@@ -1,0 +1,62 @@
+"""Every check of a config, by concern (launcher/plan/checks/), run before anything is written. validate collects
+every problem of every concern and raises them together (PlanError, one line each); only then is the plan derived
+(launcher/plan/build.py) and checked against the GPU's memory."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from common.plan import Plan
+from launcher.jobs.rundir import default_run_name
+from launcher.jobs.stages import stage_order
+from launcher.plan.build import build_plan
+from launcher.plan.checks import (batch, cluster, data, data_preparation, init_weights, memory, mlperf, model,
+                                  observability, optimizer, parallelism, precision, run, run_dir, stages)
+from launcher.plan.errors import PlanError
+from launcher.plan.findings import Findings
+from launcher.plan.hardware import LocalGpus
+from launcher.plan.sizes import Sizes, sizes_of
+
+Check = Callable[[Mapping[str, Any], Sizes, Findings], None]
+
+# What a layout decides: the auto-configurator runs these for every layout it tries.
+LAYOUT_CHECKS: tuple[Check, ...] = (model.check, parallelism.check, batch.check, precision.check, cluster.check)
+CHECKS: tuple[Check, ...] = (
+    run.check, *LAYOUT_CHECKS, optimizer.check, data.check, data_preparation.check, init_weights.check,
+    stages.check, observability.check, mlperf.check, run_dir.check,
+)
+
+
+@dataclass
+class Validated:
+    cfg: dict[str, Any]   # as normalized() made it: what config.yaml records
+    plan: Plan
+    warnings: list[str]
+
+
+def normalized(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as every later step reads it: stages in run order, results_dir absolute, the run named."""
+    cfg = dict(cfg)
+    cfg["stages"] = stage_order(cfg["stages"])
+    cfg["results_dir"] = str(Path(cfg["results_dir"]).expanduser().absolute())
+    cfg["run_name"] = cfg.get("run_name") or default_run_name(cfg)
+    return cfg
+
+
+def validate(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None,
+             checks: tuple[Check, ...] = CHECKS) -> Validated:
+    """The config normalized, the plan of it if every check accepts it, and the warnings found. Raises PlanError
+    with every problem."""
+    cfg = normalized(cfg)
+    sizes = sizes_of(cfg, local_gpus)
+    found = Findings(dry_run=bool(cfg.get("dry_run")))
+    for check in checks:
+        check(cfg, sizes, found)
+    if found.problems:
+        raise PlanError(found.problems)
+    plan = build_plan(cfg, local_gpus)
+    memory.check(cfg, sizes, plan, found)
+    if found.problems:
+        raise PlanError(found.problems)
+    return Validated(cfg, plan, found.warnings)

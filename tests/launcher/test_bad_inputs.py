@@ -1,0 +1,116 @@
+"""Every bad value a user can type, run through main.py as written: exit status 2, one line per problem naming the
+key (and how to write it), nothing written. Each row is an input that once passed silently, ended in a
+traceback, or said something misleading; the data inputs (prepared files, data preparation settings) are in
+tests/data_prep/test_dataprep_plan_inputs.py."""
+from __future__ import annotations
+
+import pytest
+
+from launcher_helpers import run_main
+
+BASE = ("training=llama31/8b", "cluster=bcm", "dry_run=true")
+DATA_PREP = ("stages=[data_preparation]", "data_preparation=files", "data_preparation.inputs=[/tmp/in.jsonl]")
+
+# (overrides after BASE, a text every problem line together must contain)
+CASES = [
+    # Wrong types: refused while composing, with what the key takes.
+    (["training.seq_length=abc"], "training.seq_length=abc: training.seq_length must be an integer"),
+    (["training.global_batch_size=abc"], "training.global_batch_size=abc: training.global_batch_size must be an "
+                                         "integer"),
+    (["training.global_batch_size=[64,128]"], "training.global_batch_size=[64,128]: training.global_batch_size "
+                                              "must be an integer"),
+    (["training.train_steps=abc"], "training.train_steps=abc: training.train_steps must be an integer"),
+    (["training.optimizer.lr=abc"], "training.optimizer.lr=abc: training.optimizer.lr must be a number"),
+    (["parallelism.tp=true"], "parallelism.tp=true: parallelism.tp must be an integer"),
+    (["training.train_steps=1e3"], "training.train_steps must be an integer (optimizer steps to train); write "
+                                   "training.train_steps=1000"),
+    (["seed=abc"], "seed=abc: seed must be an integer"),
+    (["seed=1.5"], "seed=1.5: seed must be an integer"),
+    (["training.micro_batch_size=1.5"], "training.micro_batch_size=1.5: training.micro_batch_size must be an "
+                                        "integer"),
+    (["profile.tool=vtune"], "profile.tool=vtune: profile.tool must be one of torch, nsys"),
+    (["logging.wandb.mode=cloud"], "logging.wandb.mode=cloud: logging.wandb.mode must be one of auto, online, "
+                                   "offline"),
+    (["cluster.container_runtime=docker"], "cluster.container_runtime must be one of pyxis, apptainer, none"),
+    (["stages=[trianing]"], "stages=[trianing]: 'trianing' is not a stage; use one of container"),
+    # A string where a list belongs is never split into characters.
+    (["cluster.sbatch_args=--foo"], "cluster.sbatch_args=--foo: cluster.sbatch_args must be a list of strings"),
+    (["cluster=sge", "cluster.modules=openmpi"], "cluster.modules=openmpi: cluster.modules must be a list of "
+                                                 "strings"),
+    (["stages=training"], "stages=training: stages must be a list"),
+    # Keys and options that do not exist.
+    (["cluster.qsub_args=[x]"], "cluster.qsub_args is not a key of cluster on platform slurm"),
+    (["training.model.num_layer=3"], "did you mean training.model.num_layers?"),
+    (["+foo=1"], "foo is not a config key"),
+    (["training=llama31/9b"], "training=llama31/9b: no such option; choose one of llama31/405b"),
+    # Values of the right type out of range.
+    (["training.seq_length=0"], "training.seq_length=0 must be positive"),
+    (["training.optimizer.lr=-1", "training.optimizer.min_lr=-2"], "training.optimizer.lr=-1.0 must be positive"),
+    (["training.optimizer.lr=-1"], "training.optimizer.lr=-1.0 must be positive"),
+    (["seed=-3"], "seed=-3 must be from 0 to 4294967295"),
+    (["cluster.gpus_per_node=-8"], "cluster.gpus_per_node=-8 must be positive (or null)"),
+    (["cluster.gpus_per_node=0"], "cluster.gpus_per_node=0 must be positive (or null)"),
+    (["training.data.mock=false", "training.data.blend=[-1,/data/a,2,/data/b]"],
+     "training.data.blend weights [-1, 2] must be 0 or more with at least one above 0"),
+    (["training.data.mock=false", "training.data.blend=[0,/data/a,0,/data/b]"],
+     "training.data.blend weights [0, 0] must be 0 or more with at least one above 0"),
+    (["training.data.blend=[/data/a]"], "training.data.mock=true ignores training.data.blend"),
+    (["stages=[training,training]"], "stages names training more than once"),
+    (["training=mlperf/llama31_8b", "mlperf.ruleset=9.9.9"], "mlperf.ruleset=9.9.9 has no compliance rules for "
+                                                             "llama31_8b: use one of 5.1.0, 6.0.0, 6.1.0"),
+    (["cluster.container_runtime=apptainer", "cluster.container=null"],
+     "cluster.container=null gives cluster.container_runtime=apptainer no image"),
+    # Names that become paths and job names.
+    (["run_name=../../escaped"], "run_name='../../escaped': use letters, digits and . _ = + - only"),
+    (["run_name=my run"], "run_name='my run': use letters, digits and . _ = + - only"),
+    ([f"run_name={'x' * 300}"], "run_name is 300 characters long; keep it to 200"),
+    (["results_dir=/proc/nope"], "results_dir=/proc/nope cannot be created"),
+    # Data preparation settings, checked when the run is planned (not inside the job).
+    ([*DATA_PREP, "data_preparation.chunk_bytes=-5"], "data_preparation.chunk_bytes=-5: expected a number of bytes"),
+    ([*DATA_PREP, "data_preparation.chunk_bytes=0"], "data_preparation.chunk_bytes=0: expected a number of bytes"),
+    ([*DATA_PREP, "data_preparation.workers=0"], "data_preparation.workers=0: expected a positive integer"),
+    ([*DATA_PREP, "data_preparation.workers=abc"], "data_preparation.workers='abc': expected a positive integer"),
+    ([*DATA_PREP, "data_preparation.tokenizer.type=tiktoken"], "data_preparation.tokenizer.type=tiktoken"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", CASES, ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else "")
+def test_each_bad_input_is_one_line_and_nothing_is_written(tmp_path, overrides, expected):
+    results = tmp_path / "results"
+    out = run_main(*BASE, f"results_dir={results}", *overrides)  # an override of results_dir comes last
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert lines and all(line.startswith("error: ") for line in lines), out.stderr
+    assert expected in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not results.exists()
+
+
+def test_a_results_dir_that_is_a_file(tmp_path):
+    regular = tmp_path / "a-file"
+    regular.write_text("x")
+    out = run_main(*BASE, f"results_dir={regular}")
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"error: results_dir={regular} is a file, not a directory: choose a directory"
+    assert regular.read_text() == "x"
+
+
+def test_every_bad_value_of_one_command_at_once(tmp_path):
+    out = run_main(*BASE, "cluster.sbatch_args=--foo", "training.train_steps=1e3", "seed=abc", "dtype=fp16",
+                   f"results_dir={tmp_path}")
+    assert out.returncode == 2
+    keys = [line.split(":", 2)[1].strip() for line in out.stderr.strip().splitlines()]
+    assert keys == ["dtype=fp16", "cluster.sbatch_args=--foo", "training.train_steps=1e3", "seed=abc"], out.stderr
+
+
+def test_paths_in_job_scripts_are_quoted_or_refused(tmp_path):
+    # On this machine a results_dir with a space works: the command to run the job again is quoted.
+    results = tmp_path / "my results"
+    out = run_main("dry_run=true", f"results_dir={results}")
+    assert out.returncode == 0, out.stderr
+    script = results / "llama31_tiny_bf16_tp1_1gpu" / "launch.sh"
+    assert f"run it again with: bash '{script}'" in script.read_text()
+    # #SBATCH --output cannot carry one: refused before anything is written.
+    out = run_main(*BASE, f"results_dir={tmp_path / 'other results'}")
+    assert out.returncode == 2 and "has a space, quote or other character that #SBATCH" in out.stderr, out.stderr
+    assert not (tmp_path / "other results").exists()

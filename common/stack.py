@@ -7,13 +7,17 @@
 
 A mismatch found after the queue wait and the allocation of a thousand GPUs should cost seconds, not an
 AttributeError deep inside the trainer: every training rank runs the check before it imports megatron-core, and
-data preparation before it starts. Imports only the standard library and yaml at module level."""
+data preparation before it starts. Imports only the standard library and yaml at module level; versions come from
+the installed packages' metadata, so the table and data preparation's check import neither torch nor megatron-core
+(seconds each): only a training rank's check imports the components, which it would import next anyway."""
 from __future__ import annotations
 
 import argparse
+import ast
 from dataclasses import dataclass
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 from pathlib import Path
 import subprocess
@@ -64,11 +68,47 @@ def _version_of(module_name: str, distribution: str) -> str | None:
         return None
 
 
-def discover(component: Mapping[str, Any]) -> Found:
-    """Import the component (a package can be installed and still fail to import: a torch extension built for
-    another torch, a missing CUDA library) and read its version."""
+def _import_location(module_name: str) -> Path | None:
+    """The directory an import of `module_name` would load its top-level package from, found without running
+    any of it (a top-level name is located, not imported); None when it is not there."""
+    top, *rest = module_name.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except ValueError:  # in sys.modules without a spec: only importing tells
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    # A namespace package (megatron) spans directories: the submodule comes from the first one that has it.
+    for location in spec.submodule_search_locations:
+        path = Path(location, *rest)
+        if path.is_dir() or path.with_suffix(".py").is_file():
+            return Path(location).resolve()
+    return None
+
+
+def metadata_version(module_name: str, distribution: str) -> str | None:
+    """The installed version of `distribution`, when an import of `module_name` would load that installation;
+    None when it is not installed, or when the import would load another copy (a checkout on PYTHONPATH, an
+    editable install): only importing tells that copy's version."""
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    installed = Path(dist.locate_file(module_name.split(".")[0])).resolve()
+    return dist.version if _import_location(module_name) == installed else None
+
+
+def discover(component: Mapping[str, Any], imports: bool = False) -> Found:
+    """The component's version: from its installed metadata when that is what an import would load (nothing is
+    imported: torch and megatron-core take seconds), else by importing it. `imports=True` always imports: a package
+    can be installed and still fail to import (a torch extension built for another torch, a missing CUDA library),
+    which a training rank must find before it builds anything."""
     import warnings
 
+    if not imports:
+        version = metadata_version(component["module"], component["distribution"])
+        if version is not None:
+            return Found(version)
     try:
         # Quietly: megatron-core warns at import about optional packages (apex, and Transformer Engine where only
         # data preparation runs) that are not what this check is about.
@@ -81,13 +121,14 @@ def discover(component: Mapping[str, Any]) -> Found:
     return Found(_version_of(component["module"], component["distribution"]) or "unknown")
 
 
-def discover_all(declared: Mapping[str, Any], names: Iterable[str] = COMPONENTS) -> dict[str, Found]:
+def discover_all(declared: Mapping[str, Any], names: Iterable[str] = COMPONENTS, imports: bool = False
+                 ) -> dict[str, Found]:
     found: dict[str, Found] = {}
     for name in names:
         if name != "torch" and found.get("torch", Found("-")).version is None:
             found[name] = Found(None, "needs torch")  # importing it would only repeat torch's error
             continue
-        found[name] = discover(declared[name])
+        found[name] = discover(declared[name], imports)
     return found
 
 
@@ -104,7 +145,30 @@ def discover_installed(declared: Mapping[str, Any]) -> dict[str, Found]:
     return {name: Found(installed_version(declared[name]["distribution"]), "not installed") for name in COMPONENTS}
 
 
+def torch_build() -> dict[str, str | None] | None:
+    """What the installed torch was built for ({"cuda": "13.0" or None, "hip": ...}), read from torch/version.py
+    without importing torch; None when that file is not there or not as expected."""
+    location = _import_location("torch.version")
+    if location is None:
+        return None
+    try:
+        tree = ast.parse((location / "version.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    build: dict[str, str | None] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and isinstance(value, ast.Constant):
+            build[target.id] = value.value
+    return build if set(build) == {"cuda", "hip"} else None
+
+
 def discover_gpu(local_rank: int = 0) -> GpuFound:
+    # A torch built for neither CUDA nor ROCm sees no GPU and has no NCCL: no need to import it (seconds) to know.
+    build = torch_build()
+    if build is not None and build["cuda"] is None and build["hip"] is None:
+        return GpuFound(None, None, None)
     import torch
 
     nccl = None
@@ -175,7 +239,9 @@ def check_or_exit(cfg: Mapping[str, Any], precision: str | None, rank: int = 0, 
     if not cfg.get("stack_check", True):
         return
     declared = load_declared(cfg)
-    found = discover_all(declared, components)
+    # A training rank (precision given) imports the components next: importing them here costs nothing more and
+    # finds one that is installed but broken. Data preparation needs only the versions.
+    found = discover_all(declared, components, imports=precision is not None)
     gpu = None
     if precision is not None and found.get("torch", Found(None)).version is not None:
         gpu = discover_gpu(local_rank)

@@ -70,7 +70,11 @@ def test_an_old_python_is_named():
 
 
 def test_only_rank_0_prints_and_every_rank_exits_2(monkeypatch, capsys):
-    monkeypatch.setattr(stack, "discover_all", lambda declared, names: with_found(megatron_core=Found("0.14.0")))
+    def discover_all(declared, names, imports):
+        assert imports, "a training rank's check imports the components: it finds an installed but broken one"
+        return with_found(megatron_core=Found("0.14.0"))
+
+    monkeypatch.setattr(stack, "discover_all", discover_all)
     monkeypatch.setattr(stack, "discover_gpu", lambda local_rank: H100)
     for rank in (1, 0):
         with pytest.raises(SystemExit) as exit_info:
@@ -79,6 +83,66 @@ def test_only_rank_0_prints_and_every_rank_exits_2(monkeypatch, capsys):
         printed = capsys.readouterr().err
         assert printed.count("\n") == (1 if rank == 0 else 0), printed
     assert stack.check_or_exit({"stack_check": False}, "bf16") is None  # accepted risk: no check at all
+
+
+# ----------------------------------------------------------------------------- discovery
+def _fake_package(root: Path, name: str, version: str, metadata: bool) -> Path:
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    if metadata:
+        info = root / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return root
+
+
+def test_an_installed_package_is_read_from_its_metadata_without_importing_it(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(_fake_package(tmp_path / "site", "stackfake_a", "1.0", metadata=True)))
+    assert stack.discover({"module": "stackfake_a", "distribution": "stackfake-a"}) == Found("1.0")
+    assert "stackfake_a" not in sys.modules
+
+
+def test_a_copy_earlier_on_the_path_is_imported_for_its_own_version(monkeypatch, tmp_path):
+    # PYTHONPATH=/opt/megatron-lm over an installed megatron-core: the import loads the checkout, not the wheel.
+    monkeypatch.syspath_prepend(str(_fake_package(tmp_path / "site", "stackfake_b", "1.0", metadata=True)))
+    monkeypatch.syspath_prepend(str(_fake_package(tmp_path / "checkout", "stackfake_b", "0.5", metadata=False)))
+    monkeypatch.delitem(sys.modules, "stackfake_b", raising=False)
+    assert stack.discover({"module": "stackfake_b", "distribution": "stackfake-b"}) == Found("0.5")
+    sys.modules.pop("stackfake_b", None)
+
+
+def test_a_package_that_is_not_there_names_the_import_error():
+    found = stack.discover({"module": "stackfake_none.core", "distribution": "stackfake-none"})
+    assert found == Found(None, "ModuleNotFoundError: No module named 'stackfake_none'")
+
+
+def test_the_table_and_data_preparations_check_import_neither_torch_nor_megatron():
+    script = ("import importlib.metadata as md, sys\n"
+              "from common import stack\n"
+              "found = stack.discover_all(stack.load_declared(), ('torch', 'megatron_core'))\n"
+              "def installed(name):\n"
+              "    try:\n"
+              "        return md.version(name)\n"
+              "    except md.PackageNotFoundError:\n"
+              "        return None\n"
+              "print([(f.version, installed(n)) for n, f in zip(('torch', 'megatron-core'), found.values())])\n"
+              "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    versions, imported = result.stdout.splitlines()
+    assert imported == "[]", result.stdout
+    for version, installed in eval(versions):
+        assert version == installed or installed is None, versions
+
+
+def test_torch_build_reads_what_torch_itself_says():
+    torch = pytest.importorskip("torch")
+    assert stack.torch_build() == {"cuda": torch.version.cuda, "hip": torch.version.hip}
+
+
+def test_a_cpu_build_of_torch_sees_no_gpu_and_no_nccl_without_being_imported(monkeypatch):
+    monkeypatch.setattr(stack, "torch_build", lambda: {"cuda": None, "hip": None})
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import would fail
+    assert stack.discover_gpu() == GpuFound(None, None, None)
 
 
 # ----------------------------------------------------------------------------- real processes, bad stack

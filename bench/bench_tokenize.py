@@ -32,7 +32,7 @@ sys.path.insert(0, REPO)
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from data_prep.pipeline import Pipeline, Settings, megatron_indexed_dataset  # noqa: E402
+from data_prep.pipeline import Pipeline, Settings  # noqa: E402
 from data_prep.shards import Shard, Source  # noqa: E402
 from data_prep.tokenizer import load_tokenizer  # noqa: E402
 from data_prep.train_tokenizer import train_bpe, train_sentencepiece  # noqa: E402
@@ -166,7 +166,6 @@ def main() -> None:
         parser.error("--tokenizer-path needs --tokenizer huggingface or sentencepiece")
     workers = [int(w) for w in args.workers.split(",")]
 
-    megatron_indexed_dataset()  # import torch/megatron once, outside the timings
     with tempfile.TemporaryDirectory() as tmp:
         work = args.workdir or tmp
         os.makedirs(work, exist_ok=True)

@@ -24,7 +24,7 @@ from data_prep.tokenizer import TOKENIZER_TYPES, TokenizerError, is_hub_id, load
 # sequence pointers (byte offsets into the .bin), int64 document indices, and for multimodal data one int8
 # mode per sequence.
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
-_HEADER = struct.Struct("<9sQBQQ")
+INDEX_HEADER = struct.Struct("<9sQBQQ")
 # megatron-core's DType codes -> (numpy name, bytes per token).
 INDEX_DTYPES = {1: ("uint8", 1), 2: ("int8", 1), 3: ("int16", 2), 4: ("int32", 4), 5: ("int64", 8),
                 6: ("float64", 8), 7: ("float32", 4), 8: ("uint16", 2)}
@@ -137,16 +137,16 @@ def read_index_header(f, size: int) -> IndexHeader:
     """The header of an open .idx file of `size` bytes, checked against its own size."""
     if size == 0:
         raise IndexFormatError("is empty (0 bytes)")
-    raw = f.read(_HEADER.size)
-    if len(raw) < _HEADER.size or not raw.startswith(INDEX_MAGIC):
+    raw = f.read(INDEX_HEADER.size)
+    if len(raw) < INDEX_HEADER.size or not raw.startswith(INDEX_MAGIC):
         raise IndexFormatError(f"is not a megatron index (it starts with {raw[:9]!r}, not {INDEX_MAGIC!r})")
-    _, version, code, sequences, documents = _HEADER.unpack(raw)
+    _, version, code, sequences, documents = INDEX_HEADER.unpack(raw)
     if version != 1:
         raise IndexFormatError(f"has index version {version}; megatron-core reads version 1")
     if code not in INDEX_DTYPES:
         raise IndexFormatError(f"has an unknown dtype code {code} (megatron-core's are 1-8)")
     # The sequence modes (one byte per sequence) follow only in multimodal indexes; both layouts are megatron's.
-    plain = _HEADER.size + 12 * sequences + 8 * documents
+    plain = INDEX_HEADER.size + 12 * sequences + 8 * documents
     if size not in (plain, plain + sequences):
         raise IndexFormatError(f"has {size:,} bytes, its header ({sequences:,} sequences, {documents:,} document "
                           f"entries) needs {plain:,} (truncated or damaged)")
@@ -158,7 +158,7 @@ def read_index_header(f, size: int) -> IndexHeader:
 def _data_bytes(f, h: IndexHeader) -> int:
     """The .bin size the index describes: the last sequence's pointer plus its length in tokens. Reads four
     numbers at known offsets, never the arrays."""
-    lengths = _HEADER.size
+    lengths = INDEX_HEADER.size
     pointers = lengths + 4 * h.sequences
     docs = pointers + 8 * h.sequences
     last_length = _read(f, lengths + 4 * (h.sequences - 1), "<i")

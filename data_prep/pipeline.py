@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from data_prep.config import resolve_workers, settings_problems
 from data_prep.download import DownloadError, DownloadOptions, download, read_checksums
 from data_prep.encode import EXAMPLES_PER_REASON
+from data_prep.indexed import IndexWriter, optimal_dtype
 from data_prep.progress import human, progress_bar
 from data_prep.readers import SourceError, iter_chunks
 from data_prep.shards import MARKER_SUFFIX, ConfigError, Shard
@@ -193,8 +194,6 @@ class Pipeline:
             download(src.uri, src.local_path, self.s.download, sha256=sums.get(src.file_name), progress=progress)
 
     def _tokenize(self, shard: Shard, progress: bool) -> ShardResult:
-        IndexedDatasetBuilder = megatron_indexed_dataset().IndexedDatasetBuilder
-
         prefix = shard.output_prefix
         result = ShardResult(shard.index, shard.name, prefix, "done")
         skipped: Counter = Counter()
@@ -204,18 +203,14 @@ class Pipeline:
         total = shard.max_documents if limited else sum(os.path.getsize(s.local_path) for s in shard.sources)
         bar = progress_bar(total=total, desc=shard.name, unit="line" if limited else "B", unit_scale=True,
                            unit_divisor=1000 if limited else 1024, disable=not progress)
-        builder = IndexedDatasetBuilder(prefix + ".bin.tmp", dtype=self.dtype)
+        builder = IndexWriter(prefix + ".bin.tmp", self.dtype)
         done_pos = 0
         try:
             chunks = iter_chunks(shard.sources, self.s.chunk_bytes, self.s.text_document, shard.max_documents)
             for chunk, enc in self._encoded(chunks):
-                # One document per add_document call: the builder's own bookkeeping, nothing hand-rolled.
-                tokens, pos = enc.tokens, 0
-                for n in enc.lengths.tolist():
-                    builder.add_document(tokens[pos:pos + n], [n])
-                    pos += n
+                builder.add_documents(enc.tokens, enc.lengths)
                 result.documents += len(enc.lengths)
-                result.tokens += len(tokens)
+                result.tokens += len(enc.tokens)
                 result.lines += enc.lines
                 skipped.update(enc.skipped)
                 for reason, where in enc.examples.items():
@@ -314,7 +309,7 @@ class Pipeline:
     @property
     def dtype(self):
         if self._dtype is None:
-            self._dtype = megatron_indexed_dataset().DType.optimal_dtype(self.tokenizer.vocab_size)
+            self._dtype = optimal_dtype(self.tokenizer.vocab_size)
         return self._dtype
 
     def fingerprint(self, shard: Shard) -> str:
@@ -369,7 +364,7 @@ class Pipeline:
 
 def megatron_indexed_dataset():
     """megatron.core.datasets.indexed_dataset, imported quietly: importing megatron.core warns about optional
-    training packages (Transformer Engine, apex) that writing .bin/.idx files does not use."""
+    training packages (Transformer Engine, apex) that reading .bin/.idx files does not use."""
     import warnings
 
     with warnings.catch_warnings():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.report import mlperf, telemetry
-from launcher.report.throughput import format_table, load, plot, summarize
+from launcher.report.throughput import default_plot_path, format_table, load, plot, summarize
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -26,7 +26,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rank", action="store_true", help="also rank the runs, fastest first, beside the step-time "
                                                        "model's prediction for each (run directories)")
     p.add_argument("--plot", type=Path, help="PNG to write (default: RUN_DIR/report.png for one run directory, "
-                                             "else ./report.png)")
+                                             "LOG_DIR/LOG_report.png beside a bare log, else ./report.png)")
     bare = p.add_argument_group("for log files without a run directory")
     bare.add_argument("--plan", help="a plan.json to take the sizes from")
     bare.add_argument("--gbs", type=int, help="global batch size")
@@ -64,8 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = args.plot or (args.paths[0] / "report.png" if len(args.paths) == 1 and args.paths[0].is_dir()
-                        else Path("report.png"))
+    out = args.plot or default_plot_path(args.paths)
     if reports:
         print(format_table(reports))
         peaks = sorted({f"{r.info.peak_label} = {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU"

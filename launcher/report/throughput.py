@@ -237,6 +237,15 @@ def format_table(reports: Sequence[RunReport]) -> str:
     return "\n".join(lines)
 
 
+def default_plot_path(paths: Sequence[Path]) -> Path:
+    """Where report.png goes without --plot: into the run directory for one run, beside the first bare log
+    (never into the current directory, which may be the repository), else ./report.png."""
+    logs = [path for path in paths if not path.is_dir()]
+    if logs:
+        return logs[0].with_name(f"{logs[0].stem}_report.png")
+    return paths[0] / "report.png" if len(paths) == 1 else Path("report.png")
+
+
 def plot(reports: Sequence[RunReport], path: Path) -> Path:
     plt = figures.pyplot()
     fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,32 @@ def test_nemo_log_gives_the_seed_table(tmp_path):
     assert "35-44 of 50" in row
     assert "h100 fp8 = 1979 TFLOP/s" in out.stdout
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_numbers_follow_the_reference_formulas():
+    steps = throughput.parse_log((FIXTURES / "nemo_70b_fp8.log").read_text())
+    assert len(steps) == 50
+    info = throughput.RunInfo("70b", 128, 8192, 64, 3.94e15, gpu_spec("h100").fp8_peak_flops, "h100 fp8")
+    r = throughput.summarize(info, steps)
+    assert r.step_time_s == pytest.approx(11.31)
+    assert r.tokens_per_s == pytest.approx(128 * 8192 / 11.31)
+    assert r.mfu == pytest.approx(128 * 3.94e15 / 11.31 / 64 / 1979e12)
+    assert r.days_to_train_1t_tokens == pytest.approx(1e12 / (128 * 8192 / 11.31) / 86400)
+
+
+def test_a_bare_logs_plot_goes_beside_it_never_into_the_current_directory(tmp_path):
+    logs, cwd = tmp_path / "logs", tmp_path / "cwd"
+    logs.mkdir()
+    cwd.mkdir()
+    log = logs / "nemo.log"
+    log.write_text((FIXTURES / "nemo_70b_fp8.log").read_text())
+    out = subprocess.run([sys.executable, "-m", "launcher.report", str(log), "--gbs", "128", "--seq", "8192",
+                          "--gpus", "64"], cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"plot: {logs / 'nemo_report.png'}" in out.stdout
+    assert (logs / "nemo_report.png").read_bytes()[:8] == PNG_MAGIC
+    assert list(cwd.iterdir()) == []
 
 
 def test_numbers_follow_the_reference_formulas():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.report import mlperf, telemetry
-from launcher.report.throughput import default_plot_path, format_table, load, plot, summarize
+from launcher.report.throughput import default_plot_path, format_table, load, mfu_warnings, plot, summarize
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -71,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for r in reports if r.info.peak_flops})
         print("step s: mean over the steps shown; MFU = GBS x model FLOPs per sample / step time / GPUs / peak"
               + (f" ({'; '.join(peaks)})" if peaks else ""))
+        for line in mfu_warnings(reports):
+            print(line)
         if args.rank:
             from launcher.report.ranking import format_ranking  # the step-time model: only --rank needs it
 

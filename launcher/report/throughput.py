@@ -81,6 +81,7 @@ class RunInfo:
     peak_flops: float | None
     peak_label: str | None   # e.g. "h100 fp8"
     layout: str = "-"
+    inputs: str = ""         # where the sizes and the peak came from: what to check when the MFU cannot be right
 
 
 @dataclass
@@ -154,7 +155,8 @@ def _info_from_plan(name: str, plan: dict[str, Any], steps: list[dict[str, Any]]
             peak, label = float(logged[-1]), f"{plan.get('peak_flops_kind', '')} (as logged)".strip()
     layout = table.layout(plan["tp"], plan["pp"], plan["cp"], plan.get("vp"))
     return RunInfo(name, plan["global_batch_size"], plan["seq_length"], plan["num_gpus"],
-                   plan["model_flops_per_sample"], peak, label, layout)
+                   plan["model_flops_per_sample"], peak, label, layout,
+                   inputs=f"the plan's gpu_type ({plan.get('gpu_type')}) and sizes")
 
 
 def _log_files(run_dir: Path) -> list[Path]:
@@ -197,7 +199,8 @@ def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, 
     except KeyError:
         raise ValueError(f"--gpu {args.gpu}: unknown GPU type; use one of {', '.join(GPUS)}") from None
     peak = spec.fp8_peak_flops if args.peak == "fp8" else spec.bf16_peak_flops
-    return RunInfo(path.name, args.gbs, args.seq, args.gpus, flops, peak, f"{spec.name} {args.peak}"), steps
+    return RunInfo(path.name, args.gbs, args.seq, args.gpus, flops, peak, f"{spec.name} {args.peak}",
+                   inputs="--gpu, --peak, --gpus, --gbs, --seq and --model"), steps
 
 
 def _model_config(model: str) -> dict[str, Any]:
@@ -226,7 +229,7 @@ def format_table(reports: Sequence[RunReport]) -> str:
             i.name, _fmt(i.num_gpus, "d"), i.layout, _fmt(i.global_batch_size, "d"), _fmt(i.seq_length, "d"),
             f"{r.window[0]}-{r.window[1] - 1} of {len(r.steps)}", f"{r.step_time_s:.3f}",
             _fmt(r.tokens_per_s, ",.0f"), _fmt(r.tokens_per_s_per_gpu, ",.0f"), _fmt(r.tflops_per_gpu, ".1f"),
-            _fmt(None if r.mfu is None else 100 * r.mfu, ".1f", "%"), peak,
+            _fmt(None if r.mfu is None else 100 * r.mfu, ".1f", "%!" if _impossible(r) else "%"), peak,
             _fmt(r.days_to_train_1t_tokens, ",.1f"), _fmt(r.loss, ".4f"),
         ])
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
@@ -235,6 +238,19 @@ def format_table(reports: Sequence[RunReport]) -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _impossible(r: RunReport) -> bool:
+    return r.mfu is not None and r.mfu > 1
+
+
+def mfu_warnings(reports: Sequence[RunReport]) -> list[str]:
+    """One line per run whose MFU is above 100%, which no run reaches: a size or the peak is wrong."""
+    return [f"warning: {r.info.name}: MFU {100 * r.mfu:.1f}% cannot be right (above 100%): it divides by the "
+            f"{r.info.peak_label} peak, {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU, for "
+            f"{r.info.num_gpus} GPUs, GBS {r.info.global_batch_size}, seq {r.info.seq_length}; check "
+            f"{r.info.inputs or 'the sizes and the GPU type'}"
+            for r in reports if _impossible(r)]
 
 
 def default_plot_path(paths: Sequence[Path]) -> Path:

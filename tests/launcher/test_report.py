@@ -60,18 +60,31 @@ def test_nemo_log_gives_the_seed_table(tmp_path):
     assert "h100 fp8 1979T" in row
     assert "35-44 of 50" in row
     assert "h100 fp8 = 1979 TFLOP/s" in out.stdout
+    assert "warning" not in out.stdout and "%!" not in out.stdout  # a plausible MFU is not flagged
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
-def test_numbers_follow_the_reference_formulas():
-    steps = throughput.parse_log((FIXTURES / "nemo_70b_fp8.log").read_text())
-    assert len(steps) == 50
-    info = throughput.RunInfo("70b", 128, 8192, 64, 3.94e15, gpu_spec("h100").fp8_peak_flops, "h100 fp8")
-    r = throughput.summarize(info, steps)
-    assert r.step_time_s == pytest.approx(11.31)
-    assert r.tokens_per_s == pytest.approx(128 * 8192 / 11.31)
-    assert r.mfu == pytest.approx(128 * 3.94e15 / 11.31 / 64 / 1979e12)
-    assert r.days_to_train_1t_tokens == pytest.approx(1e12 / (128 * 8192 / 11.31) / 86400)
+def test_an_mfu_above_100_percent_is_flagged_with_the_peak_and_what_to_check(tmp_path):
+    # The same log as above over 8 GPUs instead of 64: 8 times the FLOPs per GPU, 281.9% of the fp8 peak.
+    out = run_report(str(FIXTURES / "nemo_70b_fp8.log"), "--gbs", "128", "--seq", "8192", "--gpus", "8",
+                     "--model", "llama31/70b", "--peak", "fp8", "--plot", str(tmp_path / "plot.png"))
+    assert out.returncode == 0, out.stderr
+    row = out.stdout.splitlines()[2]
+    assert "281.9%!" in row, row
+    (warning,) = [line for line in out.stdout.splitlines() if line.startswith("warning:")]
+    assert warning.startswith("warning: nemo_70b_fp8.log: MFU 281.9% cannot be right (above 100%)"), warning
+    assert "h100 fp8 peak, 1979 TFLOP/s per GPU, for 8 GPUs, GBS 128, seq 8192" in warning
+    assert warning.endswith("check --gpu, --peak, --gpus, --gbs, --seq and --model")
+
+
+def test_an_impossible_mfu_of_a_run_directory_names_the_plans_gpu_type(tmp_path):
+    run = _run_dir(tmp_path, "wrong_plan", 0.25)
+    plan = json.loads((run / "plan.json").read_text())
+    (run / "plan.json").write_text(json.dumps({**plan, "model_flops_per_sample": 1.2e14}))  # 100x the tiny model
+    out = run_report(str(run))
+    (warning,) = [line for line in out.stdout.splitlines() if line.startswith("warning:")]
+    assert "MFU 194.1% cannot be right" in warning and "h100 bf16 peak, 989 TFLOP/s" in warning, warning
+    assert warning.endswith("check the plan's gpu_type (h100) and sizes")
 
 
 def test_a_bare_logs_plot_goes_beside_it_never_into_the_current_directory(tmp_path):

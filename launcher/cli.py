@@ -12,7 +12,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
-from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
@@ -20,7 +19,7 @@ from common.checkpoints import latest_checkpoint
 from common.plan import Plan
 from launcher.autoconf import search
 from launcher.config import sweep
-from launcher.config.compose import compose, hydra_state_kept, to_plain
+from launcher.config.compose import compose, to_plain
 from launcher.config.errors import error_lines, every_error_line
 from launcher.jobs.rundir import record_jobs, run_dir_of, write_run_dir
 from launcher.jobs.stages import StagePlan, plan_stages
@@ -73,6 +72,11 @@ def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say
         for problem in err.problems:
             _err(f"error: {problem}")
         return 2
+    return execute(prepared, say)
+
+
+def execute(prepared: Prepared, say: Say = print) -> int:
+    """Write the run directory, then stop (a dry run), run the jobs here or submit them. The exit status."""
     cfg, plan, run_dir, stages = prepared.cfg, prepared.plan, prepared.run_dir, prepared.stages
     had_checkpoints = latest_checkpoint(str(run_dir / "checkpoints")) is not None
     try:
@@ -184,76 +188,69 @@ def one_line_errors():
         os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
-def check_sweep(overrides: Sequence[str], local_gpus: LocalGpus | None) -> list[str]:
-    """Plan every point of a sweep (nothing written): problems as lines naming the point, including two points
-    that would share a run directory."""
+def plan_sweep(overrides: Sequence[str]) -> tuple[list[Prepared], list[str]]:
+    """Every point of a sweep composed once, named and planned, nothing written: (the points, problems as lines
+    naming the point, two points that would share a run directory among them)."""
     keys = sweep.swept_keys(overrides)
+    points: list[Prepared] = []
     problems: list[str] = []
     seen: dict[Path, str] = {}
-    with hydra_state_kept():
-        for point in sweep.sweep_points(overrides):
-            label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
-            try:
-                cfg = compose(point)
-                if search.is_auto(cfg):
-                    cfg = search.resolve(point, cfg, local_gpus, say=None)
-                cfg = named_point(cfg, point, keys)
-                prepared = prepare(cfg, local_gpus)
-            except (HydraException, OmegaConfBaseException) as err:
-                problems += [f"sweep point {label}: {line}" for line in error_lines(err)]
-                continue
-            except PlanError as err:
-                problems += [f"sweep point {label}: {p}" for p in err.problems]
-                continue
-            if prepared.run_dir in seen:
-                problems.append(f"sweep points {seen[prepared.run_dir]} and {label} share the run directory "
-                                f"{prepared.run_dir}; set run_name per point")
-            seen[prepared.run_dir] = label
-    return problems
+    for point in sweep.sweep_points(overrides):
+        label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
+        try:
+            cfg = compose(point)
+            local_gpus = detect_local_gpus() if cfg["cluster"]["platform"] == "local" else None
+            if search.is_auto(cfg):  # its table once per sweep, with the first point that searches
+                cfg = search.resolve(point, cfg, local_gpus, say=None if points or problems else print)
+            cfg = normalized(cfg)
+            cfg["run_name"] += sweep.run_name_suffix(point, keys)
+            prepared = prepare(cfg, local_gpus)
+        except (HydraException, OmegaConfBaseException) as err:
+            problems += [f"sweep point {label}: {line}" for line in error_lines(err)]
+            continue
+        except PlanError as err:
+            problems += [f"sweep point {label}: {p}" for p in err.problems]
+            continue
+        if prepared.run_dir in seen:
+            problems.append(f"sweep points {seen[prepared.run_dir]} and {label} share the run directory "
+                            f"{prepared.run_dir}; set run_name per point")
+        seen[prepared.run_dir] = label
+        points.append(prepared)
+    return points, problems
 
 
-def named_point(cfg: Mapping[str, Any], point: Sequence[str], keys: Sequence[str]) -> dict[str, Any]:
-    """A sweep point's config with its own run name: the run's name and the values that tell the points apart."""
-    cfg = normalized(cfg)
-    cfg["run_name"] += sweep.run_name_suffix(point, keys)
-    return cfg
-
-
-def _remove_sweep_record(sweep_dir: str) -> None:
-    """Hydra writes its record of the sweep (multirun.yaml) before the first point runs; a sweep refused as a
-    whole leaves nothing behind, the record included."""
-    path = Path(sweep_dir)
-    if path.is_dir() and {p.name for p in path.iterdir()} <= {"multirun.yaml"}:
-        shutil.rmtree(path)
-        for parent in (path.parent, path.parent.parent):  # sweeps/ and results_dir, when this made them
-            if parent.is_dir() and not any(parent.iterdir()):
-                parent.rmdir()
+def run_sweep(argv: Sequence[str]) -> int:
+    """`python main.py -m a=1,2 b=x,y`: every point is composed and planned before the first is written or
+    submitted, then each runs in turn as a single run would. Hydra's own multirun would compose every point three
+    times (its check, the point's job, and this plan); the points are the same: Hydra's parser and basic sweeper
+    expand them (launcher/config/sweep.py)."""
+    points, problems = plan_sweep(sweep.cli_overrides(argv))
+    if problems:
+        for problem in problems:
+            _err(f"error: {problem}")
+        _err("error: nothing was written or submitted for any point of this sweep")
+        return 2
+    for prepared in points:
+        code = execute(prepared)
+        if code:
+            return code
+    return 0
 
 
 def run(cfg: DictConfig) -> None:
+    """main.py's single run (a sweep goes through run_sweep)."""
+    if HydraConfig.get().mode.name == "MULTIRUN":
+        _err("error: -m with Hydra's --config-path/--config-name/--config-dir is not supported; sweep without them")
+        sys.exit(2)
     plain = to_plain(cfg)
-    local_gpus = detect_local_gpus() if plain["cluster"].get("platform") == "local" else None
-    hydra_cfg = HydraConfig.get()
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if search.is_auto(plain):  # the search prints its table once per sweep
+    local_gpus = detect_local_gpus() if plain["cluster"]["platform"] == "local" else None
+    if search.is_auto(plain):
         try:
-            plain = search.resolve(list(hydra_cfg.overrides.task), plain, local_gpus,
-                                     say=print if not multirun or hydra_cfg.job.num == 0 else None)
+            plain = search.resolve(list(HydraConfig.get().overrides.task), plain, local_gpus, say=print)
         except PlanError as err:
             for problem in err.problems:
                 _err(f"error: {problem}")
             sys.exit(2)
-    if multirun:
-        overrides = sweep.cli_overrides(sys.argv[1:])
-        plain = named_point(plain, hydra_cfg.overrides.task, sweep.swept_keys(overrides))
-        if hydra_cfg.job.num == 0:  # check every point before the first one is submitted
-            problems = check_sweep(overrides, local_gpus)
-            if problems:
-                for problem in problems:
-                    _err(f"error: {problem}")
-                _remove_sweep_record(hydra_cfg.sweep.dir)
-                _err("error: nothing was written or submitted for any point of this sweep")
-                sys.exit(2)
     code = launch(plain, local_gpus)
     if code:
         sys.exit(code)

@@ -2,21 +2,25 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:
-    """Fully resolved plain dict of the job config (without Hydra's own node)."""
-    cfg = cfg.copy()
-    if "hydra" in cfg:
-        with open_dict(cfg):
-            del cfg["hydra"]
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]
+    """Fully resolved plain dict of the job config (without Hydra's own node). Section by section: each resolves
+    against the whole config, and nothing is copied (a copy of the config costs as much as resolving it)."""
+    return {key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True, enum_to_str=True)
+            if OmegaConf.is_config(cfg[key]) else _plain_value(cfg, key) for key in cfg if key != "hydra"}
+
+
+def _plain_value(cfg: DictConfig, key: str) -> Any:
+    value = cfg[key]
+    return value.name if isinstance(value, Enum) else value
 
 
 def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:

@@ -10,6 +10,14 @@ from typing import Iterable, Sequence
 _FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
                      "--experimental-rerun", "-p", "--package", "-i", "--info"}
 MAX_SUFFIX = 80
+# Hydra's flags that print something instead of running: with -m too, Hydra itself answers them.
+_HYDRA_ONLY = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
+               "--resolve", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
+
+
+def is_sweep(argv: Sequence[str]) -> bool:
+    """`python main.py -m ...`, which main.py plans and runs itself (launcher.cli.run_sweep)."""
+    return any(arg in ("-m", "--multirun") for arg in argv) and not any(arg in _HYDRA_ONLY for arg in argv)
 
 
 def cli_overrides(argv: Sequence[str]) -> list[str]:

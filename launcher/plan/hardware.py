@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 import os
 import shutil
 import subprocess
@@ -48,6 +49,7 @@ class LocalGpus:
     names: tuple[str, ...]
 
 
+@functools.lru_cache(maxsize=None)  # once per process: a sweep asks for every point
 def detect_local_gpus() -> LocalGpus:
     """GPUs visible on this machine, through nvidia-smi (the launcher never imports torch)."""
     if shutil.which("nvidia-smi") is None:

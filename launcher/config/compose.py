@@ -6,7 +6,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Sequence
 
+from hydra import compose as hydra_compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+
+from launcher.config.schema import register
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -23,43 +28,32 @@ def _plain_value(cfg: DictConfig, key: str) -> Any:
     return value.name if isinstance(value, Enum) else value
 
 
-def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Compose and resolve the config as `python main.py <overrides>` would, outside of @hydra.main
-    (tests, benchmarks, notebooks)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-
-    from launcher.config.schema import register
-
+def _composed(overrides: Sequence[str]) -> DictConfig:
+    """The config as `python main.py <overrides>` composes it (the schema registered first), Hydra's node
+    included, outside of @hydra.main."""
     register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        return to_plain(cfg)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Compose and resolve the config as `python main.py <overrides>` would (sweep points, tests, benchmarks)."""
+    return to_plain(_composed(overrides))
 
 
 def compose_unresolved(overrides: Sequence[str] = ()) -> dict[str, Any]:
     """The composed config as conf/ writes it: interpolations such as ${path:results} kept, not resolved."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from launcher.config.schema import register
-
-    register()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = hydra_compose("config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)  # type: ignore[return-value]
+    plain = OmegaConf.to_container(_composed(overrides), resolve=False, enum_to_str=True)
+    plain.pop("hydra")
+    return plain  # type: ignore[return-value]
 
 
 @contextmanager
 def hydra_state_kept():
-    """compose() re-initializes Hydra; a running Hydra app (main.py, a sweep) needs its own state back afterwards."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-
+    """compose() re-initializes Hydra; a running Hydra app (main.py) needs its own state back afterwards."""
     saved_hydra, saved_cfg = GlobalHydra.instance().hydra, HydraConfig.instance().cfg
     try:
         yield

@@ -9,15 +9,16 @@ import re
 import typing
 from typing import Any
 
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, MissingMandatoryValue,
+                              OmegaConfBaseException, ValidationError)
+
 from launcher.config import schema
-from launcher.config.compose import CONF_DIR
+from launcher.config.compose import CONF_DIR, compose
 
 
 def error_lines(exc: BaseException) -> list[str]:
     """One line per problem (without the `error: ` prefix), for any exception raised while composing a config."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
-
     if isinstance(exc, MissingConfigException):
         return [_missing_option(exc)]
     if isinstance(exc, OverrideParseException):
@@ -32,11 +33,6 @@ def error_lines(exc: BaseException) -> list[str]:
 def every_error_line(exc: BaseException, overrides: list[str], limit: int = 20) -> list[str]:
     """Hydra stops at the first override that does not fit the schema; compose again without each offending
     override in turn, so one run of main.py names every bad value, not just the first."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from launcher.config.compose import compose
-
     lines, remaining = error_lines(exc), list(overrides)
     for _ in range(limit):
         offending = _offending_override(exc, remaining)
@@ -70,17 +66,11 @@ def _first_line(exc: BaseException) -> str:
 
 def _override_text(exc: BaseException) -> str | None:
     """The override as the user typed it, where Hydra's message quotes it."""
-    match = re.search(r"(?:Error merging override|Could not override '[^']*'\.?)\s*(\S+=\S*)?", str(exc))
-    if match and match.group(1):
-        return match.group(1)
     match = re.search(r"Error merging override (.+)", str(exc))
     return match.group(1).strip() if match else None
 
 
 def _omegaconf_line(err: Any, typed: str | None) -> str:
-    from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, InterpolationResolutionError,
-                                  MissingMandatoryValue, ValidationError)
-
     full_key = re.sub(r"\[\d+\]$", "", str(getattr(err, "full_key", "") or ""))
     given = typed or f"{full_key}={getattr(err, 'value', None)!r}"
     if isinstance(err, (ConfigKeyError, ConfigAttributeError)) and "not in" in str(err):

@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 
@@ -672,8 +673,6 @@ def register() -> None:
     """The schema in Hydra's ConfigStore: `config_schema` (the whole config, first in conf/config.yaml's defaults)
     and one node per platform and data source, which the options' YAML files name in their defaults; and the
     `${path:...}` resolver."""
-    from hydra.core.config_store import ConfigStore
-
     if not OmegaConf.has_resolver("path"):
         OmegaConf.register_new_resolver("path", absolute_path)
     store = ConfigStore.instance()

@@ -45,6 +45,11 @@ def _env_lines(job: Job) -> list[str]:
 KEEP_LOG = "keep_log() { trap '' INT TERM; exec tee \"$@\"; }"
 
 
+def tee(cmd: str, log: Path | str, append: bool = True) -> str:
+    """Output to the console (or job log) and into the run directory's log, through KEEP_LOG's `keep_log`."""
+    return f"{cmd} 2>&1 | keep_log {'-a ' if append else ''}{shlex.quote(str(log))}"
+
+
 def render_local(job: Job, run_dir: Path) -> str:
     return "\n".join([
         "#!/usr/bin/env bash",

@@ -14,13 +14,12 @@ from typing import Any, Mapping
 
 from common.plan import Plan
 from launcher.jobs import commands
-from launcher.jobs.commands import REPO
-from launcher.jobs.render import KEEP_LOG, Job
+from launcher.jobs.commands import REPO, REPORT_FALLBACK, job_paths
+from launcher.jobs.render import KEEP_LOG, Job, tee
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
 from launcher.plan.errors import PlanError
 from launcher.platforms import Platform
-from launcher.platforms.common import (REPORT_FALLBACK, job_paths, limits_problems, outside_mounts, tee,
-                                       time_seconds, training_title)
+from launcher.platforms.common import limits_problems, outside_mounts, time_seconds, training_title
 from launcher.platforms.common import gpus as gpus_text
 
 IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"

@@ -1,17 +1,12 @@
-"""What several platforms share: titles, log tees, names, time limits and the checks of paths the jobs see."""
+"""What several platforms share: titles, time limits and the checks of paths the jobs see."""
 from __future__ import annotations
 
-import hashlib
 import re
-import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
 from common.plan import Plan
-from launcher.jobs import commands
 from launcher.platforms import containers
-
-REPORT_FALLBACK = " || echo 'report: nothing to report (see above)'"
 
 
 def gpus(n: int) -> str:
@@ -32,16 +27,6 @@ def export_title(run_dir: Path) -> str:
 
 def preflight_title(plan: Plan) -> str:
     return f"Network preflight: all-reduce bandwidth over the {gpus(plan.num_gpus)} of the training job"
-
-
-def tee(cmd: str, log: Path | str, append: bool = True) -> str:
-    """Output to the console (or job log) and into the run directory's log, through render.py's `keep_log`."""
-    return f"{cmd} 2>&1 | keep_log {'-a ' if append else ''}{shlex.quote(str(log))}"
-
-
-def bare_path(cluster: Mapping[str, Any]) -> str | None:
-    # Local and bare-metal jobs run with the Python that runs main.py; container jobs with the image's.
-    return None if commands.in_container(cluster) else commands.python_bin_dir()
 
 
 def time_seconds(value: Any) -> int | None:
@@ -112,26 +97,7 @@ def image_checks(cfg: Mapping[str, Any], selected: list[str], dry_run: bool) -> 
     return containers.image_problems(cfg, dry_run)
 
 
-def dns_name(*parts: str, limit: int = 52) -> str:
-    """A DNS-1035 label from the parts (lowercase letters, digits, '-'; starting with a letter), shortened with a
-    digest of the full name when longer than `limit` so that distinct runs keep distinct names."""
-    full = "-".join(p for p in parts if p)
-    name = re.sub(r"[^a-z0-9]+", "-", full.lower()).strip("-")
-    if not name or not name[0].isalpha():
-        name = "j-" + name
-    if len(name) > limit:
-        digest = hashlib.sha256(full.encode()).hexdigest()[:6]
-        name = name[:limit - 7].rstrip("-") + "-" + digest
-    return name
-
-
 def outside_mounts(paths: list[str], mounts: list[str]) -> list[str]:
     """The paths that lie under none of the mount points."""
     roots = [Path(m) for m in mounts]
     return [p for p in paths if not any(Path(p) == r or r in Path(p).parents for r in roots)]
-
-
-def job_paths(cfg: Mapping[str, Any]) -> list[str]:
-    """Host directories the jobs read or write, as container_mounts lists them (the repository, results_dir,
-    data and tokenizer directories, cluster.container_mounts)."""
-    return [m.split(":", 1)[0] for m in commands.container_mounts(cfg)]

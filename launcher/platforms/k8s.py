@@ -6,7 +6,9 @@ mounted at the paths they have where main.py runs. Kubernetes has no job depende
 job once the previous one has completed."""
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shlex
 import time
 from pathlib import Path
@@ -16,15 +18,27 @@ import yaml
 
 from common.plan import Plan
 from launcher.jobs import commands
-from launcher.jobs.commands import REPO
+from launcher.jobs.commands import REPO, REPORT_FALLBACK, job_paths
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
 from launcher.platforms import Platform
-from launcher.platforms.common import (REPORT_FALLBACK, dns_name, job_paths, limits_problems, outside_mounts,
-                                       time_seconds, training_title)
+from launcher.platforms.common import limits_problems, outside_mounts, time_seconds, training_title
 
 SHORT = {"data_preparation": "data", "data_check": "check", "training": "train"}
 IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
+
+
+def dns_name(*parts: str, limit: int = 52) -> str:
+    """A DNS-1035 label from the parts (lowercase letters, digits, '-'; starting with a letter), shortened with a
+    digest of the full name when longer than `limit` so that distinct runs keep distinct names."""
+    full = "-".join(p for p in parts if p)
+    name = re.sub(r"[^a-z0-9]+", "-", full.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = "j-" + name
+    if len(name) > limit:
+        digest = hashlib.sha256(full.encode()).hexdigest()[:6]
+        name = name[:limit - 7].rstrip("-") + "-" + digest
+    return name
 
 
 def script_name(stage: str) -> str:

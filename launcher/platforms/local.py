@@ -8,9 +8,10 @@ from typing import Any, Mapping
 
 from common.plan import Plan
 from launcher.jobs import commands
-from launcher.jobs.render import Job, render_local
+from launcher.jobs.commands import REPORT_FALLBACK, bare_path
+from launcher.jobs.render import Job, render_local, tee
 from launcher.platforms import Platform, containers
-from launcher.platforms.common import REPORT_FALLBACK, bare_path, export_title, gpus, preflight_title, tee
+from launcher.platforms.common import export_title, gpus, preflight_title
 
 
 def script_name(stage: str) -> str:

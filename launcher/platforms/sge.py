@@ -9,13 +9,13 @@ from typing import Any, Mapping
 
 from common.plan import Plan
 from launcher.jobs import commands
-from launcher.jobs.commands import REPO
+from launcher.jobs.commands import REPO, REPORT_FALLBACK, bare_path
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, follow_lines, run_client, submit_chained
 from launcher.plan.errors import PlanError
 from launcher.platforms import Platform, containers
-from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, hms, image_checks,
-                                       limits_problems, time_seconds, training_title)
+from launcher.platforms.common import (export_title, hms, image_checks, limits_problems, time_seconds,
+                                       training_title)
 
 # A job script that exits with 100 is set into the error state, and Grid Engine never starts the jobs that wait
 # for it (-hold_jid): the afterok of this platform. Only jobs that something waits for use it.

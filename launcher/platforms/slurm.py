@@ -8,11 +8,11 @@ from typing import Any, Mapping
 
 from common.plan import Plan
 from launcher.jobs import commands
+from launcher.jobs.commands import REPORT_FALLBACK, bare_path
 from launcher.jobs.render import Job, render_sbatch
 from launcher.jobs.submit import SubmitError, Submitted, follow_lines, run_client, submit_chained
 from launcher.platforms import Platform, containers
-from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, image_checks, limits_problems,
-                                       preflight_title, training_title)
+from launcher.platforms.common import export_title, image_checks, limits_problems, preflight_title, training_title
 
 
 def script_name(stage: str) -> str:

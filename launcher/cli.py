@@ -49,7 +49,7 @@ class Prepared:
 def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prepared:
     """Everything derived and validated, nothing written. Raises PlanError."""
     platform = platform_of(cfg)
-    if platform.client is None and local_gpus is None:
+    if platform.runs_here and local_gpus is None:
         local_gpus = detect_local_gpus()
     validated = validate(cfg, local_gpus)
     cfg, plan = validated.cfg, validated.plan
@@ -103,15 +103,16 @@ def execute(prepared: Prepared, say: Say = print) -> int:
         for path in scripts:
             say(f"  {path}")
         platform = platform_of(cfg)
-        if platform.chain_as_shell and stages.jobs:
+        chain = platform.chain_as_shell(stages.jobs, run_dir, cfg)
+        if chain:
             say(f"Submitting runs these, {platform.chain}:" if len(stages.jobs) > 1 else "Submitting runs:")
-            for line in platform.chain_as_shell(stages.jobs, run_dir, cfg):
+            for line in chain:
                 say(f"  {line}")
         return 0
     if not stages.jobs:
         say("nothing to do for the selected stages")
         return 0
-    if platform_of(cfg).client is None:
+    if platform_of(cfg).runs_here:
         return _run_here(prepared, say)
     return _submit(prepared, say)
 

@@ -16,6 +16,12 @@ def python_bin_dir() -> str:
     return str(Path(sys.executable).parent)
 
 
+def bare_path(cluster: Mapping[str, Any]) -> str | None:
+    """The bin directory a job puts first on PATH: local and bare-metal jobs run with the Python that runs main.py,
+    container jobs with the image's (None)."""
+    return None if in_container(cluster) else python_bin_dir()
+
+
 def in_container(cluster: Mapping[str, Any]) -> bool:
     """Cluster jobs run in cluster.container unless it is null or cluster.container_runtime=none; jobs on this
     machine run with the Python that runs main.py."""
@@ -91,6 +97,10 @@ def report_command(run_dir: Path) -> list[str]:
     return ["python", "-m", "launcher.report", str(run_dir)]
 
 
+# After the report command: a run that logged no step yet must not fail the job that trained it.
+REPORT_FALLBACK = " || echo 'report: nothing to report (see above)'"
+
+
 # --------------------------------------------------------------------------- srun + pyxis
 def _abs_paths(value: Any) -> Iterable[str]:
     if isinstance(value, str):
@@ -129,6 +139,12 @@ def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
     for extra in cfg["cluster"].get("container_mounts") or []:
         mounts.append(extra if ":" in extra else f"{extra}:{extra}")
     return mounts
+
+
+def job_paths(cfg: Mapping[str, Any]) -> list[str]:
+    """Host directories the jobs read or write, as container_mounts lists them (the repository, results_dir,
+    data and tokenizer directories, cluster.container_mounts)."""
+    return [m.split(":", 1)[0] for m in container_mounts(cfg)]
 
 
 def srun_prefix(cfg: Mapping[str, Any], *, env_keys: Iterable[str] = (), mpi: bool = False,

@@ -9,8 +9,6 @@ from typing import Any, Mapping
 from common.plan import Plan
 from data_prep.shards import list_shards
 from launcher.config.schema import Stage
-from launcher.jobs import commands
-from launcher.jobs.nsys import nsys_entry
 from launcher.jobs.render import Job
 from launcher.platforms import platform_of
 
@@ -46,10 +44,8 @@ def plan_stages(cfg: Mapping[str, Any], plan: Plan, run_dir: Path) -> StagePlan:
         jobs += platform.data_preparation_jobs(cfg, run_dir, len(list_shards(cfg["data_preparation"])))
     if "preflight" in selected:
         jobs.append(platform.preflight_job(cfg, plan, run_dir))
-    # profile.tool=nsys: the profiled ranks run under nsys, found by the platform's rank variable.
-    entry = commands.training_entry(run_dir)
-    entry = nsys_entry(cfg, run_dir, entry, platform.rank_variable or "RANK") or entry
-    training, command = platform.training_job(cfg, plan, run_dir, entry)
+    # Built whatever the stages: plan.command records how training is launched.
+    training, command = platform.training_job(cfg, plan, run_dir, platform.rank_entry(cfg, run_dir))
     if "training" in selected:
         jobs.append(training)
     if "export" in selected:

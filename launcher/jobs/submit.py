@@ -1,5 +1,6 @@
-"""Submission records, the stages run one after another on this machine, and the chain for platforms whose jobs
-cannot wait for each other (each platform's own submission lives in launcher/platforms/)."""
+"""Submission records, the two ways a chain of jobs is submitted (each queued waiting for the one before, or each
+submitted from here once the one before succeeded), and the stages run one after another on this machine (each
+platform's own client calls live in launcher/platforms/)."""
 from __future__ import annotations
 
 import subprocess
@@ -53,20 +54,6 @@ def submit_chained(jobs: list[Job], run_dir: Path, submit_one: Callable[[Path, s
             raise
         submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script), dependency))
     return submitted
-
-
-def follow_lines(jobs: list[Job], submitted: list[Submitted], run_dir: Path, waits: Callable[[str], str],
-                 queue: str) -> list[str]:
-    """After a chained submission: each job, what it waits for (`waits(dependency)`), its log; then how to follow
-    the jobs (`queue` takes their ids joined by commas) and the report."""
-    lines = []
-    for job, sub in zip(jobs, submitted):
-        after = f" ({waits(sub.dependency)})" if sub.dependency else ""
-        logs = f"{run_dir}/logs/{job.stage}_{sub.job_id}" + ("_*" if job.array_size else "") + ".out"
-        lines.append(f"submitted {job.stage}: job {sub.job_id}{after}; log {logs}")
-    lines.append(f"  follow with: {queue} {','.join(s.job_id for s in submitted)}   "
-                 f"report: python -m launcher.report {run_dir}")
-    return lines
 
 
 def submit_in_order(jobs: list[Job], run_dir: Path, submit_one: Callable[[Job, str | None], str],

@@ -14,16 +14,13 @@ from typing import Any, Mapping
 
 from common.plan import Plan
 from launcher.jobs import commands
-from launcher.jobs.commands import REPO
-from launcher.jobs.render import KEEP_LOG, Job
+from launcher.jobs.commands import REPO, REPORT_FALLBACK
+from launcher.jobs.render import KEEP_LOG, Job, tee
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
 from launcher.plan.errors import PlanError
-from launcher.platforms import Platform
-from launcher.platforms.common import (REPORT_FALLBACK, job_paths, limits_problems, outside_mounts, tee,
-                                       time_seconds, training_title)
-from launcher.platforms.common import gpus as gpus_text
+from launcher.platforms.base import Cfg, Platform, Say, outside_mounts, time_seconds, training_title
+from launcher.platforms.base import gpus as gpus_text
 
-IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
 # dgxa100.80g.8.norm: the GPU family, memory per GPU, GPUs per replica, class.
 INSTANCE = re.compile(r"^dgx(?P<gpu>[a-z]+\d+)\.\d+g\.(?P<gpus>\d+)\.")
 # `ngc base-command job info` prints the job's state as "Status: <STATE>" under "Job Status".
@@ -32,8 +29,120 @@ UNFINISHED = {"CREATED", "QUEUED", "STARTING", "RUNNING", "PENDING_TERMINATION",
 SUCCEEDED = "FINISHED_SUCCESS"
 
 
-def script_name(stage: str) -> str:
-    return "submission.ngc.sh" if stage == "training" else f"{stage}.ngc.sh"
+class Bcp(Platform):
+    name = "bcp"
+    suffix = ".ngc.sh"
+    resubmit = "bash"
+    client = "ngc"
+    chain = ("in order: Base Command jobs cannot wait for each other, so main.py submits each job once the previous "
+             "one has finished successfully, and waits here")
+    builds_images = False
+
+    # ----------------------------------------------------------------------- checks
+    def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
+        cluster = cfg["cluster"]
+        found = self.image_name_problems(cfg, "nvcr.io/<org>/<team>/<image>:<tag>") + _instance_problems(cluster)
+        problem = _mount_problem(cluster)
+        if problem:
+            return found + [problem], []
+        return found + _path_problems(cfg, selected) + self.limit_problems(cfg, selected, finite=True), []
+
+    # ----------------------------------------------------------------------- jobs
+    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
+        """One job: its replicas take every R-th shard (replica r: shards r, r+R, ...), then the first replica
+        checks every shard."""
+        name = cfg["data_preparation"].get("name")
+        job = cfg["data_preparation"].get("job") or {}
+        replicas = min(num_shards, job.get("max_parallel") or num_shards)
+        if replicas > 1:
+            shards = f'"$(seq -s, "$NGC_ARRAY_INDEX" {replicas} {num_shards - 1})"'
+            prep = _bcprun(replicas, 1, {}, commands.data_prep_command(run_dir, shard=shards))
+        else:
+            prep = commands.data_prep_command(run_dir)
+        check = shlex.join(commands.data_check_command(run_dir))
+        return [self.job("data_preparation",
+                         f"Data preparation ({name}, {num_shards} shards) on {replicas} replica"
+                         f"{'s' if replicas > 1 else ''}, then a check of every shard",
+                         [logged(prep, run_dir, "data_preparation"), logged(check, run_dir, "data_preparation")],
+                         nodes=replicas, ntasks_per_node=1, time_limit=job.get("time_limit"))]
+
+    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+        """bcprun starts one process per GPU on every replica (array type PYTORCH: torchrun's RANK / LOCAL_RANK /
+        WORLD_SIZE / MASTER_ADDR); the first replica then prints the report."""
+        cluster = cfg["cluster"]
+        _, gpus = instance_gpus(cluster)
+        if gpus and plan.gpus_per_node != gpus and "training" in cfg["stages"]:
+            raise PlanError([f"the plan uses {gpus_text(plan.gpus_per_node)} per node but cluster.instance="
+                             f"{cluster['instance']} has {gpus}: pick a {plan.gpus_per_node}-GPU instance or set "
+                             f"parallelism.num_gpus to a multiple of {gpus}"])
+        command = _bcprun(plan.num_nodes, plan.gpus_per_node, plan.env, shlex.join(entry))
+        report = shlex.join(commands.report_command(run_dir))
+        lines = [logged(command, run_dir, "training"),
+                 "# The throughput / MFU table and the loss and step-time plot of this run.",
+                 tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK]
+        job = self.job("training", training_title(plan, "bcprun, one process per GPU"), lines,
+                       env=dict(plan.env), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
+                       gpus_per_node=plan.gpus_per_node)
+        return job, command
+
+    # ----------------------------------------------------------------------- rendering
+    def render(self, job: Job, cfg: Cfg, run_dir: Path) -> dict[str, str]:
+        """The submission script, then the job's body, which the submitted job runs."""
+        return {**super().render(job, cfg, run_dir), body_name(job.stage): self.render_body(job, run_dir)}
+
+    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+        title = f"{job.title}: submits to NGC Base Command Platform the job that runs {body_name(job.stage)}"
+        return "\n".join([
+            "#!/usr/bin/env bash",
+            *self.header_lines(job, run_dir, title),
+            "set -euo pipefail",
+            "exec " + _grouped(ngc_command(job, cfg, run_dir)),
+            "",
+        ])
+
+    def render_body(self, job: Job, run_dir: Path) -> str:
+        return "\n".join([
+            "#!/usr/bin/env bash",
+            f"# {job.title}",
+            "# Runs in the image on the job's first replica (ngc base-command job run --commandline); bcprun starts",
+            "# the processes on every replica. Written by main.py for " + run_dir.name,
+            "set -euo pipefail",
+            KEEP_LOG,
+            f"cd {shlex.quote(str(REPO))}",
+            *self.env_lines(job),
+            "",
+            *job.lines,
+            "",
+        ])
+
+    # ----------------------------------------------------------------------- submission
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+        lines = []
+        for index, job in enumerate(jobs):
+            lines.append(shlex.join(["bash", str(run_dir / job.script)]))
+            if index < len(jobs) - 1:
+                lines.append("# ... until `ngc base-command job info <its id>` shows Status: FINISHED_SUCCESS")
+        return lines
+
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+        def submit_one(job: Job, previous: str | None) -> str:
+            out = run_client(["bash", str(run_dir / job.script)], f"ngc base-command job run ({job.script})")
+            match = re.search(r"^\s*Id:\s*(\d+)\s*$", out, re.MULTILINE)  # "Job Information / Id: 7180359"
+            if not match:
+                raise SubmitError(f"ngc base-command job run ({job.script}) printed no job id: "
+                                  f"{out.strip()[:200]!r}")
+            return match.group(1)
+
+        return submit_in_order(jobs, run_dir, submit_one, lambda job, job_id: wait(cfg, job_id), say)
+
+    def waits_for(self, dependency: str) -> str:
+        return f"after {dependency.split(':')[1]} finished"
+
+    def log_of(self, job: Job, job_id: str, run_dir: Path) -> str | None:
+        return f"{run_dir}/logs/{job.stage}_{job_id}.log"
+
+    def follow_command(self, submitted: list[Submitted]) -> str:
+        return f"ngc base-command job info {submitted[-1].job_id}"
 
 
 def body_name(stage: str) -> str:
@@ -43,6 +152,20 @@ def body_name(stage: str) -> str:
 def logged(cmd: str, run_dir: Path, stage: str) -> str:
     """Output into the job's log and RUN_DIR/logs/<stage>_<job id>.log (render.py's keep_log)."""
     return f'{cmd} 2>&1 | keep_log -a "{run_dir}/logs/{stage}_$NGC_JOB_ID.log"'
+
+
+def wait(cfg: Cfg, job_id: str) -> str | None:
+    """None once the job has finished successfully; why not, once it ended otherwise."""
+    interval = float(cfg["cluster"]["poll_interval_s"])
+    while True:
+        out = run_client(["ngc", "base-command", "job", "info", job_id], f"ngc base-command job info {job_id}")
+        match = STATUS.search(out)
+        status = match.group(1) if match else "UNKNOWN"
+        if status == SUCCEEDED:
+            return None
+        if status not in UNFINISHED:
+            return f"ended with status {status} (ngc base-command job log {job_id})"
+        time.sleep(interval)
 
 
 # --------------------------------------------------------------------------- checks
@@ -64,28 +187,27 @@ def instance_gpus(cluster: Mapping[str, Any], key: str = "instance") -> tuple[st
     return (match["gpu"], int(match["gpus"])) if match else (None, None)
 
 
-def problems(cfg: Mapping[str, Any], selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
-    cluster = cfg["cluster"]
-    found = []
-    image = cluster.get("container")
-    if not image or str(image).startswith("/"):
-        found.append(f"cluster.container={image!r}: cluster=bcp runs an image by name from a registry; set "
-                     f"cluster.container=nvcr.io/<org>/<team>/<image>:<tag> ({IMAGE_HELP})")
+def _instance_problems(cluster: Mapping[str, Any]) -> list[str]:
+    """The instance type names the GPUs of a replica: they must be the plan's."""
     family, gpus = instance_gpus(cluster)
     if not cluster.get("instance"):
-        found.append("cluster.instance is empty: name the instance type (ngc base-command ace list), e.g. "
-                     "cluster.instance=dgxh100.80g.8.norm")
-    elif gpus is not None and gpus != cluster.get("gpus_per_node"):
-        found.append(f"cluster.instance={cluster['instance']} has {gpus} GPUs but cluster.gpus_per_node="
-                     f"{cluster.get('gpus_per_node')}; set cluster.gpus_per_node={gpus} or pick another instance")
-    elif family and cluster.get("gpu_type") and family != str(cluster["gpu_type"]).lower():
-        found.append(f"cluster.instance={cluster['instance']} has {family} GPUs but cluster.gpu_type="
-                     f"{cluster['gpu_type']}; set cluster.gpu_type={family}")
-    problem = _mount_problem(cluster)
-    if problem:
-        return found + [problem], []
+        return ["cluster.instance is empty: name the instance type (ngc base-command ace list), e.g. "
+                "cluster.instance=dgxh100.80g.8.norm"]
+    if gpus is not None and gpus != cluster.get("gpus_per_node"):
+        return [f"cluster.instance={cluster['instance']} has {gpus} GPUs but cluster.gpus_per_node="
+                f"{cluster.get('gpus_per_node')}; set cluster.gpus_per_node={gpus} or pick another instance"]
+    if family and cluster.get("gpu_type") and family != str(cluster["gpu_type"]).lower():
+        return [f"cluster.instance={cluster['instance']} has {family} GPUs but cluster.gpu_type="
+                f"{cluster['gpu_type']}; set cluster.gpu_type={family}"]
+    return []
+
+
+def _path_problems(cfg: Cfg, selected: list[str]) -> list[str]:
+    """Jobs see only workspaces (read-write) and datasets (read-only), at the paths they have here."""
+    cluster = cfg["cluster"]
+    found = []
     mounts = [str(m["mount"]) for m in _mounts(cluster, "workspaces") + _mounts(cluster, "datasets")]
-    missing = outside_mounts(job_paths(cfg), mounts)
+    missing = outside_mounts(commands.job_paths(cfg), mounts)
     if missing:
         found.append(f"cluster=bcp: jobs see only workspaces and datasets, and {', '.join(missing)} lie on none of "
                      "them; keep the repository, results_dir and the data in a workspace mounted at the same path "
@@ -98,10 +220,10 @@ def problems(cfg: Mapping[str, Any], selected: list[str], dry_run: bool) -> tupl
     if read_only:
         found.append(f"cluster=bcp: {', '.join(read_only)} must be written and lie in no workspace (datasets are "
                      "read-only); move them into one of cluster.workspaces")
-    return found + limits_problems(cfg, selected, finite=True), []
+    return found
 
 
-# --------------------------------------------------------------------------- jobs
+# --------------------------------------------------------------------------- the job's files
 def _bcprun(nodes: int, per_node: int, env: Mapping[str, str], command: str) -> str:
     """bcprun with one option per line; its --cmd runs in a shell on every replica."""
     groups = [["bcprun", "--nnodes", str(nodes), "--npernode", str(per_node)], ["--workdir", str(REPO)],
@@ -109,46 +231,6 @@ def _bcprun(nodes: int, per_node: int, env: Mapping[str, str], command: str) -> 
     return commands.grouped_line(groups, shlex.join(["--cmd", command]))
 
 
-def data_preparation_jobs(cfg: Mapping[str, Any], run_dir: Path, num_shards: int) -> list[Job]:
-    """One job: its replicas take every R-th shard (replica r: shards r, r+R, ...), then the first replica checks
-    every shard."""
-    name = cfg["data_preparation"].get("name")
-    job = cfg["data_preparation"].get("job") or {}
-    replicas = min(num_shards, job.get("max_parallel") or num_shards)
-    if replicas > 1:
-        shards = f'"$(seq -s, "$NGC_ARRAY_INDEX" {replicas} {num_shards - 1})"'
-        prep = _bcprun(replicas, 1, {}, commands.data_prep_command(run_dir, shard=shards))
-    else:
-        prep = commands.data_prep_command(run_dir)
-    check = shlex.join(commands.data_check_command(run_dir))
-    return [Job("data_preparation", script_name("data_preparation"),
-                f"Data preparation ({name}, {num_shards} shards) on {replicas} replica"
-                f"{'s' if replicas > 1 else ''}, then a check of every shard",
-                [logged(prep, run_dir, "data_preparation"), logged(check, run_dir, "data_preparation")],
-                nodes=replicas, ntasks_per_node=1, time_limit=job.get("time_limit"))]
-
-
-def training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
-    """bcprun starts one process per GPU on every replica (array type PYTORCH: torchrun's RANK / LOCAL_RANK /
-    WORLD_SIZE / MASTER_ADDR); the first replica then prints the report."""
-    cluster = cfg["cluster"]
-    _, gpus = instance_gpus(cluster)
-    if gpus and plan.gpus_per_node != gpus and "training" in cfg["stages"]:
-        raise PlanError([f"the plan uses {gpus_text(plan.gpus_per_node)} per node but cluster.instance="
-                         f"{cluster['instance']} has {gpus}: pick a {plan.gpus_per_node}-GPU instance or set "
-                         f"parallelism.num_gpus to a multiple of {gpus}"])
-    command = _bcprun(plan.num_nodes, plan.gpus_per_node, plan.env, shlex.join(entry))
-    report = shlex.join(commands.report_command(run_dir))
-    lines = [logged(command, run_dir, "training"),
-             "# The throughput / MFU table and the loss and step-time plot of this run.",
-             tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK]
-    job = Job("training", script_name("training"), training_title(plan, "bcprun, one process per GPU"), lines,
-              env=dict(plan.env), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
-              gpus_per_node=plan.gpus_per_node)
-    return job, command
-
-
-# --------------------------------------------------------------------------- rendering
 def job_name(cfg: Mapping[str, Any], stage: str, run_dir: Path) -> str:
     name = ".".join(p for p in (cfg["cluster"].get("job_name_prefix"), stage, run_dir.name) if p)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
@@ -188,78 +270,4 @@ def _grouped(args: list[str]) -> str:
     return " \\\n    ".join(shlex.join(g) for g in groups)
 
 
-def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
-    submission = "\n".join([
-        "#!/usr/bin/env bash",
-        f"# {job.title}: submits to NGC Base Command Platform the job that runs {body_name(job.stage)}",
-        f"# Written by main.py for {run_dir.name}; submit it again with: bash {shlex.quote(str(run_dir / job.script))}",
-        "set -euo pipefail",
-        "exec " + _grouped(ngc_command(job, cfg, run_dir)),
-        "",
-    ])
-    body = "\n".join([
-        "#!/usr/bin/env bash",
-        f"# {job.title}",
-        "# Runs in the image on the job's first replica (ngc base-command job run --commandline); bcprun starts",
-        "# the processes on every replica. Written by main.py for " + run_dir.name,
-        "set -euo pipefail",
-        KEEP_LOG,
-        f"cd {shlex.quote(str(REPO))}",
-        f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}",
-        *[f"export {key}={shlex.quote(value)}" for key, value in job.env.items()],
-        "",
-        *job.lines,
-        "",
-    ])
-    return {job.script: submission, body_name(job.stage): body}
-
-
-# --------------------------------------------------------------------------- submission
-def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> list[str]:
-    lines = []
-    for index, job in enumerate(jobs):
-        lines.append(shlex.join(["bash", str(run_dir / job.script)]))
-        if index < len(jobs) - 1:
-            lines.append("# ... until `ngc base-command job info <its id>` shows Status: FINISHED_SUCCESS")
-    return lines
-
-
-def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
-    def submit_one(job: Job, previous: str | None) -> str:
-        out = run_client(["bash", str(run_dir / job.script)], f"ngc base-command job run ({job.script})")
-        match = re.search(r"^\s*Id:\s*(\d+)\s*$", out, re.MULTILINE)  # "Job Information / Id: 7180359"
-        if not match:
-            raise SubmitError(f"ngc base-command job run ({job.script}) printed no job id: {out.strip()[:200]!r}")
-        return match.group(1)
-
-    def wait_one(job: Job, job_id: str) -> str | None:
-        interval = float(cfg["cluster"]["poll_interval_s"])
-        while True:
-            out = run_client(["ngc", "base-command", "job", "info", job_id], f"ngc base-command job info {job_id}")
-            match = STATUS.search(out)
-            status = match.group(1) if match else "UNKNOWN"
-            if status == SUCCEEDED:
-                return None
-            if status not in UNFINISHED:
-                return f"ended with status {status} (ngc base-command job log {job_id})"
-            time.sleep(interval)
-
-    return submit_in_order(jobs, run_dir, submit_one, wait_one, say)
-
-
-def follow(jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
-    lines = [f"submitted {sub.stage}: job {sub.job_id}"
-             + (f" (after {sub.dependency.split(':')[1]} finished)" if sub.dependency else "")
-             + f"; log {run_dir}/logs/{sub.stage}_{sub.job_id}.log" for sub in submitted]
-    last = submitted[-1].job_id
-    lines.append(f"  follow with: ngc base-command job info {last}   report: python -m launcher.report {run_dir}")
-    return lines
-
-
-PLATFORM = Platform(
-    name="bcp", client="ngc",
-    chain="in order: Base Command jobs cannot wait for each other, so main.py submits each job once the previous "
-          "one has finished successfully, and waits here",
-    script_name=script_name, problems=problems, data_preparation_jobs=data_preparation_jobs,
-    training_job=training_job, render=render, submit=submit, chain_as_shell=chain_as_shell, follow=follow,
-)
+PLATFORM = Bcp()

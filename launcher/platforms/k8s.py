@@ -6,7 +6,9 @@ mounted at the paths they have where main.py runs. Kubernetes has no job depende
 job once the previous one has completed."""
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shlex
 import time
 from pathlib import Path
@@ -16,62 +18,148 @@ import yaml
 
 from common.plan import Plan
 from launcher.jobs import commands
-from launcher.jobs.commands import REPO
+from launcher.jobs.commands import REPO, REPORT_FALLBACK
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
-from launcher.platforms import Platform
-from launcher.platforms.common import (REPORT_FALLBACK, dns_name, job_paths, limits_problems, outside_mounts,
-                                       time_seconds, training_title)
+from launcher.platforms.base import Cfg, Platform, Say, outside_mounts, time_seconds, training_title
 
 SHORT = {"data_preparation": "data", "data_check": "check", "training": "train"}
-IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
 
 
-def script_name(stage: str) -> str:
-    return "submission.yaml" if stage == "training" else f"{stage}.yaml"
+class K8s(Platform):
+    name = "k8s"
+    suffix = ".yaml"
+    resubmit = "kubectl create -f"
+    client = "kubectl"
+    chain = ("in order: Kubernetes jobs cannot wait for each other, so main.py submits each job once the previous "
+             "one has completed, and waits here")
+    builds_images = False
+
+    def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
+        found = self.image_name_problems(cfg, "<registry>/<image>:<tag>") + _volume_problems(cfg)
+        return found + self.limit_problems(cfg, selected, finite=True), []
+
+    # ----------------------------------------------------------------------- jobs
+    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
+        name = cfg["data_preparation"].get("name")
+        prep = commands.data_prep_command(run_dir, shard='"$JOB_COMPLETION_INDEX"')
+        check = shlex.join(commands.data_check_command(run_dir))
+        job = cfg["data_preparation"].get("job") or {}
+        return [
+            self.job("data_preparation", f"Data preparation ({name}): one pod per shard ({num_shards} shards)",
+                     [prep], array_size=num_shards, max_parallel=job.get("max_parallel"),
+                     cpus_per_task=job.get("cpus_per_task"), time_limit=job.get("time_limit")),
+            self.job("data_check", f"Check every prepared shard ({num_shards}) before training starts", [check],
+                     time_limit=job.get("time_limit")),
+        ]
+
+    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+        """torchrun in each pod, its node rank the pod's completion index; pod 0 ends with the report."""
+        command = _torchrun(cfg, plan, run_dir, entry)
+        report = shlex.join(commands.report_command(run_dir))
+        lines = [
+            command,
+            "# The throughput / MFU table (into pod 0's log) and the loss and step-time plot (into the run "
+            "directory).",
+            f'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then {report}{REPORT_FALLBACK}; fi',
+        ]
+        job = self.job("training", training_title(plan, "one pod per node, torchrun in each"), lines,
+                       env=dict(plan.env), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
+                       gpus_per_node=plan.gpus_per_node)
+        return job, command
+
+    # ----------------------------------------------------------------------- the manifests
+    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+        body = yaml.dump_all(manifests(job, cfg, run_dir), Dumper=_Dumper, sort_keys=False,
+                             default_flow_style=False, width=120)
+        return "\n".join(self.header_lines(job, run_dir)) + "\n" + body
+
+    # ----------------------------------------------------------------------- submission
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+        lines = []
+        for index, job in enumerate(jobs):
+            lines.append(shlex.join(_kubectl(cfg, "create", "-f", str(run_dir / job.script))))
+            if index < len(jobs) - 1:
+                name = job_name(cfg, job.stage, run_dir)
+                lines.append(shlex.join(_kubectl(cfg, "wait", "--for=condition=complete", "--timeout=-1s",
+                                                 f"job/{name}")))
+        return lines
+
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+        def submit_one(job: Job, previous: str | None) -> str:
+            out = run_client(_kubectl(cfg, "create", "-f", str(run_dir / job.script), "-o", "name"),
+                             f"kubectl create -f {job.script}")
+            names = [line.split("/", 1)[1] for line in out.split() if line.startswith("job.batch/")]
+            if not names:
+                raise SubmitError(f"kubectl create -f {job.script} printed no job: {out.strip()!r}")
+            return names[0]
+
+        return submit_in_order(jobs, run_dir, submit_one, lambda job, name: wait(cfg, name), say)
+
+    def waits_for(self, dependency: str) -> str:
+        return f"after {dependency.split(':')[1]} completed"
+
+    def log_of(self, job: Job, job_id: str, run_dir: Path) -> str | None:
+        return None  # in the pods: kubectl logs
+
+    def follow_command(self, submitted: list[Submitted]) -> str:
+        return shlex.join(["kubectl", "logs", "-f", f"job/{submitted[-1].job_id}"])
+
+
+def _kubectl(cfg: Mapping[str, Any], *args: str) -> list[str]:
+    namespace = cfg["cluster"].get("namespace")
+    return ["kubectl", *(["--namespace", namespace] if namespace else []), *args]
+
+
+def wait(cfg: Cfg, name: str) -> str | None:
+    """None once the job is Complete; why not, once it failed."""
+    interval = float(cfg["cluster"]["poll_interval_s"])
+    while True:
+        out = run_client(_kubectl(cfg, "get", f"job/{name}", "-o", "json"), f"kubectl get job/{name}")
+        conditions = json.loads(out).get("status", {}).get("conditions") or []
+        done = {c.get("type") for c in conditions if c.get("status") == "True"}
+        if "Complete" in done:
+            return None
+        if "Failed" in done:
+            reason = next((c.get("reason") for c in conditions if c.get("type") == "Failed"), "")
+            return f"failed ({reason})" if reason else "failed"
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------- checks
+def _volume_problems(cfg: Cfg) -> list[str]:
+    """Pods see only cluster.volumes: the repository, results_dir and the data must lie on them."""
+    volumes = cfg["cluster"].get("volumes") or []
+    bad = [v for v in volumes
+           if not (isinstance(v, Mapping) and v.get("claim") and str(v.get("mount", "")).startswith("/"))]
+    if bad:
+        return [f"cluster.volumes: each entry needs claim (a PersistentVolumeClaim) and an absolute mount; got "
+                f"{bad[0]!r}"]
+    missing = outside_mounts(commands.job_paths(cfg), [str(v["mount"]) for v in volumes])
+    if missing:
+        return [f"cluster=k8s: pods see only cluster.volumes, and {', '.join(missing)} lie on none of them; "
+                "put the repository, results_dir and the data on a PersistentVolumeClaim mounted at the same "
+                "path here and in the pods, e.g. cluster.volumes=[{claim: llama31, mount: /mnt/llama31}]"]
+    return []
+
+
+# --------------------------------------------------------------------------- names
+def dns_name(*parts: str, limit: int = 52) -> str:
+    """A DNS-1035 label from the parts (lowercase letters, digits, '-'; starting with a letter), shortened with a
+    digest of the full name when longer than `limit` so that distinct runs keep distinct names."""
+    full = "-".join(p for p in parts if p)
+    name = re.sub(r"[^a-z0-9]+", "-", full.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = "j-" + name
+    if len(name) > limit:
+        digest = hashlib.sha256(full.encode()).hexdigest()[:6]
+        name = name[:limit - 7].rstrip("-") + "-" + digest
+    return name
 
 
 def job_name(cfg: Mapping[str, Any], stage: str, run_dir: Path) -> str:
     """A DNS label short enough for the pods' host names (<name>-<index>)."""
     return dns_name(cfg["cluster"].get("job_name_prefix") or "", SHORT[stage], run_dir.name)
-
-
-def problems(cfg: Mapping[str, Any], selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
-    cluster = cfg["cluster"]
-    found = []
-    image = cluster.get("container")
-    if not image or str(image).startswith("/"):
-        found.append(f"cluster.container={image!r}: cluster=k8s runs an image by name from a registry; set "
-                     f"cluster.container=<registry>/<image>:<tag> ({IMAGE_HELP})")
-    volumes = cluster.get("volumes") or []
-    bad = [v for v in volumes if not (isinstance(v, Mapping) and v.get("claim") and str(v.get("mount", "")).startswith("/"))]
-    if bad:
-        found.append(f"cluster.volumes: each entry needs claim (a PersistentVolumeClaim) and an absolute mount; got "
-                     f"{bad[0]!r}")
-    else:
-        missing = outside_mounts(job_paths(cfg), [str(v["mount"]) for v in volumes])
-        if missing:
-            found.append(f"cluster=k8s: pods see only cluster.volumes, and {', '.join(missing)} lie on none of them; "
-                         "put the repository, results_dir and the data on a PersistentVolumeClaim mounted at the "
-                         "same path here and in the pods, e.g. cluster.volumes=[{claim: llama31, mount: /mnt/llama31}]")
-    return found + limits_problems(cfg, selected, finite=True), []
-
-
-# --------------------------------------------------------------------------- jobs
-def data_preparation_jobs(cfg: Mapping[str, Any], run_dir: Path, num_shards: int) -> list[Job]:
-    name = cfg["data_preparation"].get("name")
-    prep = commands.data_prep_command(run_dir, shard='"$JOB_COMPLETION_INDEX"')
-    check = shlex.join(commands.data_check_command(run_dir))
-    job = cfg["data_preparation"].get("job") or {}
-    return [
-        Job("data_preparation", script_name("data_preparation"),
-            f"Data preparation ({name}): one pod per shard ({num_shards} shards)", [prep],
-            array_size=num_shards, max_parallel=job.get("max_parallel"), cpus_per_task=job.get("cpus_per_task"),
-            time_limit=job.get("time_limit")),
-        Job("data_check", script_name("data_check"),
-            f"Check every prepared shard ({num_shards}) before training starts", [check],
-            time_limit=job.get("time_limit")),
-    ]
 
 
 def _torchrun(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> str:
@@ -83,21 +171,6 @@ def _torchrun(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str
         shlex.join(["--master-addr", f"{master}-0.{master}", "--master-port", str(cfg["cluster"]["master_port"]),
                     *program]),
     ])
-
-
-def training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
-    """torchrun in each pod, its node rank the pod's completion index; pod 0 ends with the report."""
-    command = _torchrun(cfg, plan, run_dir, entry)
-    report = shlex.join(commands.report_command(run_dir))
-    lines = [
-        command,
-        "# The throughput / MFU table (into pod 0's log) and the loss and step-time plot (into the run directory).",
-        f'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then {report}{REPORT_FALLBACK}; fi',
-    ]
-    job = Job("training", script_name("training"), training_title(plan, "one pod per node, torchrun in each"),
-              lines, env=dict(plan.env), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
-              gpus_per_node=plan.gpus_per_node)
-    return job, command
 
 
 # --------------------------------------------------------------------------- manifests
@@ -188,69 +261,4 @@ def manifests(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[dict[str,
     return documents
 
 
-def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
-    header = (f"# {job.title}\n# Written by main.py for {run_dir.name}; submit it again with: "
-              f"kubectl create -f {shlex.quote(str(run_dir / job.script))}\n")
-    body = yaml.dump_all(manifests(job, cfg, run_dir), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                         width=120)
-    return {job.script: header + body}
-
-
-# --------------------------------------------------------------------------- submission
-def _kubectl(cfg: Mapping[str, Any], *args: str) -> list[str]:
-    namespace = cfg["cluster"].get("namespace")
-    return ["kubectl", *(["--namespace", namespace] if namespace else []), *args]
-
-
-def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> list[str]:
-    lines = []
-    for index, job in enumerate(jobs):
-        lines.append(shlex.join(_kubectl(cfg, "create", "-f", str(run_dir / job.script))))
-        if index < len(jobs) - 1:
-            name = job_name(cfg, job.stage, run_dir)
-            lines.append(shlex.join(_kubectl(cfg, "wait", "--for=condition=complete", "--timeout=-1s",
-                                             f"job/{name}")))
-    return lines
-
-
-def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
-    def submit_one(job: Job, previous: str | None) -> str:
-        out = run_client(_kubectl(cfg, "create", "-f", str(run_dir / job.script), "-o", "name"),
-                   f"kubectl create -f {job.script}")
-        names = [line.split("/", 1)[1] for line in out.split() if line.startswith("job.batch/")]
-        if not names:
-            raise SubmitError(f"kubectl create -f {job.script} printed no job: {out.strip()!r}")
-        return names[0]
-
-    def wait_one(job: Job, name: str) -> str | None:
-        interval = float(cfg["cluster"]["poll_interval_s"])
-        while True:
-            out = run_client(_kubectl(cfg, "get", f"job/{name}", "-o", "json"), f"kubectl get job/{name}")
-            conditions = json.loads(out).get("status", {}).get("conditions") or []
-            done = {c.get("type") for c in conditions if c.get("status") == "True"}
-            if "Complete" in done:
-                return None
-            if "Failed" in done:
-                reason = next((c.get("reason") for c in conditions if c.get("type") == "Failed"), "")
-                return f"failed ({reason})" if reason else "failed"
-            time.sleep(interval)
-
-    return submit_in_order(jobs, run_dir, submit_one, wait_one, say)
-
-
-def follow(jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
-    lines = [f"submitted {sub.stage}: job {sub.job_id}" + (f" (after {sub.dependency.split(':')[1]} completed)"
-                                                           if sub.dependency else "") for sub in submitted]
-    last = submitted[-1].job_id
-    lines.append(f"  follow with: {shlex.join(['kubectl', 'logs', '-f', f'job/{last}'])}   "
-                 f"report: python -m launcher.report {run_dir}")
-    return lines
-
-
-PLATFORM = Platform(
-    name="k8s", client="kubectl",
-    chain="in order: Kubernetes jobs cannot wait for each other, so main.py submits each job once the previous "
-          "one has completed, and waits here",
-    script_name=script_name, problems=problems, data_preparation_jobs=data_preparation_jobs,
-    training_job=training_job, render=render, submit=submit, chain_as_shell=chain_as_shell, follow=follow,
-)
+PLATFORM = K8s()

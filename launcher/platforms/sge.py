@@ -9,106 +9,132 @@ from typing import Any, Mapping
 
 from common.plan import Plan
 from launcher.jobs import commands
-from launcher.jobs.commands import REPO
+from launcher.jobs.commands import REPORT_FALLBACK, bare_path
 from launcher.jobs.render import Job
-from launcher.jobs.submit import SubmitError, Submitted, follow_lines, run_client, submit_chained
+from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_chained
 from launcher.plan.errors import PlanError
-from launcher.platforms import Platform, containers
-from launcher.platforms.common import (REPORT_FALLBACK, bare_path, export_title, hms, image_checks,
-                                       limits_problems, time_seconds, training_title)
+from launcher.platforms.base import Cfg, Platform, Say, export_title, hms, time_seconds, training_title
 
 # A job script that exits with 100 is set into the error state, and Grid Engine never starts the jobs that wait
 # for it (-hold_jid): the afterok of this platform. Only jobs that something waits for use it.
 FAIL_HOLDS_DEPENDENTS = "trap 'exit 100' ERR"
 
 
-def script_name(stage: str) -> str:
-    return "submission.qsub" if stage == "training" else f"{stage}.qsub"
+class Sge(Platform):
+    name = "sge"
+    suffix = ".qsub"
+    resubmit = "qsub"
+    client = "qsub"
+    chain = "each job waiting for the previous one (-hold_jid)"
+    runtimes = ("apptainer", "none")
+
+    # ----------------------------------------------------------------------- jobs
+    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
+        """An array job, one task per shard (task ids start at 1, shards at 0), then a one-task check of every
+        shard (-hold_jid on the array)."""
+        cluster = cfg["cluster"]
+        name = cfg["data_preparation"].get("name")
+        container = self.container_wrapper(cfg)
+        prep = commands.data_prep_command(run_dir, shard='"$((SGE_TASK_ID - 1))"')
+        check = shlex.join(commands.data_check_command(run_dir))
+        job = cfg["data_preparation"].get("job") or {}
+        return [
+            self.job("data_preparation", f"Data preparation ({name}): one array task per shard ({num_shards} shards)",
+                     [commands.shell_line([], prep, container)], path_first=bare_path(cluster),
+                     array_size=num_shards, max_parallel=job.get("max_parallel"),
+                     cpus_per_task=job.get("cpus_per_task"), time_limit=job.get("time_limit")),
+            self.job("data_check", f"Check every prepared shard ({num_shards}) before training starts",
+                     [commands.shell_line([], check, container)], path_first=bare_path(cluster),
+                     time_limit=job.get("time_limit")),
+        ]
+
+    def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
+        """One process on one node, where the checkpoint is (CPU work)."""
+        export = shlex.join(commands.export_hf_command(cfg, run_dir))
+        return self.job("export", export_title(run_dir),
+                        [commands.shell_line([], export, self.container_wrapper(cfg))],
+                        path_first=bare_path(cfg["cluster"]))
+
+    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+        """mpirun starts one rank per GPU on the hosts Grid Engine gave the job; ranks come from the MPI
+        launcher's variables (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE). The job ends with the report."""
+        cluster = cfg["cluster"]
+        if plan.num_nodes > 1 and "training" in cfg["stages"] and not (
+                cluster.get("node_resource") or cluster.get("parallel_environment")):
+            raise PlanError([f"cluster=sge: the training job needs {plan.num_nodes} nodes but neither "
+                             "cluster.node_resource (TSUBAME: node_f) nor cluster.parallel_environment requests "
+                             "them"])
+        exported = ["PYTHONPATH", "PATH", *plan.env, "MASTER_ADDR", "MASTER_PORT"]
+        mpirun = [["mpirun", "-np", str(plan.num_gpus), "-npernode", str(plan.gpus_per_node)],
+                  ["--bind-to", "none"], *[["-x", key] for key in exported],
+                  *[shlex.split(str(a)) for a in cluster.get("mpirun_args") or []]]
+        container = self.container_wrapper(cfg, plan.env)
+        groups = [*mpirun, *([container[:2], *[[a] for a in container[2:]]] if container else [])]
+        program = shlex.join(entry)
+        report = shlex.join(commands.report_command(run_dir))
+        lines = [
+            "# torch.distributed rendezvous on the job's first host; the port follows the job id so that jobs",
+            "# sharing a node never collide. Ranks come from mpirun (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE).",
+            'export MASTER_ADDR=$(if [ -n "${PE_HOSTFILE:-}" ]; then head -n 1 "$PE_HOSTFILE" | cut -d " " -f 1; '
+            "else hostname; fi)",
+            "export MASTER_PORT=$((20000 + JOB_ID % 40000))",
+            commands.grouped_line(groups, program),
+            "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
+            commands.shell_line([], report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
+        ]
+        margin = cluster.get("signal_before_timeout_s")
+        job = self.job("training", training_title(plan, "mpirun, one rank per GPU"), lines,
+                       env=dict(plan.env), path_first=bare_path(cluster), nodes=plan.num_nodes,
+                       ntasks_per_node=plan.gpus_per_node, gpus_per_node=plan.gpus_per_node,
+                       signal=f"USR1@{margin}" if margin else None)
+        return job, " ".join(shlex.join(g) for g in [*groups, entry])
+
+    # ----------------------------------------------------------------------- the job script
+    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+        """#$ directives from the job's resources and the cluster's settings; output and errors go to one log in
+        RUN_DIR/logs/. Modules load before `set -u`, which many module scripts do not survive."""
+        cluster = cfg["cluster"]
+        setup = [str(line) for line in cluster.get("setup") or []]
+        modules = [f"module load {m}" for m in cluster.get("modules") or []]
+        return "\n".join([
+            "#!/bin/bash",
+            *self.header_lines(job, run_dir),
+            *[f"#$ {d}" for d in _directives(job, cluster, run_dir)],
+            *setup,
+            *modules,
+            "set -euo pipefail",
+            *_traps(job),
+            *self.env_lines(job),
+            "",
+            *job.lines,
+            "",
+        ])
+
+    # ----------------------------------------------------------------------- submission
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+        """What submit runs, with the job ids in variables (qsub -terse prints an array job as ID.1-N:1)."""
+        lines = []
+        for index, job in enumerate(jobs, start=1):
+            command = shlex.join(qsub_command(run_dir / job.script, None))
+            if index > 1:
+                command = command.replace("qsub -terse ", f"qsub -terse -hold_jid $JOB{index - 1} ", 1)
+            lines.append(f"JOB{index}=$({command} | cut -d. -f1)")
+        return lines
+
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+        """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_script)."""
+        def submit_one(script: Path, previous: str | None) -> tuple[str, str | None]:
+            return qsub(script, previous), f"hold_jid:{previous}" if previous else None
+
+        return submit_chained(jobs, run_dir, submit_one, cancel="qdel", cancelled="deleted")
+
+    def waits_for(self, dependency: str) -> str:
+        return f"-hold_jid {dependency.split(':')[1]}"
+
+    def follow_command(self, submitted: list[Submitted]) -> str:
+        return f"qstat -j {','.join(s.job_id for s in submitted)}"
 
 
-def problems(cfg: Mapping[str, Any], selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
-    cluster = cfg["cluster"]
-    found = containers.runtime_problems(cluster, ("apptainer", "none"))
-    if found:
-        return found, []
-    found, warnings = image_checks(cfg, selected, dry_run)
-    found += containers.env_problems(cluster, cluster.get("env") or {})
-    return found + limits_problems(cfg, selected), warnings
-
-
-def _container(cfg: Mapping[str, Any], env: Mapping[str, str] = {}) -> list[str]:
-    return containers.apptainer_exec(cfg, env) if commands.in_container(cfg["cluster"]) else []
-
-
-def container_job(cfg: Mapping[str, Any], run_dir: Path) -> Job:
-    lines, files = containers.build_lines(cfg, run_dir)
-    return Job("container", script_name("container"), containers.build_title(cfg["cluster"]), lines, files=files)
-
-
-def data_preparation_jobs(cfg: Mapping[str, Any], run_dir: Path, num_shards: int) -> list[Job]:
-    """An array job, one task per shard (task ids start at 1, shards at 0), then a one-task check of every shard
-    (-hold_jid on the array)."""
-    cluster = cfg["cluster"]
-    name = cfg["data_preparation"].get("name")
-    container = _container(cfg)
-    prep = commands.data_prep_command(run_dir, shard='"$((SGE_TASK_ID - 1))"')
-    check = shlex.join(commands.data_check_command(run_dir))
-    job = cfg["data_preparation"].get("job") or {}
-    return [
-        Job("data_preparation", script_name("data_preparation"),
-            f"Data preparation ({name}): one array task per shard ({num_shards} shards)",
-            [commands.shell_line([], prep, container)], path_first=bare_path(cluster), array_size=num_shards,
-            max_parallel=job.get("max_parallel"), cpus_per_task=job.get("cpus_per_task"),
-            time_limit=job.get("time_limit")),
-        Job("data_check", script_name("data_check"),
-            f"Check every prepared shard ({num_shards}) before training starts",
-            [commands.shell_line([], check, container)], path_first=bare_path(cluster),
-            time_limit=job.get("time_limit")),
-    ]
-
-
-def export_job(cfg: Mapping[str, Any], run_dir: Path) -> Job:
-    """One process on one node, where the checkpoint is (CPU work)."""
-    export = shlex.join(commands.export_hf_command(cfg, run_dir))
-    return Job("export", script_name("export"), export_title(run_dir),
-               [commands.shell_line([], export, _container(cfg))], path_first=bare_path(cfg["cluster"]))
-
-
-def training_job(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
-    """mpirun starts one rank per GPU on the hosts Grid Engine gave the job; ranks come from the MPI launcher's
-    variables (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE). The job ends with the report."""
-    cluster = cfg["cluster"]
-    if plan.num_nodes > 1 and "training" in cfg["stages"] and not (
-            cluster.get("node_resource") or cluster.get("parallel_environment")):
-        raise PlanError([f"cluster=sge: the training job needs {plan.num_nodes} nodes but neither "
-                         "cluster.node_resource (TSUBAME: node_f) nor cluster.parallel_environment requests them"])
-    exported = ["PYTHONPATH", "PATH", *plan.env, "MASTER_ADDR", "MASTER_PORT"]
-    mpirun = [["mpirun", "-np", str(plan.num_gpus), "-npernode", str(plan.gpus_per_node)],
-              ["--bind-to", "none"], *[["-x", key] for key in exported],
-              *[shlex.split(str(a)) for a in cluster.get("mpirun_args") or []]]
-    container = _container(cfg, plan.env)
-    groups = [*mpirun, *([container[:2], *[[a] for a in container[2:]]] if container else [])]
-    program = shlex.join(entry)
-    report = shlex.join(commands.report_command(run_dir))
-    lines = [
-        "# torch.distributed rendezvous on the job's first host; the port follows the job id so that jobs",
-        "# sharing a node never collide. Ranks come from mpirun (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE).",
-        'export MASTER_ADDR=$(if [ -n "${PE_HOSTFILE:-}" ]; then head -n 1 "$PE_HOSTFILE" | cut -d " " -f 1; '
-        "else hostname; fi)",
-        "export MASTER_PORT=$((20000 + JOB_ID % 40000))",
-        commands.grouped_line(groups, program),
-        "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
-        commands.shell_line([], report, _container(cfg)) + REPORT_FALLBACK,
-    ]
-    margin = cluster.get("signal_before_timeout_s")
-    job = Job("training", script_name("training"), training_title(plan, "mpirun, one rank per GPU"), lines,
-              env=dict(plan.env), path_first=bare_path(cluster), nodes=plan.num_nodes,
-              ntasks_per_node=plan.gpus_per_node, gpus_per_node=plan.gpus_per_node,
-              signal=f"USR1@{margin}" if margin else None)
-    return job, " ".join(shlex.join(g) for g in [*groups, entry])
-
-
-# --------------------------------------------------------------------------- the job script
 def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str]:
     prefix = cluster.get("job_name_prefix")
     # Grid Engine job names take neither ':' nor '/'.
@@ -136,52 +162,19 @@ def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str
     return lines
 
 
-def render_qsub(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> str:
-    """#$ directives from the job's resources and the cluster's settings; output and errors go to one log in
-    RUN_DIR/logs/. Modules load before `set -u`, which many module scripts do not survive."""
-    setup = [str(line) for line in cluster.get("setup") or []]
-    modules = [f"module load {m}" for m in cluster.get("modules") or []]
-    env = [f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"]
-    if job.path_first:
-        env.append(f"export PATH={shlex.quote(job.path_first)}:$PATH")
-    env += [f"export {key}={shlex.quote(value)}" for key, value in job.env.items()]
-    return "\n".join([
-        "#!/bin/bash",
-        f"# {job.title}",
-        f"# Written by main.py for {run_dir.name}; submit it again with: qsub {shlex.quote(str(run_dir / job.script))}",
-        *[f"#$ {d}" for d in _directives(job, cluster, run_dir)],
-        *setup,
-        *modules,
-        "set -euo pipefail",
-        *(["# Exit 100 on failure: Grid Engine then never starts the jobs that wait for this one (-hold_jid).",
-           FAIL_HOLDS_DEPENDENTS] if job.followed else []),
-        *(["# Grid Engine signals the whole job at s_rt; the shell waits for mpirun, which passes it to the ranks.",
-           "trap 'echo \"SIGUSR1: the time limit is near\"' USR1"] if job.signal else []),
-        *env,
-        "",
-        *job.lines,
-        "",
-    ])
+def _traps(job: Job) -> list[str]:
+    lines = []
+    if job.followed:
+        lines += ["# Exit 100 on failure: Grid Engine then never starts the jobs that wait for this one (-hold_jid).",
+                  FAIL_HOLDS_DEPENDENTS]
+    if job.signal:
+        lines += ["# Grid Engine signals the whole job at s_rt; the shell waits for mpirun, which passes it to the "
+                  "ranks.", "trap 'echo \"SIGUSR1: the time limit is near\"' USR1"]
+    return lines
 
 
-def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
-    return {job.script: render_qsub(job, cfg["cluster"], run_dir), **job.files}
-
-
-# --------------------------------------------------------------------------- submission
 def qsub_command(script: Path, hold: str | None) -> list[str]:
     return ["qsub", "-terse", *(["-hold_jid", hold] if hold else []), str(script)]
-
-
-def chain_as_shell(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any]) -> list[str]:
-    """What submit runs, with the job ids in variables (qsub -terse prints an array job as ID.1-N:1)."""
-    lines = []
-    for index, job in enumerate(jobs, start=1):
-        command = shlex.join(qsub_command(run_dir / job.script, None))
-        if index > 1:
-            command = command.replace("qsub -terse ", f"qsub -terse -hold_jid $JOB{index - 1} ", 1)
-        lines.append(f"JOB{index}=$({command} | cut -d. -f1)")
-    return lines
 
 
 def qsub(script: Path, hold: str | None) -> str:
@@ -192,21 +185,4 @@ def qsub(script: Path, hold: str | None) -> str:
     return job_id
 
 
-def submit(jobs: list[Job], run_dir: Path, cfg: Mapping[str, Any], say: Any = print) -> list[Submitted]:
-    """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_qsub)."""
-    def submit_one(script: Path, previous: str | None) -> tuple[str, str | None]:
-        return qsub(script, previous), f"hold_jid:{previous}" if previous else None
-
-    return submit_chained(jobs, run_dir, submit_one, cancel="qdel", cancelled="deleted")
-
-
-def follow(jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
-    return follow_lines(jobs, submitted, run_dir, lambda dependency: f"-hold_jid {dependency.split(':')[1]}",
-                        "qstat -j")
-
-
-PLATFORM = Platform(
-    name="sge", client="qsub", chain="each job waiting for the previous one (-hold_jid)", script_name=script_name,
-    problems=problems, data_preparation_jobs=data_preparation_jobs, training_job=training_job, render=render,
-    container_job=container_job, submit=submit, chain_as_shell=chain_as_shell, follow=follow, export_job=export_job,
-)
+PLATFORM = Sge()

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import launch
-from launcher.jobs.render import Job, render_local
+from launcher.jobs.render import Job
 from launcher.jobs.submit import run_here
+from launcher.platforms.local import PLATFORM as LOCAL
 
 from launcher_helpers import NO_GPU, REPO
 
@@ -150,7 +151,7 @@ def test_the_log_outlives_sigterm_so_the_last_words_of_the_trainer_arrive(tmp_pa
     (tmp_path / "trainer.py").write_text(TRAINER)
     job = Job("training", "launch.sh", "a stand-in trainer", [f"{sys.executable} -u {tmp_path}/trainer.py 2>&1 | "
                                                               f"keep_log -a {log}"])
-    (tmp_path / "launch.sh").write_text(render_local(job, tmp_path))
+    (tmp_path / "launch.sh").write_text(LOCAL.render_script(job, {}, tmp_path))
     proc = subprocess.Popen(["bash", str(tmp_path / "launch.sh")], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     deadline = time.time() + 30

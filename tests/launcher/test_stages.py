@@ -7,7 +7,7 @@ import pytest
 
 from launcher.cli import prepare
 from launcher.plan.errors import PlanError
-from launcher.platforms.common import time_seconds as slurm_time_seconds
+from launcher.platforms.base import time_seconds as slurm_time_seconds
 
 from launcher_helpers import NO_GPU
 

@@ -1,0 +1,322 @@
+"""What a platform is, and what every platform shares.
+
+A platform lays out the stage jobs (container, data_preparation, data_check, preflight, training, export) for one
+kind of cluster, renders their files, and runs or submits them. The plan and the commands the jobs run
+(launcher/jobs/commands.py) are the same everywhere. `cluster.platform` picks the platform: platform_of (in
+launcher/platforms/__init__.py) takes PLATFORM from launcher/platforms/<cluster.platform>.py.
+
+A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM = <its Platform subclass>()`:
+1. Class attributes: `name` (<name>), `suffix` (the end of its job files' names; training's file is
+   `submission<suffix>`), `resubmit` (the command a job file's header gives for submitting it again by hand).
+2. The jobs: `data_preparation_jobs` and `training_job` (each Job made with `self.job`), and `render_script`, the
+   text of a job's own file (which starts with `header_lines` and exports `env_lines`).
+3. Submission, unless the jobs run on this machine: `client` (the command that submits, which main.py looks for),
+   `chain` (how each job waits for the one before), `submit`, `chain_as_shell`, and for the lines printed after
+   submitting `waits_for` and `follow_command` (and `log_of` where logs are not logs/<stage>_<job id>.out).
+4. Where it differs from the defaults: `problems` (the default checks cluster.container_runtime against
+   `runtimes`, the image unless the container stage builds it, and the time limits), `render` (files besides the
+   job's own), `container_wrapper` (how a command enters the image; the default: `apptainer exec`).
+5. What it runs besides data preparation and training: `preflight_job`, `export_job` and `rank_variable` (the
+   profiled ranks of profile.tool=nsys) are refused by default, in one line naming the way around; the container
+   stage builds cluster.container unless `builds_images = False` (images run by name from a registry).
+Then its golden files (tests/golden/, written by tests like tests/launcher/test_render.py). Users pick it with a
+conf/cluster/<cluster>.yaml that names it, which the config schema checks (launcher/config/schema.py:
+PlatformName, and a class for its cluster keys).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from common.plan import Plan
+from launcher.jobs import commands
+from launcher.jobs.commands import REPO
+from launcher.jobs.nsys import nsys_entry, nsys_requested
+from launcher.jobs.render import Job
+from launcher.jobs.submit import Submitted
+from launcher.plan.errors import PlanError
+from launcher.platforms import containers
+
+Say = Callable[[str], None]
+Cfg = Mapping[str, Any]
+
+IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
+
+# What the checks print for something the selected stages ask of a platform that it cannot do: one line naming
+# the cluster and the way around it.
+REFUSALS = {
+    "container": "stages has container but cluster={cluster} runs images by name from a registry and builds none: "
+                 f"build and push the image with docker ({IMAGE_HELP}), set cluster.container to its name and drop "
+                 "container from stages",
+    "export": "stages has export but cluster={cluster} has no export job yet: drop export from stages and run "
+              "`python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints --out DIR` where the checkpoint is",
+    "preflight": "stages has preflight but cluster={cluster} has no preflight job yet: drop preflight from stages, "
+                 "or run it on cluster=local or a Slurm cluster",
+    "nsys": "profile.tool=nsys cannot wrap the profiled ranks on cluster={cluster} yet: use profile.tool=torch",
+}
+
+
+class Platform(ABC):
+    """One kind of cluster: a subclass sets the attributes below and implements the abstract methods (the module
+    docstring says which); the rest are working defaults it may override."""
+    name: str
+    suffix: str
+    resubmit: str
+    # The command that submits jobs; None: the jobs run on this machine, one after another.
+    client: str | None = None
+    # How each submitted job waits for the one before it (the dry run says it before the chain).
+    chain: str = "one after another on this machine"
+    # cluster.container_runtime values the jobs can run with (the default problems() checks it).
+    runtimes: tuple[str, ...] = containers.RUNTIMES
+    # What the time-limit messages call a valid cluster.time_limit.
+    time_format: str = "a time limit"
+    # False where jobs run images by name from a registry: the container stage has nothing to build.
+    builds_images: bool = True
+    # The variable holding a rank's global number, which the nsys wrapper reads (profile.tool=nsys); None: the
+    # platform cannot wrap ranks.
+    rank_variable: str | None = None
+
+    # ----------------------------------------------------------------------- what it can do
+    @property
+    def runs_here(self) -> bool:
+        """The jobs run on this machine, one after another, rather than being submitted."""
+        return self.client is None
+
+    def supports(self, need: str) -> bool:
+        """Whether this platform can do `need`: the container, preflight or export stage, or "nsys" (the profiled
+        ranks' wrapper). A subclass supports preflight and export by implementing their job."""
+        if need == "container":
+            return self.builds_images
+        if need == "nsys":
+            return self.rank_variable is not None
+        method = f"{need}_job"
+        return getattr(type(self), method) is not getattr(Platform, method)
+
+    def refusals(self, cfg: Cfg, selected: list[str]) -> list[str]:
+        """One line for each thing the selected stages (and profile.tool=nsys) ask of this platform that it cannot
+        do, in stage order."""
+        needs = [stage for stage in ("container", "export", "preflight") if stage in selected]
+        if nsys_requested(cfg):
+            needs.append("nsys")
+        return [self._refusal(cfg, need) for need in needs if not self.supports(need)]
+
+    def _refusal(self, cfg: Cfg, need: str) -> str:
+        return REFUSALS[need].format(cluster=cfg["cluster"]["name"])
+
+    # ----------------------------------------------------------------------- checks
+    def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
+        """(problems, warnings) only this platform knows about, before anything is written. The default suits a
+        scheduler whose jobs run in cluster.container (or bare metal): the runtime, the image unless the container
+        stage builds it, the environment the runtime passes, the time limits."""
+        cluster = cfg["cluster"]
+        found = containers.runtime_problems(cluster, self.runtimes)
+        if found:
+            return found, []
+        found, warnings = ([], []) if "container" in selected else containers.image_problems(cfg, dry_run)
+        found += containers.env_problems(cluster, cluster.get("env") or {})
+        return found + self.limit_problems(cfg, selected), warnings
+
+    def limit_problems(self, cfg: Cfg, selected: list[str], finite: bool = False) -> list[str]:
+        """cluster.time_limit (finite: not UNLIMITED), the signal margin before it, the preflight's limit, and the
+        data preparation tasks' limits and sizes."""
+        cluster = cfg["cluster"]
+        problem = self._time_problem("cluster.time_limit", cluster["time_limit"], finite)
+        if problem:
+            return [problem]
+        limit = time_seconds(cluster["time_limit"])
+        margin = cluster.get("signal_before_timeout_s") or 0
+        if limit is not None and margin >= limit:
+            return [f"cluster.signal_before_timeout_s={margin} must be shorter than cluster.time_limit="
+                    f"{cluster['time_limit']} ({limit} s)"]
+        if "preflight" in selected:
+            problem = self._time_problem("preflight.time_limit", cfg["preflight"]["time_limit"], finite)
+            if problem:
+                return [problem]
+        if "data_preparation" in selected:
+            return self._data_job_problems(cfg["data_preparation"].get("job") or {}, finite)
+        return []
+
+    def _data_job_problems(self, job: Mapping[str, Any], finite: bool) -> list[str]:
+        problem = job.get("time_limit") and self._time_problem("data_preparation.job.time_limit",
+                                                               job["time_limit"], finite)
+        if problem:
+            return [problem]
+        for key in ("cpus_per_task", "max_parallel"):
+            value = job.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                return [f"data_preparation.job.{key}={value!r} must be null or a positive integer"]
+        return []
+
+    def _time_problem(self, key: str, value: Any, finite: bool) -> str | None:
+        try:
+            seconds = time_seconds(value)
+        except ValueError:
+            return f"{key}={value!r} is not {self.time_format} (HH:MM:SS, D-HH:MM:SS or minutes)"
+        if finite and seconds is None:
+            return f"{key}={value!r}: this platform needs a finite time limit (HH:MM:SS)"
+        return None
+
+    def image_name_problems(self, cfg: Cfg, example: str) -> list[str]:
+        """Where images run by name from a registry: cluster.container must name one, not a file."""
+        image = cfg["cluster"].get("container")
+        if image and not str(image).startswith("/"):
+            return []
+        return [f"cluster.container={image!r}: cluster={self.name} runs an image by name from a registry; set "
+                f"cluster.container={example} ({IMAGE_HELP})"]
+
+    # ----------------------------------------------------------------------- jobs
+    def script_name(self, stage: str) -> str:
+        """The job's file in the run directory."""
+        return f"{'submission' if stage == 'training' else stage}{self.suffix}"
+
+    def job(self, stage: str, title: str, lines: list[str], **fields: Any) -> Job:
+        """A Job of this platform: its script named after the stage."""
+        return Job(stage, self.script_name(stage), title, lines, **fields)
+
+    @abstractmethod
+    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
+        """The jobs that prepare the shards and check them."""
+
+    @abstractmethod
+    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+        """The training job and its launch command (plan.command); `entry` is what every rank runs
+        (rank_entry)."""
+
+    def rank_entry(self, cfg: Cfg, run_dir: Path) -> list[str]:
+        """What every training rank runs: the training entry, or with profile.tool=nsys a wrapper that runs it
+        under nsys on the profiled ranks, which it tells by rank_variable."""
+        entry = commands.training_entry(run_dir)
+        if not nsys_requested(cfg):
+            return entry
+        if self.rank_variable is None:
+            raise PlanError([self._refusal(cfg, "nsys")])
+        return nsys_entry(cfg, run_dir, entry, self.rank_variable) or entry
+
+    def container_job(self, cfg: Cfg, run_dir: Path) -> Job:
+        """The image build into cluster.container with its runtime (enroot or apptainer), and the files it
+        reads."""
+        if not self.builds_images:
+            raise PlanError([self._refusal(cfg, "container")])
+        lines, files = containers.build_lines(cfg, run_dir)
+        return self.job("container", containers.build_title(cfg["cluster"]), lines, files=files)
+
+    def preflight_job(self, cfg: Cfg, plan: Plan, run_dir: Path) -> Job:
+        """The network preflight in the training job's shape."""
+        raise PlanError([self._refusal(cfg, "preflight")])
+
+    def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
+        """One process on one node exporting the run's newest checkpoint to Hugging Face format."""
+        raise PlanError([self._refusal(cfg, "export")])
+
+    def container_wrapper(self, cfg: Cfg, env: Mapping[str, str] = {}) -> list[str]:
+        """What goes before a command to run it in cluster.container: `apptainer exec ... image.sif` with the
+        given variables set, or nothing (bare metal, this machine, or pyxis, which works through srun's flags)."""
+        cluster = cfg["cluster"]
+        if commands.in_container(cluster) and cluster.get("container_runtime") == "apptainer":
+            return containers.apptainer_exec(cfg, env)
+        return []
+
+    # ----------------------------------------------------------------------- rendering
+    def render(self, job: Job, cfg: Cfg, run_dir: Path) -> dict[str, str]:
+        """File name -> text: the job's own file first, then the files it reads."""
+        return {job.script: self.render_script(job, cfg, run_dir), **job.files}
+
+    @abstractmethod
+    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+        """The text of the job's own file (job.script), which is run or submitted."""
+
+    def header_lines(self, job: Job, run_dir: Path, title: str | None = None) -> list[str]:
+        """The comment lines a job's file starts with: what it does, and how to run or submit it again."""
+        again = "run" if self.runs_here else "submit"
+        return [f"# {title or job.title}",
+                f"# Written by main.py for {run_dir.name}; {again} it again with: {self.resubmit} "
+                f"{shlex.quote(str(run_dir / job.script))}"]
+
+    def env_lines(self, job: Job) -> list[str]:
+        """The job's environment: the repository on PYTHONPATH, job.path_first first on PATH, job.env."""
+        lines = [f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+        if job.path_first:
+            lines.append(f"export PATH={shlex.quote(job.path_first)}:$PATH")
+        return lines + [f"export {key}={shlex.quote(value)}" for key, value in job.env.items()]
+
+    # ----------------------------------------------------------------------- submission
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+        """What submit runs, as shell lines (the dry run prints them; they also submit by hand); none where the
+        jobs run here."""
+        return []
+
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+        """Submit the jobs, each to start once the one before it succeeded."""
+        raise NotImplementedError(f"cluster.platform={self.name} runs its jobs on this machine (run_here)")
+
+    def follow(self, jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
+        """Lines printed after submitting: each job, what it waits for and its log; how to follow them."""
+        lines = []
+        for job, sub in zip(jobs, submitted):
+            after = f" ({self.waits_for(sub.dependency)})" if sub.dependency else ""
+            log = self.log_of(job, sub.job_id, run_dir)
+            lines.append(f"submitted {job.stage}: job {sub.job_id}{after}" + (f"; log {log}" if log else ""))
+        lines.append(f"  follow with: {self.follow_command(submitted)}   "
+                     f"report: python -m launcher.report {run_dir}")
+        return lines
+
+    def waits_for(self, dependency: str) -> str:
+        """A submitted job's dependency (as jobs.json records it) in words, for follow()."""
+        raise NotImplementedError(f"cluster.platform={self.name} submits nothing")
+
+    def log_of(self, job: Job, job_id: str, run_dir: Path) -> str | None:
+        """Where a submitted job writes its output (the tasks' logs of an array job)."""
+        return f"{run_dir}/logs/{job.stage}_{job_id}" + ("_*" if job.array_size else "") + ".out"
+
+    def follow_command(self, submitted: list[Submitted]) -> str:
+        """The command that shows the submitted jobs."""
+        raise NotImplementedError(f"cluster.platform={self.name} submits nothing")
+
+
+# --------------------------------------------------------------------------- job titles
+def gpus(n: int) -> str:
+    return f"{n} GPU" + ("s" if n != 1 else "")
+
+
+def training_title(plan: Plan, how: str) -> str:
+    nodes = f"{plan.num_nodes} node{'s' if plan.num_nodes > 1 else ''} x {plan.gpus_per_node}"
+    return f"Train {plan.model} ({plan.dtype}) on {gpus(plan.num_gpus)}: {nodes}, {how}"
+
+
+def export_title(run_dir: Path) -> str:
+    return f"Export the newest checkpoint of {run_dir.name} to Hugging Face format"
+
+
+def preflight_title(plan: Plan) -> str:
+    return f"Network preflight: all-reduce bandwidth over the {gpus(plan.num_gpus)} of the training job"
+
+
+# --------------------------------------------------------------------------- time limits and paths
+def time_seconds(value: Any) -> int | None:
+    """Seconds in a time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None for unlimited.
+    Raises ValueError for anything else."""
+    text = str(value).strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not match:
+        raise ValueError(text)
+    days, a, b, c = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    if c is not None:     # HH:MM:SS
+        return int(a) * 3600 + int(b) * 60 + int(c)
+    return int(a) * 60 + int(b or 0)  # MM[:SS]
+
+
+def hms(seconds: int) -> str:
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def outside_mounts(paths: list[str], mounts: list[str]) -> list[str]:
+    """The paths that lie under none of the mount points."""
+    roots = [Path(m) for m in mounts]
+    return [p for p in paths if not any(Path(p) == r or r in Path(p).parents for r in roots)]

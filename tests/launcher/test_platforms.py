@@ -1,0 +1,147 @@
+"""The platform base class (launcher/platforms/base.py): the registry, what each platform can run and how the rest
+is refused, the lines after a submission, and a new platform written as its docstring says."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.config.schema import PlatformName
+from launcher.jobs.render import Job
+from launcher.jobs.submit import Submitted
+from launcher.plan.errors import PlanError
+from launcher.platforms import platform_of
+from launcher.platforms.base import Platform
+
+RUN = Path("/results/run")
+
+# What each platform runs besides data preparation and training (README: Stages).
+CAN = {
+    "local": {"container", "preflight", "export", "nsys"},
+    "slurm": {"container", "preflight", "export", "nsys"},
+    "sge": {"container", "export"},
+    "bcp": set(),
+    "k8s": set(),
+}
+
+
+def test_every_platform_the_schema_names_is_registered_under_its_name():
+    for name in PlatformName:
+        platform = platform_of({"cluster": {"platform": name.value}})
+        assert isinstance(platform, Platform) and platform.name == name.value
+
+
+def test_an_unknown_platform_names_the_known_ones():
+    with pytest.raises(PlanError) as err:
+        platform_of({"cluster": {"platform": "lsf"}})
+    assert err.value.problems == ["cluster.platform='lsf': use one of local, slurm, sge, bcp, k8s "
+                                  "(conf/cluster/*.yaml)"]
+
+
+@pytest.mark.parametrize("name", list(CAN))
+def test_what_each_platform_supports(name):
+    platform = platform_of({"cluster": {"platform": name}})
+    assert {need for need in ("container", "preflight", "export", "nsys") if platform.supports(need)} == CAN[name]
+
+
+@pytest.mark.parametrize("name", ["sge", "bcp", "k8s"])
+def test_a_refused_stage_is_refused_by_the_checks_and_by_its_job_in_the_same_words(name):
+    platform = platform_of({"cluster": {"platform": name}})
+    cfg = {"cluster": {"platform": name, "name": f"my-{name}"}, "profile": {"enabled": True, "tool": "nsys"}}
+    refused = platform.refusals(cfg, ["container", "preflight", "training", "export"])
+    assert len(refused) == 4 - len(CAN[name]) and all(f"cluster=my-{name}" in line for line in refused)
+    jobs = {"container": lambda: platform.container_job(cfg, RUN),
+            "preflight": lambda: platform.preflight_job(cfg, None, RUN),
+            "export": lambda: platform.export_job(cfg, RUN),
+            "nsys": lambda: platform.rank_entry(cfg, RUN)}
+    for need in set(jobs) - CAN[name]:
+        with pytest.raises(PlanError) as err:
+            jobs[need]()
+        assert err.value.problems[0] in refused
+
+
+def test_nothing_is_refused_where_nothing_unsupported_is_asked():
+    cfg = {"cluster": {"platform": "bcp", "name": "bcp"}, "profile": {"enabled": False, "tool": "nsys"}}
+    assert platform_of(cfg).refusals(cfg, ["data_preparation", "training"]) == []
+
+
+def _jobs(*stages: str) -> list[Job]:
+    return [Job(stage, f"{stage}.x", stage, [], array_size=3 if stage == "data_preparation" else None)
+            for stage in stages]
+
+
+def _submitted(dependency: str, *stages: str) -> list[Submitted]:
+    return [Submitted(stage, str(100 + i), f"{stage}.x", f"{dependency}:{99 + i}" if i else None)
+            for i, stage in enumerate(stages)]
+
+
+@pytest.mark.parametrize("name,dependency,expected", [
+    ("slurm", "afterok", [f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100_*.out",
+                          f"submitted training: job 101 (--dependency=afterok:100); log {RUN}/logs/training_101.out",
+                          f"  follow with: squeue -j 100,101   report: python -m launcher.report {RUN}"]),
+    ("sge", "hold_jid", [f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100_*.out",
+                         f"submitted training: job 101 (-hold_jid 100); log {RUN}/logs/training_101.out",
+                         f"  follow with: qstat -j 100,101   report: python -m launcher.report {RUN}"]),
+    ("bcp", "succeeded", [f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100.log",
+                          f"submitted training: job 101 (after 100 finished); log {RUN}/logs/training_101.log",
+                          f"  follow with: ngc base-command job info 101   report: python -m launcher.report {RUN}"]),
+    ("k8s", "succeeded", ["submitted data_preparation: job 100",
+                          "submitted training: job 101 (after 100 completed)",
+                          f"  follow with: kubectl logs -f job/101   report: python -m launcher.report {RUN}"]),
+])
+def test_the_lines_after_a_submission(name, dependency, expected):
+    platform = platform_of({"cluster": {"platform": name}})
+    stages = ("data_preparation", "training")
+    assert platform.follow(_jobs(*stages), _submitted(dependency, *stages), RUN) == expected
+
+
+def test_jobs_that_run_here_have_no_chain_to_print():
+    local = platform_of({"cluster": {"platform": "local"}})
+    assert local.runs_here and local.chain_as_shell(_jobs("training"), RUN, {}) == []
+
+
+class Toy(Platform):
+    """A platform written from base.py's docstring alone: the attributes, the two jobs, its own script."""
+    name = "toy"
+    suffix = ".toy"
+    resubmit = "toysub"
+    client = "toysub"
+    chain = "each job after the previous one"
+
+    def data_preparation_jobs(self, cfg, run_dir, num_shards):
+        return [self.job("data_preparation", "prepare", ["prep"], array_size=num_shards)]
+
+    def training_job(self, cfg, plan, run_dir, entry):
+        return self.job("training", "train", [" ".join(entry)], env={"A": "b c"}), " ".join(entry)
+
+    def render_script(self, job, cfg, run_dir):
+        return "\n".join(["#!/bin/sh", *self.header_lines(job, run_dir), *self.env_lines(job), *job.lines, ""])
+
+    def waits_for(self, dependency):
+        return dependency
+
+    def follow_command(self, submitted):
+        return "toystat"
+
+
+def test_a_new_platform_needs_only_what_the_docstring_lists():
+    toy = Toy()
+    cfg = {"cluster": {"platform": "toy", "name": "toy"}, "profile": {"enabled": False}}
+    job, command = toy.training_job(cfg, None, RUN, toy.rank_entry(cfg, RUN))
+    assert job.script == "submission.toy" and command == f"python -m recipes.train --run-dir {RUN}"
+    text = toy.render(job, cfg, RUN)["submission.toy"]
+    assert f"# Written by main.py for run; submit it again with: toysub {RUN}/submission.toy" in text
+    assert "export A='b c'" in text and "export PYTHONPATH=" in text
+    assert toy.script_name("data_check") == "data_check.toy" and not toy.runs_here
+    assert toy.supports("container") and not toy.supports("preflight") and not toy.supports("export")
+    assert toy.refusals(cfg, ["preflight", "training"]) == [
+        "stages has preflight but cluster=toy has no preflight job yet: drop preflight from stages, or run it on "
+        "cluster=local or a Slurm cluster"]
+
+
+def test_a_platform_without_its_script_cannot_be_made():
+    class Half(Toy):
+        render_script = Platform.render_script
+
+    with pytest.raises(TypeError, match="render_script"):
+        Half()

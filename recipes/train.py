@@ -9,7 +9,6 @@ import argparse
 import contextlib
 from functools import partial
 import gc
-import json
 import math
 import os
 import sys
@@ -18,12 +17,16 @@ from typing import Any
 
 import yaml
 
+from common.plan import Plan, PlanFileError, load_plan
 
-def _load_run(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+
+def _load_run(run_dir: str) -> tuple[dict[str, Any], Plan]:
     with open(os.path.join(run_dir, "config.yaml")) as f:
         cfg = yaml.safe_load(f)
-    with open(os.path.join(run_dir, "plan.json")) as f:
-        plan = json.load(f)
+    try:
+        plan = load_plan(run_dir)
+    except PlanFileError as err:
+        raise SystemExit(f"error: {err}") from None
     return cfg, plan
 
 
@@ -97,11 +100,11 @@ class Trainer:
         self.mllog = mlperf.start(run_dir, cfg, plan, self.info.local_rank, logs_here=self.is_last_rank)
 
         self.config = settings.transformer_config(cfg, plan, grad_accum_fusion=True)
-        if plan["tp_comm_overlap"]:
+        if plan.tp_comm_overlap:
             model.init_userbuffers(cfg, plan)
         chunks = model.build_model_chunks(self.config, cfg, plan)
         self.say(f"model: {model.count_parameters(chunks) / 1e6:.1f}M parameters on rank 0 "
-                 f"({plan['num_parameters'] / 1e9:.2f}B in all)")
+                 f"({plan.num_parameters / 1e9:.2f}B in all)")
         self.chunks = model.wrap_data_parallel(chunks, self.config, settings.ddp_config(cfg, plan))
         self.optimizer = get_megatron_optimizer(settings.optimizer_config(cfg), self.chunks)
         self.scheduler = OptimizerParamScheduler(self.optimizer, **settings.scheduler_kwargs(cfg))
@@ -121,7 +124,7 @@ class Trainer:
                 checkpoint.load_model_weights(ckpt_cfg["init_from"], self.chunks, self.say)
             elif hf_weights:
                 importer.load_hf_weights(hf_weights, self.chunks, cfg["training"]["model"],
-                                          plan["padded_vocab_size"], self.say, show_progress=self.info.rank == 0)
+                                          plan.padded_vocab_size, self.say, show_progress=self.info.rank == 0)
             if ckpt_cfg.get("init_from") or hf_weights:
                 # The optimizer's fp32 master weights were copied from the random init: copy them again.
                 self.optimizer.reload_model_params()
@@ -167,7 +170,7 @@ class Trainer:
             config.no_sync_func = per_chunk("no_sync")
             config.grad_sync_func = per_chunk("start_grad_sync")
         self._param_sync_func = None
-        if par["overlap_param_gather"] and par["align_param_gather"] and self.plan["pp"] > 1:
+        if par["overlap_param_gather"] and par["align_param_gather"] and self.plan.pp > 1:
             self._param_sync_func = per_chunk("start_param_sync")
         config.param_sync_func = None  # enabled after the first step, with the forward pre-hooks
         config.finalize_model_grads_func = finalize_model_grads
@@ -203,10 +206,10 @@ class Trainer:
     def _iterators(self, dataset, consumed_samples: int):
         from recipes.trainer import data
 
-        shape = (self.plan["micro_batch_size"], self.plan["seq_length"])
+        shape = (self.plan.micro_batch_size, self.plan.seq_length)
         loader = None
         if dataset is not None:
-            loader = data.make_loader(dataset, consumed_samples, self.plan["micro_batch_size"], self.dp_rank,
+            loader = data.make_loader(dataset, consumed_samples, self.plan.micro_batch_size, self.dp_rank,
                                       self.dp_size, self.train_cfg["data"]["num_workers"])
         # One source serves the single chunk on this rank that reads data (first or last pipeline stage).
         source = data.MicrobatchSource(loader, shape) if any(self.needs_data) else None
@@ -218,15 +221,15 @@ class Trainer:
         return self.forward_backward(
             forward_step_func=forward_step, data_iterator=iterators,
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
-            num_microbatches=num_microbatches, seq_length=self.plan["seq_length"],
-            micro_batch_size=self.plan["micro_batch_size"], decoder_seq_length=self.plan["seq_length"],
+            num_microbatches=num_microbatches, seq_length=self.plan.seq_length,
+            micro_batch_size=self.plan.micro_batch_size, decoder_seq_length=self.plan.seq_length,
             forward_only=forward_only)
 
     def train_step(self) -> tuple[float | None, float]:
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        losses = self._run_schedule(self.train_iters, self.plan["num_microbatches"], forward_only=False)
+        losses = self._run_schedule(self.train_iters, self.plan.num_microbatches, forward_only=False)
         with self.observers.range("optimizer"):
             _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
@@ -240,8 +243,8 @@ class Trainer:
         from recipes.trainer import data
 
         plan = self.plan
-        samples = data.eval_samples(self.train_cfg, plan["global_batch_size"])
-        calls = data.eval_microbatches(samples, plan["micro_batch_size"], self.dp_size, plan["num_microbatches"])
+        samples = data.eval_samples(self.train_cfg, plan.global_batch_size)
+        calls = data.eval_microbatches(samples, plan.micro_batch_size, self.dp_size, plan.num_microbatches)
         if not calls:
             return None
         reads = self.valid_ds is not None
@@ -288,7 +291,7 @@ class Trainer:
             self.observers.step_begins(state.step + 1)
             loss, grad_norm = self.train_step()
             state.step += 1
-            state.consumed_samples += plan["global_batch_size"]
+            state.consumed_samples += plan.global_batch_size
             now = time.perf_counter()
             step_time, last_time = now - last_time, now
             self.observers.step_ended(state.step)

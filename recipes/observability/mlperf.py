@@ -24,22 +24,24 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
+from common.plan import Plan
+
 SUCCESS, ABORTED = "success", "aborted"
 
 
-def precision_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[tuple[str, str]]:
+def precision_keys(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[str, str]]:
     """The lowest numerical precision in the linear layers, attention and communication (rules 6.1 onwards)."""
-    fp8 = bool(plan["fp8"])
+    fp8 = bool(plan.fp8)
     attention_fp8 = fp8 and bool(cfg["dtype"].get("fp8_dot_product_attention"))
     return [
         ("lowest_numerical_precision_in_linear", "fp8" if fp8 else "bfloat16"),
         ("lowest_numerical_precision_in_attn", "fp8" if attention_fp8 else "bfloat16"),
         # Parameters are all-gathered in bf16 (or FP8 with FP8 param gather); gradients reduce in bf16 or fp32.
-        ("lowest_numerical_precision_in_comm", "fp8" if plan["fp8_param_gather"] else "bfloat16"),
+        ("lowest_numerical_precision_in_comm", "fp8" if plan.fp8_param_gather else "bfloat16"),
     ]
 
 
-def run_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any], run_name: str, gpu_name: str,
+def run_keys(cfg: Mapping[str, Any], plan: Plan, run_name: str, gpu_name: str,
              init_checkpoint_step: int) -> list[tuple[str, Any]]:
     """Every key logged once before run_start, with the values this run trains with."""
     from recipes.trainer.data import eval_samples
@@ -47,21 +49,21 @@ def run_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any], run_name: str, gpu
     ml, train = cfg["mlperf"], cfg["training"]
     opt, sched = train["optimizer"], train["scheduler"]
     horizon = sched["decay_steps"] or train["train_steps"]  # megatron's lr_decay_steps: warmup included
-    platform = ml.get("platform") or f"{plan['num_nodes']}x{plan['gpus_per_node']}x{gpu_name}"
+    platform = ml.get("platform") or f"{plan.num_nodes}x{plan.gpus_per_node}x{gpu_name}"
     return [
         ("submission_benchmark", ml["benchmark"]),
         ("submission_org", ml["org"]),
         ("submission_division", ml["division"]),
         ("submission_status", ml["status"]),
         ("submission_platform", platform),
-        ("number_of_nodes", plan["num_nodes"]),
-        ("accelerators_per_node", plan["gpus_per_node"]),
+        ("number_of_nodes", plan.num_nodes),
+        ("accelerators_per_node", plan.gpus_per_node),
         ("seed", cfg["seed"]),
-        ("global_batch_size", plan["global_batch_size"]),
-        ("micro_batch_size", plan["micro_batch_size"]),
-        ("gradient_accumulation_steps", plan["num_microbatches"]),
-        ("max_sequence_length", plan["seq_length"]),
-        ("eval_samples", eval_samples(train, plan["global_batch_size"])),
+        ("global_batch_size", plan.global_batch_size),
+        ("micro_batch_size", plan.micro_batch_size),
+        ("gradient_accumulation_steps", plan.num_microbatches),
+        ("max_sequence_length", plan.seq_length),
+        ("eval_samples", eval_samples(train, plan.global_batch_size)),
         ("init_checkpoint_step", init_checkpoint_step),
         ("max_steps", horizon),
         ("opt_name", "adamw"),
@@ -75,9 +77,9 @@ def run_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any], run_name: str, gpu
         ("opt_adamw_epsilon", opt["adam_eps"]),
         ("opt_adamw_weight_decay", opt["weight_decay"]),
         ("opt_gradient_clip_norm", opt["clip_grad"]),
-        ("tensor_parallelism", plan["tp"]),
-        ("pipeline_parallelism", plan["pp"]),
-        ("context_parallelism", plan["cp"]),
+        ("tensor_parallelism", plan.tp),
+        ("pipeline_parallelism", plan.pp),
+        ("context_parallelism", plan.cp),
         ("expert_parallelism", 1),
         *precision_keys(cfg, plan),
         ("config_filename", f"{run_name}/config.yaml"),
@@ -117,13 +119,13 @@ class MLPerfLog:
     """The MLLOG writer of the logging rank; on the other ranks and for runs without an `mlperf` section every
     method does nothing. `clock` (seconds) stamps the events; tests drive it by hand."""
 
-    def __init__(self, mllogger=None, cfg: Mapping[str, Any] | None = None, plan: Mapping[str, Any] | None = None,
+    def __init__(self, mllogger=None, cfg: Mapping[str, Any] | None = None, plan: Plan | None = None,
                  run_dir: str = "", gpu_name: str = "", clock: Callable[[], float] = time.time):
         self._mllog = mllogger
         self.cfg, self.plan, self.run_dir, self.gpu_name, self.clock = cfg, plan, run_dir, gpu_name, clock
 
     @classmethod
-    def open(cls, run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], logs_here: bool,
+    def open(cls, run_dir: str, cfg: Mapping[str, Any], plan: Plan, logs_here: bool,
              cache_cleared: bool, gpu_name: str = "", clock: Callable[[], float] = time.time) -> "MLPerfLog":
         """Start the log (cache_clear, init_start) on the logging rank of an MLPerf run."""
         if not cfg.get("mlperf") or not logs_here:
@@ -178,7 +180,7 @@ class MLPerfLog:
             self._mllog = None
 
 
-def start(run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], local_rank: int,
+def start(run_dir: str, cfg: Mapping[str, Any], plan: Plan, local_rank: int,
           logs_here: bool) -> MLPerfLog:
     """On every rank, before the model is built: for an MLPerf run, drop the page cache once per node (when
     mlperf.drop_caches) and open the log on the logging rank. Other runs get a log that does nothing."""

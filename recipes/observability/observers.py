@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, Mapping
 
+from common.plan import Plan
 from recipes.observability import profiling, telemetry, tracking
 
 
@@ -28,7 +29,7 @@ class Observers:
     """Holds the telemetry sampler, the profiling window and the tracker of this rank. Made from the rank's
     environment (recipes.trainer.distributed.RankInfo) before the process group and the model exist."""
 
-    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], info: Any):
+    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, info: Any):
         self.run_dir, self.cfg, self.plan = run_dir, cfg, plan
         rank, local_rank = info.rank, info.local_rank
         self.rank = rank
@@ -43,7 +44,7 @@ class Observers:
                        if profiling.profiled_here(profile_cfg, rank) else None)
         telemetry_cfg = cfg.get("telemetry") or {}
         if telemetry_cfg.get("enabled") and local_rank == 0:
-            gpus = telemetry.job_gpu_ids(int(plan["gpus_per_node"]))
+            gpus = telemetry.job_gpu_ids(int(plan.gpus_per_node))
             self.sampler = telemetry.start(run_dir, telemetry_cfg, gpus)
 
     def training_starts(self, model_config: Any, resume_step: int) -> None:

@@ -14,6 +14,8 @@ import secrets
 import socket
 from typing import Any, Callable, Mapping
 
+from common.plan import Plan
+
 # StepMetrics field -> tag, the same in TensorBoard and W&B.
 SCALARS = {
     "loss": "train/loss",
@@ -140,7 +142,7 @@ def sync_command(run_dir: str) -> str | None:
 class Tracker:
     """Holds the open TensorBoard writer and W&B run of the rank that logs metrics (the last rank)."""
 
-    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], resume_step: int,
+    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, resume_step: int,
                  say: Callable[[str], None] = print):
         self.run_dir = run_dir
         self.say = say
@@ -168,7 +170,7 @@ class Tracker:
     def _write_hparams(self, cfg, plan) -> None:
         from torch.utils.tensorboard.summary import hparams
 
-        params = flatten({"config": cfg, "plan": {k: v for k, v in plan.items() if k != "env"}})
+        params = flatten({"config": cfg, "plan": {k: v for k, v in plan.to_json_dict().items() if k != "env"}})
         # The session's metrics, so TensorBoard's HParams tab shows them next to the hyperparameters.
         metrics = {"train/loss": 0.0, "val/loss": 0.0, "perf/tokens_per_s_per_gpu": 0.0, "perf/mfu": 0.0}
         writer = self.tensorboard._get_file_writer()  # what add_hparams does, without its extra sub-run
@@ -177,7 +179,7 @@ class Tracker:
         import yaml
 
         self.tensorboard.add_text("config", "```\n" + yaml.safe_dump(dict(cfg), sort_keys=False) + "```", 0)
-        self.tensorboard.add_text("plan", "```\n" + json.dumps(dict(plan), indent=2) + "\n```", 0)
+        self.tensorboard.add_text("plan", "```\n" + json.dumps(plan.to_json_dict(), indent=2) + "\n```", 0)
 
     def _open_wandb(self, cfg, plan, wandb_cfg: Mapping[str, Any], resume_step: int) -> None:
         import wandb
@@ -188,7 +190,7 @@ class Tracker:
         run_id = wandb_run_id(self.run_dir, lambda: secrets.token_hex(6))
         settings = dict(project=wandb_cfg.get("project"), entity=wandb_cfg.get("entity"),
                         name=wandb_cfg.get("name") or cfg.get("run_name"), id=run_id, resume="allow",
-                        dir=self.run_dir, config={"config": dict(cfg), "plan": dict(plan)})
+                        dir=self.run_dir, config={"config": dict(cfg), "plan": plan.to_json_dict()})
         # W&B's service process must outlive Slurm's SIGTERM/SIGUSR1 until the trainer has saved and finished.
         with helpers_immune_to_stop_signals():
             try:

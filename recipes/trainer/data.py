@@ -10,6 +10,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
+from common.plan import Plan
 from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
 # The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
@@ -110,7 +111,7 @@ def build_tokenizer(cfg: Mapping[str, Any]):
     return tokenizer
 
 
-def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, build_here: bool, cache_dir: str):
+def build_datasets(cfg: Mapping[str, Any], plan: Plan, tokenizer, build_here: bool, cache_dir: str):
     """Train and validation datasets (None on ranks that do not read data). The validation set is the `split`
     share of the blend, or training.data.valid_blend read in order."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -120,7 +121,7 @@ def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, b
     data = train["data"]
     config = GPTDatasetConfig(
         random_seed=cfg["seed"],
-        sequence_length=plan["seq_length"],
+        sequence_length=plan.seq_length,
         blend=None if data["mock"] else blend_of(data),
         split=data["split"],
         path_to_cache=cache_dir,
@@ -131,14 +132,14 @@ def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, b
         create_attention_mask=False,  # causal attention is implied by the TE kernels
         mmap_bin_files=True,
     )
-    val_samples = eval_samples(train, plan["global_batch_size"])
+    val_samples = eval_samples(train, plan.global_batch_size)
     separate = bool(data.get("valid_blend")) and not data["mock"]
-    sizes = split_sizes(train["train_steps"], plan["global_batch_size"], train["val_interval"],
+    sizes = split_sizes(train["train_steps"], plan.global_batch_size, train["val_interval"],
                         0 if separate else val_samples)
     cls = MockGPTDataset if data["mock"] else GPTDataset
     train_ds, valid_ds, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: build_here, config).build()
     if separate and build_here and train["val_interval"] > 0:
-        valid_ds = InOrderSequences(list(data["valid_blend"]), plan["seq_length"], val_samples)
+        valid_ds = InOrderSequences(list(data["valid_blend"]), plan.seq_length, val_samples)
     return train_ds, valid_ds
 
 

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Mapping
 
+from common.plan import Plan
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -61,14 +63,14 @@ def rank_info(env: Mapping[str, str] = os.environ) -> RankInfo:
     return RankInfo(rank, local, world, addr, int(env.get("MASTER_PORT", 29500)))
 
 
-def initialize(plan: Mapping, seed: int) -> RankInfo:
+def initialize(plan: Plan, seed: int) -> RankInfo:
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     info = rank_info()
-    if info.world_size != plan["num_gpus"]:
-        raise SystemExit(f"plan.json expects {plan['num_gpus']} ranks but this job started {info.world_size}; "
+    if info.world_size != plan.num_gpus:
+        raise SystemExit(f"plan.json expects {plan.num_gpus} ranks but this job started {info.world_size}; "
                          "launch with the command in plan.json")
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU is visible to this process; the training recipe needs one GPU per rank")
@@ -78,10 +80,10 @@ def initialize(plan: Mapping, seed: int) -> RankInfo:
         world_size=info.world_size, timeout=timedelta(minutes=30),
         device_id=torch.device("cuda", info.local_rank))
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=plan["tp"],
-        pipeline_model_parallel_size=plan["pp"],
-        virtual_pipeline_model_parallel_size=plan["vp"],
-        context_parallel_size=plan["cp"],
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
+        virtual_pipeline_model_parallel_size=plan.vp,
+        context_parallel_size=plan.cp,
     )
     model_parallel_cuda_manual_seed(seed)
     return info

@@ -5,6 +5,7 @@ from typing import Any, Mapping
 
 import torch
 
+from common.plan import Plan
 from recipes.trainer import settings
 
 
@@ -13,7 +14,7 @@ def unwrap(chunk):
     return getattr(chunk, "module", chunk)
 
 
-def build_model_chunks(config, cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[torch.nn.Module]:
+def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage held by this rank, on the current GPU."""
     from megatron.core import parallel_state as ps
     from megatron.core.enums import ModelType
@@ -24,8 +25,8 @@ def build_model_chunks(config, cfg: Mapping[str, Any], plan: Mapping[str, Any]) 
     spec = get_gpt_layer_with_transformer_engine_spec()
     kwargs = settings.gpt_model_kwargs(cfg, plan)
     chunks = []
-    for stage in range(plan["vp"] or 1):
-        vp_stage = stage if plan["vp"] else None
+    for stage in range(plan.vp or 1):
+        vp_stage = stage if plan.vp else None
         model = GPTModel(
             config, spec,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -49,7 +50,7 @@ def wrap_data_parallel(chunks: list[torch.nn.Module], config, ddp_config) -> lis
     ]
 
 
-def init_userbuffers(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> None:
+def init_userbuffers(cfg: Mapping[str, Any], plan: Plan) -> None:
     """Transformer Engine userbuffers for TP communication overlap; must run after model-parallel init and
     before the first forward."""
     from transformer_engine.pytorch import UserBufferQuantizationMode, initialize_ub

@@ -20,6 +20,7 @@ pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
 from common import hf_config  # noqa: E402
+from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
@@ -40,9 +41,9 @@ LAYOUTS = {
 }
 
 
-def configured(layout: str, *extra: str) -> tuple[dict, dict]:
+def configured(layout: str, *extra: str) -> tuple[dict, Plan]:
     cfg = compose([*SMALL, *LAYOUTS[layout], *extra])
-    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",))).to_json_dict()
+    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
     return cfg, plan
 
 
@@ -96,11 +97,11 @@ def with_tokenizer(source: dict) -> list[str]:
 
 
 # --------------------------------------------------------------------------- import: logits and padding rows
-def import_and_forward(rank: int, cfg: dict, plan: dict, hf_dir: str, tokens):
+def import_and_forward(rank: int, cfg: dict, plan: Plan, hf_dir: str, tokens):
     from megatron.core import parallel_state as ps
 
     chunks = cpu_megatron.build_chunks(cfg, plan)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
                               show_progress=False)
     logits = cpu_megatron.tp_logits(chunks[0], tokens)
     embedding = chunks[0].embedding.word_embeddings.weight.detach().clone()
@@ -111,7 +112,7 @@ def import_and_forward(rank: int, cfg: dict, plan: dict, hf_dir: str, tokens):
 @pytest.mark.parametrize("layout", ["tp1", "tp2"])
 def test_import_gives_transformers_logits(layout, source):
     cfg, plan = configured(layout, *with_tokenizer(source))
-    results = cpu_megatron.run_ranks(import_and_forward, plan["num_gpus"], cfg, plan, str(source["dir"]),
+    results = cpu_megatron.run_ranks(import_and_forward, plan.num_gpus, cfg, plan, str(source["dir"]),
                                      source["tokens"])
     logits = results[0][1][..., :source["model"]["vocab_size"]]
     ref = source["logits"]
@@ -121,7 +122,7 @@ def test_import_gives_transformers_logits(layout, source):
     assert diff < 1e-3 * ref.abs().max().item()
 
     # Vocabulary padding rows are copies of the last vocabulary row, in both the embedding and the output layer.
-    vocab, padded = source["model"]["vocab_size"], plan["padded_vocab_size"]
+    vocab, padded = source["model"]["vocab_size"], plan.padded_vocab_size
     assert padded > vocab
     for position, name in ((2, "model.embed_tokens.weight"), (3, "lm_head.weight")):
         full = torch.cat([r[position] for r in sorted(results, key=lambda r: r[0])])
@@ -132,9 +133,9 @@ def test_import_gives_transformers_logits(layout, source):
 
 
 # --------------------------------------------------------------------------- checkpoints of any layout -> export
-def import_and_save(rank: int, cfg: dict, plan: dict, hf_dir: str, run_dir: str) -> str:
+def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
                               show_progress=False)
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
@@ -143,7 +144,7 @@ def checkpoint_from(hf_dir: Path, layout: str, run_dir: Path, source: dict) -> P
     cfg, plan = configured(layout, *with_tokenizer(source))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))  # as main.py writes it; export reads it
-    path = cpu_megatron.run_ranks(import_and_save, plan["num_gpus"], cfg, plan, str(hf_dir), str(run_dir))[0]
+    path = cpu_megatron.run_ranks(import_and_save, plan.num_gpus, cfg, plan, str(hf_dir), str(run_dir))[0]
     return Path(path)
 
 

@@ -22,6 +22,7 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("safetensors")
 
 import cpu_megatron  # noqa: E402
+from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
@@ -56,11 +57,11 @@ def reset_peak_rss() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak restarts from the current RSS
 
 
-def configured() -> tuple[dict, dict]:
+def configured() -> tuple[dict, Plan]:
     cfg = compose(["training=llama31/8b", f"training.model.num_layers={LAYERS}", "parallelism=tp2_sp",
                    "parallelism.sequence_parallel=false", "parallelism.tp_comm_overlap=false",
                    "cluster.gpus_per_node=2", "memory_check=false", "training.tokenizer.path=/nonexistent"])
-    return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",))).to_json_dict()
+    return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
 
 
 def write_random_model(directory: Path, shapes: dict, total: int) -> None:
@@ -79,21 +80,21 @@ def write_random_model(directory: Path, shapes: dict, total: int) -> None:
                                                          "weight_map": weight_map}))
 
 
-def import_on_meta(rank: int, cfg: dict, plan: dict, hf_dir: str) -> tuple[int, int, int]:
+def import_on_meta(rank: int, cfg: dict, plan: Plan, hf_dir: str) -> tuple[int, int, int]:
     """(RSS before the import, peak RSS after it, bytes this rank read) with the model on the meta device."""
     with torch.device("meta"):
         chunks = cpu_megatron.build_chunks(cfg, plan, dtype=torch.bfloat16)
     reset_peak_rss()
     before = peak_rss_bytes()
     local = sum(p.numel() * p.element_size() for c in chunks for p in c.parameters())
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
                               show_progress=False)
     return before, peak_rss_bytes(), local
 
 
-def import_and_save(rank: int, cfg: dict, plan: dict, hf_dir: str, run_dir: str) -> str:
+def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan, dtype=torch.bfloat16)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
                               show_progress=False)
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 

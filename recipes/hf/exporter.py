@@ -18,7 +18,6 @@ import math
 import os
 from pathlib import Path
 import shutil
-import struct
 import sys
 from typing import Any, Mapping
 
@@ -26,11 +25,10 @@ import yaml
 
 from common import hf_config
 from recipes.hf import mapping
+from recipes.hf.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 
-INDEX = "model.safetensors.index.json"
 MANIFEST = ".export.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
-_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -174,19 +172,6 @@ def shard_plan(shapes: Mapping[str, tuple[int, ...]], itemsize: int, max_bytes: 
     return shards
 
 
-def safetensors_header(names: list[str], shapes: Mapping[str, tuple[int, ...]], dtype: str, itemsize: int) -> bytes:
-    """The header of a safetensors file holding `names` in this order (contiguous, no gaps)."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name in names:
-        end = offset + itemsize * math.prod(shapes[name])
-        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shapes[name]), "data_offsets": [offset, end]}
-        offset = end
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    return struct.pack("<Q", len(raw)) + raw
-
-
 def shard_name(index: int, count: int) -> str:
     return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
 
@@ -247,7 +232,7 @@ def _write_shard(target: Path, names: list[str], shapes: Mapping[str, tuple[int,
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     tmp = target.with_name(f".{target.name}.tmp")
     with open(tmp, "wb") as f:
-        f.write(safetensors_header(names, shapes, dtype, itemsize))
+        f.write(encode_header(names, shapes, dtype, itemsize))
         for name in names:
             tensor = tensors.get(name).to(torch_dtype).contiguous()
             if tuple(tensor.shape) != tuple(shapes[name]):
@@ -266,8 +251,8 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config:
            copy_tokenizer: bool = True, progress: bool = True) -> Path:
     """Write the Hugging Face model of `checkpoint` (a run's training.model in `run_config`) into `out`."""
     model = run_config["training"]["model"]
-    if dtype not in _ST_DTYPES:
-        raise ExportError(f"--dtype {dtype}: use one of {', '.join(_ST_DTYPES)}")
+    if dtype not in DTYPE_CODES:
+        raise ExportError(f"--dtype {dtype}: use one of {', '.join(DTYPE_CODES)}")
     path = resolve_checkpoint(checkpoint)
     out = Path(out).expanduser().absolute()
     ckpt = DistCheckpoint(path)
@@ -290,7 +275,7 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config:
 
     index = {"metadata": {"total_size": total},
              "weight_map": {n: shard_name(i, len(shards)) for i, names in enumerate(shards) for n in names}}
-    _write_atomically(out / INDEX, json.dumps(index, indent=2) + "\n")
+    _write_atomically(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     bos, eos = _copy_tokenizer(run_config, tokenizer, out) if copy_tokenizer else (None, None)
     config = hf_config.llama_config(model, torch_dtype=dtype, bos_token_id=bos, eos_token_id=eos)
     _write_atomically(out / "config.json", json.dumps(config, indent=2) + "\n")
@@ -407,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="RUN_DIR/checkpoints/iter_NNNNNNN (a run directory: its newest complete checkpoint)")
     parser.add_argument("--out", required=True, help="directory to write the Hugging Face model into")
     parser.add_argument("--config", help="the run's config.yaml (default: two levels above the checkpoint)")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(_ST_DTYPES))
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_CODES))
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     parser.add_argument("--tokenizer", help="tokenizer directory or file to copy (default: training.tokenizer.path)")
     parser.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")

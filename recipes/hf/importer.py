@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 from pathlib import Path
-import struct
 import sys
 import time
 from typing import Any, Callable, Mapping
@@ -26,8 +25,8 @@ from typing import Any, Callable, Mapping
 from common import hf_config
 from common.hf_config import KEY, HFConfigError
 from recipes.hf import mapping
+from recipes.hf.safetensors_io import INDEX_FILE, METADATA_KEY, SafetensorsFileError, read_header
 
-INDEX = "model.safetensors.index.json"
 READ_BLOCK_BYTES = 64 * 2**20
 # What a run (and an export) needs of a hub repository: weights, index, configs, tokenizer.
 HUB_FILES = ["*.safetensors", "*.json", "tokenizer.model"]
@@ -39,30 +38,12 @@ class SourceError(ValueError):
 
 
 # --------------------------------------------------------------------------- the safetensors files
-def safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a .safetensors file, after checking that the file holds every byte it declares."""
+def _header(path: Path) -> dict[str, Any]:
+    """read_header, its problem raised as this module's SourceError (what the import's callers handle)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise SourceError(f"{path} is truncated (no header): download it again")
-            (length,) = struct.unpack("<Q", head)
-            raw = f.read(length)
-    except FileNotFoundError:
-        raise SourceError(f"{path} is missing: download the checkpoint again") from None
-    if len(raw) < length:
-        raise SourceError(f"{path} is truncated (header cut short): download it again")
-    try:
-        header = json.loads(raw)
-    except json.JSONDecodeError:
-        raise SourceError(f"{path} is not a safetensors file (unreadable header)") from None
-    data_end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
-                   default=0)
-    size, expected = path.stat().st_size, 8 + length + data_end
-    if size < expected:
-        raise SourceError(f"{path} is truncated: {size:,} bytes, its header declares {expected:,}; download it "
-                          "again")
-    return header
+        return read_header(path)
+    except SafetensorsFileError as err:
+        raise SourceError(str(err)) from None
 
 
 class SafetensorsDir:
@@ -74,7 +55,7 @@ class SafetensorsDir:
         self._headers: dict[str, dict[str, Any]] = {}
 
     def _weight_map(self) -> dict[str, str]:
-        index = self.directory / INDEX
+        index = self.directory / INDEX_FILE
         files = sorted(p.name for p in self.directory.glob("*.safetensors"))
         if index.is_file():
             try:
@@ -83,21 +64,21 @@ class SafetensorsDir:
                 raise SourceError(f"{index} is not a safetensors index (no weight_map); download it again") from None
             missing = sorted({f for f in weight_map.values() if not (self.directory / f).is_file()})
             if missing:
-                raise SourceError(f"{self.directory}: {INDEX} names {', '.join(missing)}, which "
+                raise SourceError(f"{self.directory}: {INDEX_FILE} names {', '.join(missing)}, which "
                                   f"{'is' if len(missing) == 1 else 'are'} missing; download the checkpoint again")
             return dict(weight_map)
         if len(files) == 1:
-            names = safetensors_header(self.directory / files[0])
-            return {name: files[0] for name in names if name != "__metadata__"}
+            names = _header(self.directory / files[0])
+            return {name: files[0] for name in names if name != METADATA_KEY}
         if not files:
             raise SourceError(f"{KEY}={self.directory} has no *.safetensors files (only safetensors checkpoints "
                               "are read; convert .bin/.pth weights with transformers' save_pretrained first)")
-        raise SourceError(f"{self.directory} has {len(files)} *.safetensors files but no {INDEX}: download the "
+        raise SourceError(f"{self.directory} has {len(files)} *.safetensors files but no {INDEX_FILE}: download the "
                           "index too")
 
     def header(self, file: str) -> dict[str, Any]:
         if file not in self._headers:
-            self._headers[file] = safetensors_header(self.directory / file)
+            self._headers[file] = _header(self.directory / file)
         return self._headers[file]
 
     def entry(self, name: str) -> dict[str, Any]:
@@ -106,7 +87,7 @@ class SafetensorsDir:
         file = self.weight_map[name]
         header = self.header(file)
         if name not in header:
-            raise SourceError(f"{self.directory / file} has no tensor {name} although {INDEX} says so; download "
+            raise SourceError(f"{self.directory / file} has no tensor {name} although {INDEX_FILE} says so; download "
                               "it again")
         return header[name]
 

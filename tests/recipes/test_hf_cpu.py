@@ -24,7 +24,7 @@ from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
-from recipes.hf import exporter, importer, mapping  # noqa: E402
+from recipes.hf import exporter, importer, mapping, safetensors_io  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
@@ -83,7 +83,7 @@ def source(tmp_path_factory) -> dict:
     tokenizer = tmp_path_factory.mktemp("tokenizer")
     write_tokenizer(tokenizer)
     shards = sorted(p.name for p in directory.glob("*.safetensors"))
-    assert len(shards) >= 3 and (directory / importer.INDEX).is_file(), shards
+    assert len(shards) >= 3 and (directory / safetensors_io.INDEX_FILE).is_file(), shards
     tokens = torch.randint(0, model_cfg["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
     # Loaded back, not the model above: .to(bfloat16) also rounded its RoPE frequency buffer.
     reference = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
@@ -176,7 +176,7 @@ def test_export_of_a_tp2_and_a_pp2_vp2_checkpoint_gives_back_the_source_weights(
         assert sorted(exported) == sorted(original)
         different = [k for k in original if not torch.equal(exported[k], original[k])]
         assert not different, different
-        index = json.loads((out / exporter.INDEX).read_text())
+        index = json.loads((out / safetensors_io.INDEX_FILE).read_text())
         assert set(index["weight_map"]) == set(original) and len(set(index["weight_map"].values())) >= 3
         config = json.loads((out / "config.json").read_text())
         assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
@@ -217,7 +217,7 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
     reference = {p.name: p.read_bytes() for p in out.iterdir()}
     # As if killed after the first shard: the manifest is back, later shards and the index are gone.
     shards = sorted(p for p in out.glob("model-*.safetensors"))
-    for path in shards[1:] + [out / exporter.INDEX, out / "config.json"]:
+    for path in shards[1:] + [out / safetensors_io.INDEX_FILE, out / "config.json"]:
         path.unlink()
     stamp = shards[0].stat().st_mtime_ns
     checkpoint = exporter.resolve_checkpoint(pp_checkpoint)
@@ -230,6 +230,27 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
     assert {p.name: p.read_bytes() for p in out.iterdir()} == reference
     # A different export into the same, non-empty directory is refused.
     assert exporter.main([*args[:-1], "--dtype", "float32", "--no-progress"]) == 2
+
+
+# --------------------------------------------------------------------------- the file format
+def test_a_header_we_encode_is_what_safetensors_and_our_reader_read(tmp_path):
+    from safetensors import safe_open
+
+    shapes = {"b": (3, 2), "a": (5,)}
+    tensors = {"b": torch.arange(6, dtype=torch.bfloat16).reshape(3, 2), "a": torch.ones(5, dtype=torch.bfloat16)}
+    path = tmp_path / "x.safetensors"
+    with open(path, "wb") as f:
+        f.write(safetensors_io.encode_header(["b", "a"], shapes, "bfloat16", 2))
+        for name in ("b", "a"):
+            f.write(tensors[name].view(torch.uint8).numpy().tobytes())
+    with safe_open(str(path), framework="pt") as f:
+        assert all(torch.equal(f.get_tensor(n), tensors[n]) for n in tensors)
+    header = safetensors_io.read_header(path)
+    assert header["b"] == {"dtype": "BF16", "shape": [3, 2], "data_offsets": [0, 12]}
+    assert header["a"]["data_offsets"] == [12, 22]
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(safetensors_io.SafetensorsFileError, match=r"x.safetensors is truncated: .* declares"):
+        safetensors_io.read_header(path)
 
 
 # --------------------------------------------------------------------------- errors
@@ -266,7 +287,7 @@ def test_import_errors_name_the_file_and_the_fix(source, tmp_path):
     with pytest.raises(importer.SourceError, match=f"{shard.name} is truncated.*download it again"):
         importer.SafetensorsDir(copy).read(name, slice(0, 1), None)
 
-    (copy / importer.INDEX).unlink()
+    (copy / safetensors_io.INDEX_FILE).unlink()
     with pytest.raises(importer.SourceError, match="no model.safetensors.index.json"):
         importer.SafetensorsDir(copy)
 

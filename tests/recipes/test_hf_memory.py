@@ -26,7 +26,7 @@ from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
-from recipes.hf import exporter, importer, mapping  # noqa: E402
+from recipes.hf import exporter, importer, mapping, safetensors_io  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = int(os.environ.get("HF_MEMORY_LAYERS", "4"))
@@ -76,7 +76,7 @@ def write_random_model(directory: Path, shapes: dict, total: int) -> None:
         save_file({n: torch.randn(shapes[n], generator=generator).to(torch.bfloat16) for n in names},
                   str(directory / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in names})
-    (directory / importer.INDEX).write_text(json.dumps({"metadata": {"total_size": total},
+    (directory / safetensors_io.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
                                                          "weight_map": weight_map}))
 
 
@@ -163,8 +163,8 @@ def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, scratc
 
     from safetensors import safe_open
 
-    index = json.loads((source["dir"] / importer.INDEX).read_text())["weight_map"]
-    exported = json.loads((out / exporter.INDEX).read_text())["weight_map"]
+    index = json.loads((source["dir"] / safetensors_io.INDEX_FILE).read_text())["weight_map"]
+    exported = json.loads((out / safetensors_io.INDEX_FILE).read_text())["weight_map"]
     assert set(index) == set(exported)
     for name in index:
         with safe_open(str(source["dir"] / index[name]), "pt") as a, safe_open(str(out / exported[name]), "pt") as b:

@@ -104,7 +104,7 @@ def build_tokenizer(cfg: Mapping[str, Any]):
         return MockTokenizer(vocab_size=vocab, eod=min(128001, vocab - 1))
     from data_prep.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(train["tokenizer"]["type"], train["tokenizer"]["path"])
+    tokenizer = load_tokenizer(train["tokenizer"]["type"], train["tokenizer"]["path"], key="training.tokenizer")
     if tokenizer.vocab_size > train["model"]["vocab_size"]:
         raise SystemExit(f"training.tokenizer has {tokenizer.vocab_size} tokens but training.model.vocab_size is "
                          f"{train['model']['vocab_size']}; raise the model's vocab_size")

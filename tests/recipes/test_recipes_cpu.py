@@ -196,6 +196,17 @@ def test_mock_tokenizer_for_mock_data():
     assert tok.vocab_size == 128256 and tok.eod == 128001
 
 
+def test_a_wrong_tokenizer_is_named_by_its_training_key(tmp_path):
+    from data_prep.tokenizer import TokenizerError
+
+    (tmp_path / "tokenizer.model").write_bytes(b"\x00")
+    cfg, _ = plan_for("training.data.mock=false", f"training.tokenizer.path={tmp_path}",
+                      "training.tokenizer.type=huggingface", "dry_run=true")
+    with pytest.raises(TokenizerError, match=rf"^training\.tokenizer\.path={tmp_path} is a directory without "
+                                             r"tokenizer\.json; .* set training\.tokenizer\.type=sentencepiece"):
+        data.build_tokenizer(cfg)
+
+
 # ----------------------------------------------------------------------------- stop signals
 def _sleeper() -> subprocess.Popen:
     # Popen returns once the child has exec'd, so its signal mask is final when we read it.

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import yaml
 
 from common import hf_config
-from recipes.hf import mapping
+from recipes.hf import hub, mapping
 from recipes.hf.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 
 MANIFEST = ".export.json"
@@ -311,14 +311,12 @@ def _tokenizer_source(run_config: Mapping[str, Any], override: str | None) -> Pa
         cached = hf_config.cached_snapshot(str(value))
         if cached is None:
             try:
-                from huggingface_hub import snapshot_download
-
-                cached = Path(snapshot_download(str(value), token=os.environ.get("HF_TOKEN") or None,
-                                                allow_patterns=[*TOKENIZER_FILES, "generation_config.json",
-                                                                "config.json"]))
-            except Exception as err:  # offline, gated, not found
+                cached = Path(hub.download(str(value), patterns=[*TOKENIZER_FILES, "generation_config.json",
+                                                                 "config.json"]))
+            except Exception as err:  # offline, gated, not found: the hub's line; anything else by its kind
+                why = str(err) if isinstance(err, hub.HubError) else type(err).__name__
                 raise ExportError(f"tokenizer {value} is not in the Hugging Face cache and cannot be downloaded "
-                                  f"({type(err).__name__}); pass --tokenizer DIR or --no-tokenizer") from None
+                                  f"({why}); pass --tokenizer DIR or --no-tokenizer") from None
         return cached
     path = Path(str(value)).expanduser()
     if not path.exists():

@@ -14,7 +14,6 @@ ranks wait; compute nodes without internet use a directory fetched beforehand:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -24,12 +23,10 @@ from typing import Any, Callable, Mapping
 
 from common import hf_config
 from common.hf_config import KEY, HFConfigError
-from recipes.hf import mapping
+from recipes.hf import hub, mapping
 from recipes.hf.safetensors_io import INDEX_FILE, METADATA_KEY, SafetensorsFileError, read_header
 
 READ_BLOCK_BYTES = 64 * 2**20
-# What a run (and an export) needs of a hub repository: weights, index, configs, tokenizer.
-HUB_FILES = ["*.safetensors", "*.json", "tokenizer.model"]
 _MARKER = ".init_from_hf.json"  # in the run directory: where rank 0 found (or downloaded) a hub id
 
 
@@ -222,25 +219,14 @@ def _sharded_tensors(sharded):
 
 # --------------------------------------------------------------------------- where the weights are, per rank
 def download(repo_id: str, local_dir: str | None = None) -> str:
-    """A hub repository's weights, configs and tokenizer into the Hugging Face cache (or `local_dir`)."""
+    """A hub id's weights, configs and tokenizer, into the Hugging Face cache (or `local_dir`)."""
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
-    except ImportError:
-        raise SourceError(f"{KEY}={repo_id} is a hub id but huggingface_hub is not installed; pip install "
-                          "huggingface_hub, or download the model and pass its directory") from None
-    token = os.environ.get("HF_TOKEN") or None
-    try:
-        return snapshot_download(repo_id, token=token, local_dir=local_dir, allow_patterns=HUB_FILES)
-    except GatedRepoError:
-        fix = "export HF_TOKEN=<your token>" if token is None else "HF_TOKEN has no access yet"
-        raise SourceError(f"{repo_id} is gated on the Hugging Face hub: accept its license at "
-                          f"https://huggingface.co/{repo_id} ({fix})") from None
-    except RepositoryNotFoundError:
-        raise SourceError(f"{KEY}={repo_id}: no such hub repository (or HF_TOKEN cannot see it)") from None
-    except (HfHubHTTPError, OSError) as err:
-        raise SourceError(f"downloading {repo_id} failed: {err}; on a machine without internet, download it "
-                          "elsewhere and pass the directory") from None
+        return hub.download(repo_id, local_dir, hub.MODEL_FILES, what=f"{KEY}={repo_id}",
+                            offline_fix=f"fetch it where the hub is reachable (python -m recipes.hf.importer fetch "
+                                        f"{repo_id} --local-dir DIR), into a directory every node sees, and set "
+                                        f"{KEY}=DIR")
+    except hub.HubError as err:
+        raise SourceError(str(err)) from None
 
 
 def _wait_for_marker(marker: Path, repo_id: str, poll_s: float = 2.0) -> str:
@@ -305,21 +291,5 @@ def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | Non
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Hugging Face Llama weights for training.checkpoint.init_from_hf")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fetch = sub.add_parser("fetch", help="download a hub repository's weights, configs and tokenizer (HF_TOKEN)")
-    fetch.add_argument("repo_id", help="e.g. meta-llama/Llama-3.1-8B")
-    fetch.add_argument("--local-dir", help="download into this directory instead of the Hugging Face cache")
-    args = parser.parse_args(argv)
-    try:
-        path = download(args.repo_id, args.local_dir)
-    except SourceError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"{args.repo_id} -> {path}\nstart a run from it with: {KEY}={path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m recipes.hf.importer fetch ...: the hub's command, recipes/hf/hub.py
+    sys.exit(hub.main())

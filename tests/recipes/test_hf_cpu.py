@@ -418,3 +418,17 @@ def test_rank_zero_downloads_a_hub_id_and_the_others_read_where(tmp_path, monkey
     (run_dir / ".init_from_hf.json").write_text(json.dumps({"source": "org/other", "path": "/not/shared"}))
     with pytest.raises(importer.SourceError, match="cannot see /not/shared.*HF_HOME"):
         importer.locate("org/other", str(run_dir), rank=1)
+
+
+def test_a_hub_id_that_cannot_be_downloaded_is_one_line_with_the_fix(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(importer.SourceError) as err:
+        importer.download("org/never-cached")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("downloading training.checkpoint.init_from_hf=org/never-cached failed: "
+                              "HF_HUB_OFFLINE is set and no copy is cached (")
+    assert message.endswith("(python -m recipes.hf.importer fetch org/never-cached --local-dir DIR), into a "
+                            "directory every node sees, and set training.checkpoint.init_from_hf=DIR")

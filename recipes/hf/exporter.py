@@ -21,9 +21,16 @@ import shutil
 import sys
 from typing import Any, Mapping
 
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from tqdm import tqdm
 import yaml
 
 from common import hf_config
+from common.checkpoints import STATE_FILE, latest_checkpoint
 from recipes.hf import hub, mapping
 from recipes.hf.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 
@@ -39,8 +46,6 @@ class ExportError(ValueError):
 # --------------------------------------------------------------------------- reading the checkpoint
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """An `iter_NNNNNNN` directory, or a run directory / its checkpoints/ (then the newest complete one)."""
-    from common.checkpoints import STATE_FILE, latest_checkpoint
-
     path = Path(path).expanduser().absolute()
     if path.is_dir() and not (path / STATE_FILE).exists() and not (path / ".metadata").exists():
         root = path / "checkpoints" if (path / "checkpoints").is_dir() else path  # a run directory, or its checkpoints/
@@ -64,9 +69,6 @@ class DistCheckpoint:
     """Tensors of a megatron torch_dist checkpoint (PyTorch DCP files), read region by region in this process."""
 
     def __init__(self, path: Path):
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
         self.path = path
         backend = self._backend()
         if backend != "torch_dist":
@@ -120,11 +122,6 @@ class DistCheckpoint:
 
     def read(self, name: str, layer: int | None):
         """The whole tensor `name` (one layer of it), assembled from every rank's shard that overlaps it."""
-        import torch
-        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-        from torch.distributed.checkpoint.planner import LoadPlan
-        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-
         key, offsets, sizes = self.locate(name, layer)
         meta = self.tensors[key]
         out = torch.empty(sizes, dtype=meta.properties.dtype)
@@ -211,8 +208,6 @@ class _Progress:
     """Bytes done / total, with tensors done / total beside them."""
 
     def __init__(self, total_bytes: int, total_tensors: int, enabled: bool):
-        from tqdm import tqdm
-
         self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="export_hf", disable=not enabled,
                         mininterval=1.0)
         self.tensors, self.total_tensors = 0, total_tensors
@@ -226,8 +221,6 @@ class _Progress:
 def _write_shard(target: Path, names: list[str], shapes: Mapping[str, tuple[int, ...]], dtype: str,
                  tensors: HFTensors, progress: _Progress) -> None:
     """One safetensors file, tensor by tensor, under a temporary name until it is complete."""
-    import torch
-
     torch_dtype = getattr(torch, dtype)
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     tmp = target.with_name(f".{target.name}.tmp")

@@ -21,10 +21,20 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
+from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace, merge, nested_values
+from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factory_merges
+from megatron.core.dist_checkpointing.state_dict_utils import load_preprocess
+from megatron.core.dist_checkpointing.utils import force_all_tensors_to_non_fp8
+from safetensors import SafetensorError, safe_open
+import torch
+from tqdm import tqdm
+
 from common import hf_config
+from common.checkpoints import latest_checkpoint
 from common.hf_config import KEY, HFConfigError
 from recipes.hf import hub, mapping
 from recipes.hf.safetensors_io import INDEX_FILE, METADATA_KEY, SafetensorsFileError, read_header
+from recipes.trainer.model import unwrap
 
 READ_BLOCK_BYTES = 64 * 2**20
 _MARKER = ".init_from_hf.json"  # in the run directory: where rank 0 found (or downloaded) a hub id
@@ -89,8 +99,6 @@ class SafetensorsDir:
         return header[name]
 
     def dtype(self, name: str):
-        import torch
-
         kinds = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
         kind = self.entry(name)["dtype"]
         if kind not in kinds:
@@ -107,8 +115,6 @@ class SafetensorsDir:
 
     def read(self, name: str, rows: slice, cols: slice | None):
         """Rows (and columns) of one tensor, read from its shard without loading the rest of it."""
-        from safetensors import SafetensorError, safe_open
-
         self.entry(name)  # validates the file (complete) before safetensors maps it
         path = self.directory / self.weight_map[name]
         try:
@@ -124,8 +130,6 @@ def read_region(src: SafetensorsDir, name: str, layer: int | None, model: Mappin
     """The block [start, start + size) of megatron's global tensor `name` (one layer of it), from Hugging Face
     tensors: a TP shard of q/k/v or gate/up gathers its rows from several of them. Read in row blocks of at most
     READ_BLOCK_BYTES into one preallocated tensor, so a rank's host memory holds its slice and one block."""
-    import torch
-
     cols = slice(start[1], start[1] + size[1]) if len(size) == 2 else None
     first, last = start[0], start[0] + size[0]
     out = None
@@ -168,14 +172,6 @@ def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_voc
                     say: Callable[[str], None], show_progress: bool) -> None:
     """Fill this rank's model chunks from a Hugging Face directory: what dist_checkpointing.load does with a
     checkpoint of its own, with the Hugging Face files as the storage."""
-    from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace, merge
-    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factory_merges
-    from megatron.core.dist_checkpointing.state_dict_utils import load_preprocess
-    from megatron.core.dist_checkpointing.utils import force_all_tensors_to_non_fp8
-    from tqdm import tqdm
-
-    from recipes.trainer.model import unwrap
-
     src = SafetensorsDir(directory)
     src.check_shapes(mapping.hf_shapes(model))
     say(f"initialising weights from Hugging Face {directory}")
@@ -211,9 +207,6 @@ def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_voc
 
 
 def _sharded_tensors(sharded):
-    from megatron.core.dist_checkpointing.dict_utils import nested_values
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-
     return [x for x in nested_values(sharded) if isinstance(x, ShardedTensor)]
 
 
@@ -274,8 +267,6 @@ def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | Non
     """The checked Hugging Face directory this run starts from, or None (not configured, or the run resumes from
     a checkpoint of its own). Runs on every rank before any GPU work; a problem ends the process with one line
     (printed by rank 0, or by the rank that alone has it)."""
-    from common.checkpoints import latest_checkpoint
-
     ckpt = cfg["training"]["checkpoint"]
     value = ckpt.get("init_from_hf")
     if not value or (ckpt["load"] and latest_checkpoint(os.path.join(run_dir, "checkpoints"))):

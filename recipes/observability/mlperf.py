@@ -24,7 +24,11 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
+import torch
+
 from common.plan import Plan
+from recipes.trainer.data import eval_samples
+from recipes.trainer.distributed import any_rank
 
 SUCCESS, ABORTED = "success", "aborted"
 
@@ -44,8 +48,6 @@ def precision_keys(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[str, str]]:
 def run_keys(cfg: Mapping[str, Any], plan: Plan, run_name: str, gpu_name: str,
              init_checkpoint_step: int) -> list[tuple[str, Any]]:
     """Every key logged once before run_start, with the values this run trains with."""
-    from recipes.trainer.data import eval_samples
-
     ml, train = cfg["mlperf"], cfg["training"]
     opt, sched = train["optimizer"], train["scheduler"]
     horizon = sched["decay_steps"] or train["train_steps"]  # megatron's lr_decay_steps: warmup included
@@ -130,7 +132,7 @@ class MLPerfLog:
         """Start the log (cache_clear, init_start) on the logging rank of an MLPerf run."""
         if not cfg.get("mlperf") or not logs_here:
             return cls()
-        from mlperf_logging.mllog import mllog
+        from mlperf_logging.mllog import mllog  # an optional package: only MLPerf runs need it
 
         path = os.path.join(run_dir, cfg["mlperf"]["log_file"])
         # stack offset 3: the file and line in each event's metadata are the trainer's call of this class.
@@ -193,10 +195,6 @@ def start(run_dir: str, cfg: Mapping[str, Any], plan: Plan, local_rank: int,
         raise SystemExit("MLPerf runs log with mlperf-logging, which this Python does not have: pip install "
                          "'mlperf-logging>=4.1.68' (its mllog and compliance checker need no more than pyyaml: "
                          "--no-deps is enough)") from None
-    import torch
-
-    from recipes.trainer.distributed import any_rank
-
     dropped = drop_page_cache() if ml["drop_caches"] and local_rank == 0 else True
     cleared = bool(ml["drop_caches"]) and not any_rank(not dropped)
     return MLPerfLog.open(run_dir, cfg, plan, logs_here, cleared, gpu_name=torch.cuda.get_device_name())

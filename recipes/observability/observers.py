@@ -27,7 +27,7 @@ def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
 
 class Observers:
     """Holds the telemetry sampler, the profiling window and the tracker of this rank. Made from the rank's
-    environment (recipes.trainer.distributed.RankInfo) before the process group and the model exist."""
+    environment (recipes.trainer.ranks.RankInfo) before the process group and the model exist."""
 
     def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, info: Any):
         self.run_dir, self.cfg, self.plan = run_dir, cfg, plan

@@ -23,7 +23,11 @@ import sys
 import time
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
+import torch
+import yaml
+
 from common.plan import Plan, PlanFileError, load_plan
+from recipes.trainer.ranks import die_with_torchrun, rank_info
 
 MIB = 2**20
 
@@ -179,8 +183,6 @@ class Collectives:
     """torch.distributed on NCCL (GPUs) or gloo (CPUs, tests)."""
 
     def __init__(self, device: str, local_rank: int, dtype_name: str):
-        import torch
-
         self.torch = torch
         self.dist = torch.distributed
         self.device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
@@ -253,8 +255,6 @@ def _write_atomic(path: str, text: str) -> None:
 def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank: int,
         world_size: int, device: str, say: Callable[[str], None]) -> int:
     """Every rank runs this; rank 0 prints and writes preflight.json. Returns the exit status."""
-    import torch
-
     pre = cfg["preflight"]
     limit, source = threshold(cfg, plan)
     report: dict[str, Any] = {"gpus": world_size, "nodes": plan.num_nodes, "threshold_gbps": limit,
@@ -321,11 +321,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cuda: NCCL over the GPUs (the stage); cpu: gloo over CPUs (testing without GPUs)")
     args = parser.parse_args(argv)
-    import torch
-    import yaml
-
-    from recipes.trainer.distributed import die_with_torchrun, rank_info
-
     die_with_torchrun()
     run_dir = os.path.abspath(args.run_dir)
     with open(os.path.join(run_dir, "config.yaml")) as f:

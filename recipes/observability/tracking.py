@@ -7,6 +7,7 @@ directory and W&B ignores steps at or below the last one it holds."""
 from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass
+import importlib.util
 import json
 import os
 import re
@@ -14,7 +15,10 @@ import secrets
 import socket
 from typing import Any, Callable, Mapping
 
+import yaml
+
 from common.plan import Plan
+from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
 # StepMetrics field -> tag, the same in TensorBoard and W&B.
 SCALARS = {
@@ -56,8 +60,6 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
     """One line per tracking backend that is enabled but not importable, naming the fix."""
-    import importlib.util
-
     problems = []
     logging = cfg.get("logging") or {}
     if logging.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
@@ -157,6 +159,7 @@ class Tracker:
             self._open_wandb(cfg, plan, wandb_cfg, resume_step)
 
     def _open_tensorboard(self, cfg, plan, resume_step: int) -> None:
+        # tensorboard is optional (missing_packages names it when logging.tensorboard is on): imported only then.
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = os.path.join(self.run_dir, "tensorboard")
@@ -168,7 +171,7 @@ class Tracker:
         self.tensorboard.flush()  # the purge marker reaches the file even if no step follows
 
     def _write_hparams(self, cfg, plan) -> None:
-        from torch.utils.tensorboard.summary import hparams
+        from torch.utils.tensorboard.summary import hparams  # optional, as in _open_tensorboard
 
         params = flatten({"config": cfg, "plan": {k: v for k, v in plan.to_json_dict().items() if k != "env"}})
         # The session's metrics, so TensorBoard's HParams tab shows them next to the hyperparameters.
@@ -176,15 +179,11 @@ class Tracker:
         writer = self.tensorboard._get_file_writer()  # what add_hparams does, without its extra sub-run
         for summary in hparams(params, metrics):
             writer.add_summary(summary)
-        import yaml
-
         self.tensorboard.add_text("config", "```\n" + yaml.safe_dump(dict(cfg), sort_keys=False) + "```", 0)
         self.tensorboard.add_text("plan", "```\n" + json.dumps(plan.to_json_dict(), indent=2) + "\n```", 0)
 
     def _open_wandb(self, cfg, plan, wandb_cfg: Mapping[str, Any], resume_step: int) -> None:
-        import wandb
-
-        from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+        import wandb  # an optional package: only logging.wandb.enabled needs it
 
         self.wandb_mode = wandb_mode(wandb_cfg.get("mode") or "auto")
         run_id = wandb_run_id(self.run_dir, lambda: secrets.token_hex(6))

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel
+from megatron.core.enums import ModelType
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 import torch
 
 from common.plan import Plan
@@ -16,12 +22,6 @@ def unwrap(chunk):
 
 def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage held by this rank, on the current GPU."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.enums import ModelType
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-    from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
-
     spec = get_gpt_layer_with_transformer_engine_spec()
     kwargs = settings.gpt_model_kwargs(cfg, plan)
     chunks = []
@@ -40,8 +40,6 @@ def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch
 
 
 def wrap_data_parallel(chunks: list[torch.nn.Module], config, ddp_config) -> list[torch.nn.Module]:
-    from megatron.core.distributed import DistributedDataParallel
-
     return [
         # Bucketing only on the first chunk: the others' grads become ready in bursts the schedule already overlaps.
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
@@ -53,6 +51,8 @@ def wrap_data_parallel(chunks: list[torch.nn.Module], config, ddp_config) -> lis
 def init_userbuffers(cfg: Mapping[str, Any], plan: Plan) -> None:
     """Transformer Engine userbuffers for TP communication overlap; must run after model-parallel init and
     before the first forward."""
+    # Transformer Engine is imported where it is used directly, not with this module: a rank without it
+    # (stack_check=false) still reaches the one-line checks that run before the model is built.
     from transformer_engine.pytorch import UserBufferQuantizationMode, initialize_ub
 
     ub = settings.userbuffer_settings(cfg, plan)

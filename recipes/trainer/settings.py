@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 import torch
 import torch.nn.functional as F
 
@@ -29,8 +33,6 @@ def apply_determinism(cfg: Mapping[str, Any], environ: dict) -> bool:
 
 def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *,
                               grad_accum_fusion: bool) -> dict[str, Any]:
-    from megatron.core.transformer.enums import AttnBackend
-
     model = cfg["training"]["model"]
     par = cfg["parallelism"]
     dtype = cfg["dtype"]
@@ -103,14 +105,10 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *,
 
 
 def transformer_config(cfg: Mapping[str, Any], plan: Plan, *, grad_accum_fusion: bool):
-    from megatron.core.transformer import TransformerConfig
-
     return TransformerConfig(**transformer_config_kwargs(cfg, plan, grad_accum_fusion=grad_accum_fusion))
 
 
 def ddp_config(cfg: Mapping[str, Any], plan: Plan):
-    from megatron.core.distributed import DistributedDataParallelConfig
-
     par = cfg["parallelism"]
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=bool(par["grad_reduce_in_fp32"]),
@@ -125,8 +123,6 @@ def ddp_config(cfg: Mapping[str, Any], plan: Plan):
 
 
 def optimizer_config(cfg: Mapping[str, Any]):
-    from megatron.core.optimizer import OptimizerConfig
-
     opt = cfg["training"]["optimizer"]
     par = cfg["parallelism"]
     return OptimizerConfig(

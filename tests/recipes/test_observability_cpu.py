@@ -21,7 +21,7 @@ from launcher.plan.build import build_plan
 from recipes.observability import profiling, telemetry, tracking
 from recipes.observability.observers import Observers
 from recipes.trainer import metrics
-from recipes.trainer.distributed import RankInfo
+from recipes.trainer.ranks import RankInfo
 
 REPO = Path(__file__).resolve().parents[2]
 

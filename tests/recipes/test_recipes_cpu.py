@@ -19,7 +19,7 @@ from recipes.hf import mapping
 from common import checkpoints
 from common.plan import PlanFileError, load_plan
 from recipes.trainer import data, metrics, settings, stop_signals
-from recipes.trainer.distributed import rank_info
+from recipes.trainer.ranks import rank_info
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -436,7 +436,7 @@ def test_a_rank_under_torchrun_dies_with_its_agent():
     # outlive it. The check polls for an event the kernel makes immediate; the deadline only bounds a failure.
     agent = """
 import os, subprocess, sys
-rank = subprocess.Popen([sys.executable, "-c", "from recipes.trainer.distributed import die_with_torchrun; "
+rank = subprocess.Popen([sys.executable, "-c", "from recipes.trainer.ranks import die_with_torchrun; "
                          "import sys, time; "
                          "sys.exit(3) if not die_with_torchrun() else print('armed', flush=True); time.sleep(600)"],
                         env={**os.environ, "TORCHELASTIC_RUN_ID": "test"}, start_new_session=True,
@@ -461,7 +461,17 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+def test_the_training_entry_imports_neither_torch_nor_megatron_before_its_stack_check():
+    # What `python -m recipes.train` has loaded once its module ran: the trainer (torch, megatron-core at the top
+    # of its modules) is imported by main() only after the check.
+    script = ("import sys, recipes.train; print(sorted(m for m in sys.modules "
+              "if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine', 'recipes')))")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(["recipes", "recipes.train", "recipes.trainer", "recipes.trainer.ranks"])
+
+
 def test_ranks_started_otherwise_are_left_alone():
-    from recipes.trainer.distributed import die_with_torchrun
+    from recipes.trainer.ranks import die_with_torchrun
 
     assert die_with_torchrun({"SLURM_PROCID": "0"}) is False

@@ -3,13 +3,14 @@
 RUN_DIR/<mlperf.log_file>. Only runs whose config has an `mlperf` section (training=mlperf/<benchmark>) log;
 mlperf-logging is imported only then.
 
-The timeline the trainer drives:
-    cache_clear, init_start                      MLPerfLog.open (before the model is built)
-    submission_*, hyperparameters, init_stop,    run_start (right before the first training step)
+The timeline the trainer drives, through its observers (recipes/observability/observers.py):
+    cache_clear, init_start                      init_starts: start, MLPerfLog.open (before the model is built)
+    submission_*, hyperparameters, init_stop,    run_starts: run_start (right before the first training step)
     run_start, block_start
-    block_stop, eval_start                       eval_start (before each evaluation)
-    eval_accuracy, eval_stop, [block_start]      eval_stop (after it; a new block unless the run stops)
-    run_stop (status success | aborted),         run_stop
+    block_stop, eval_start                       evaluation_starts: eval_start (before each evaluation)
+    eval_accuracy, eval_stop, [block_start]      evaluation_ended: eval_stop (after it; a new block unless the
+                                                 run stops)
+    run_stop (status success | aborted),         run_stops: run_stop
     train_samples
 The score is run_stop - run_start. Samples are training sequences (`samples_count`).
 
@@ -135,8 +136,9 @@ class MLPerfLog:
         from mlperf_logging.mllog import mllog  # an optional package: only MLPerf runs need it
 
         path = os.path.join(run_dir, cfg["mlperf"]["log_file"])
-        # stack offset 3: the file and line in each event's metadata are the trainer's call of this class.
-        writer = mllog.MLLogger(logger=_stream_logger(path), default_stack_offset=3,
+        # stack offset 4: the file and line in each event's metadata are the trainer's call of the observer
+        # (recipes/observability/observers.py) that calls this class.
+        writer = mllog.MLLogger(logger=_stream_logger(path), default_stack_offset=4,
                                 root_dir=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         log = cls(writer, cfg, plan, run_dir, gpu_name, clock)
         log._log("event", "cache_clear", cache_cleared)

@@ -17,6 +17,7 @@ import torch
 
 from common.checkpoints import (STATE_FILE, TrainState, finalize_checkpoint, latest_checkpoint, partial_path,
                                 prune_checkpoints, read_train_state, remove_partials)
+from recipes.trainer.cadence import SavePolicy, StepEnd
 from recipes.trainer.model import unwrap
 from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
@@ -77,12 +78,14 @@ def sharded_state(chunks, optimizer, scheduler, is_loading: bool) -> dict[str, A
 
 
 class Checkpointer:
-    """Saves (optionally asynchronously) and loads this run's checkpoints; holds the async queue."""
+    """Saves (optionally asynchronously) and loads this run's checkpoints, and says when to save (its policy);
+    holds the async queue."""
 
-    def __init__(self, root: str, keep_last: int, async_save: bool):
+    def __init__(self, root: str, keep_last: int, async_save: bool, policy: SavePolicy):
         self.root = root
         self.keep_last = keep_last
         self.async_save = async_save
+        self.policy = policy
         self.rank = torch.distributed.get_rank()
         self._queue = None
         if async_save:
@@ -91,6 +94,13 @@ class Checkpointer:
             os.makedirs(root, exist_ok=True)
             remove_partials(root)
         torch.distributed.barrier()
+
+    def due_before_training(self, step: int) -> bool:
+        return self.policy.saves_before_training(step)
+
+    def due(self, step: int, end: StepEnd) -> bool:
+        """After `step`, which ended as `end` (the periodic save, the last one, a stop signal's)."""
+        return self.policy.saves_after(step, end)
 
     def save(self, chunks, optimizer, scheduler, state: TrainState, log: Callable[[str], None]) -> None:
         self.wait()  # one save in flight at a time

@@ -1,11 +1,12 @@
 """The trainer: builds the model, optimizer, data and checkpointer of a run directory on this rank, then steps,
-evaluates, logs and saves. The training entry (recipes/train.py) imports it once the stack check passed."""
+asking its components when to act (recipes/trainer/cadence.py: the checkpointer when to save, the evaluation
+policy when to validate, the GC policy when to collect) and telling its observers (tracking, profiling,
+telemetry, MLPerf logging) what happened. The training entry (recipes/train.py) imports it once the stack check
+passed."""
 from __future__ import annotations
 
 import contextlib
 from functools import partial
-import gc
-import math
 import os
 import time
 from typing import Any
@@ -21,9 +22,8 @@ import yaml
 from common.checkpoints import latest_checkpoint
 from common.plan import Plan, PlanFileError, load_plan
 from recipes.hf import importer
-from recipes.observability import mlperf
 from recipes.observability.observers import Observers
-from recipes.trainer import checkpoint, data, distributed, metrics, settings, wgrad_fallback
+from recipes.trainer import cadence, checkpoint, data, distributed, metrics, settings, wgrad_fallback
 from recipes.trainer.model import build_model_chunks, count_parameters, init_userbuffers, unwrap, wrap_data_parallel
 from recipes.trainer.ranks import rank_info
 from recipes.trainer.stop_signals import StopSignal
@@ -81,14 +81,14 @@ class Trainer:
         # training.model on every rank before CUDA or NCCL start.
         hf_weights = importer.source_for_run(cfg, run_dir, rank_info().rank)
         deterministic = settings.apply_determinism(cfg, os.environ)
-        # Tracking, profiling, GPU telemetry (conf/observability.yaml); a missing package stops every rank here.
+        # Tracking, profiling, GPU telemetry, MLPerf logging; a missing package stops every rank here.
         self.observers = Observers(run_dir, cfg, plan, rank_info())
         self.info = distributed.initialize(plan, cfg["seed"])
         if deterministic:
             self.say("deterministic mode: " + " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items()))
         self.is_last_rank = self.info.rank == self.info.world_size - 1
-        # MLPerf runs: MLLOG from the last rank (cache_clear and init_start now); a no-op log for other runs.
-        self.mllog = mlperf.start(run_dir, cfg, plan, self.info.local_rank, logs_here=self.is_last_rank)
+        # MLPerf runs: MLLOG from the last rank (cache_clear and init_start now); nothing for other runs.
+        self.observers.init_starts()
 
         self.config = settings.transformer_config(cfg, plan, grad_accum_fusion=True)
         if plan.tp_comm_overlap:
@@ -105,7 +105,7 @@ class Trainer:
         # State: resume from this run's checkpoints, else optionally initialise from another checkpoint.
         ckpt_cfg = self.train_cfg["checkpoint"]
         self.checkpointer = checkpoint.Checkpointer(os.path.join(run_dir, "checkpoints"), ckpt_cfg["keep_last"],
-                                                    ckpt_cfg["async_save"])
+                                                    ckpt_cfg["async_save"], cadence.SavePolicy.from_config(ckpt_cfg))
         state = None
         if ckpt_cfg["load"]:
             state = self.checkpointer.load_latest(self.chunks, self.optimizer, self.scheduler, self.say)
@@ -134,6 +134,9 @@ class Trainer:
         self.dp_size = ps.get_data_parallel_world_size()
         self.needs_data = needs_data
         self.train_iters = self._iterators(train_ds if reads else None, state.consumed_samples)
+        # The loop's other policies: when to validate (and whether to watch a target loss), when to collect.
+        self.evaluation = cadence.EvalPolicy.from_config(self.train_cfg)
+        self.gc_policy = cadence.GCPolicy()
         self.metrics_writer = None
         if self.is_last_rank:
             self.metrics_writer = metrics.MetricsWriter(os.path.join(run_dir, "metrics.jsonl"), state.step)
@@ -252,73 +255,49 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
-        cfg, plan, state = self.train_cfg, self.plan, self.state
+        state, train_steps = self.state, self.train_cfg["train_steps"]
         stop = StopSignal()
-        gc.disable()  # collected every 100 steps at the same point on all ranks: no random stalls
-        gc.collect()
-        ckpt_interval = cfg["checkpoint"]["interval"]
-        if cfg["checkpoint"].get("save_initial") and state.step == 0:
+        self.gc_policy.start()
+        if self.checkpointer.due_before_training(state.step):
             self.save()
-        if self.cfg.get("mlperf"):
-            torch.distributed.barrier()  # the timed run starts on every rank together
-        self.mllog.run_start(state.consumed_samples, init_checkpoint_step=state.step)
+        self.observers.run_starts(state.consumed_samples, resume_step=state.step)
         last_time = time.perf_counter()
-        while state.step < cfg["train_steps"]:
+        while state.step < train_steps:
             self.observers.step_begins(state.step + 1)
             loss, grad_norm = self.train_step()
             state.step += 1
-            state.consumed_samples += plan.global_batch_size
+            state.consumed_samples += self.plan.global_batch_size
             now = time.perf_counter()
             step_time, last_time = now - last_time, now
             self.observers.step_ended(state.step)
             self.checkpointer.poll()
 
-            if not math.isfinite(grad_norm) or (loss is not None and not math.isfinite(loss)):
-                what = f"loss={loss}" if loss is not None and not math.isfinite(loss) else f"grad_norm={grad_norm}"
-                if self.is_last_rank:  # it knows both the loss and the (global) grad norm
-                    print(f"[recipes] ERROR: {what} at step {state.step}: training stopped. Last good checkpoint: "
-                          f"{self._last_good_checkpoint()} (lower training.optimizer.lr, check the data, and "
-                          "resume from it)", flush=True)
-                self.mllog.run_stop(False, state.consumed_samples)
+            diverged = cadence.divergence(loss, grad_norm)
+            if diverged:
+                self._stop_diverged(diverged)
                 return 3
+            evaluated = self.evaluation.due(state.step)
+            val_loss = self._validate() if evaluated else None
+            self._log_step(loss, grad_norm, step_time, val_loss)
+            reached = self._target_reached(val_loss)
+            self.gc_policy.after_step(state.step)
 
-            val_loss = None
-            evaluated = bool(cfg["val_interval"]) and (state.step % cfg["val_interval"] == 0
-                                                       or state.step == cfg["train_steps"])
+            end = cadence.step_end(state.step, train_steps, reached,
+                                   signal_agreed=lambda: distributed.any_rank(stop.received is not None))
             if evaluated:
-                self.mllog.eval_start(state.consumed_samples)
-                with self.observers.range("validation"):
-                    val_loss = self.evaluate()
-            log_now = state.step % cfg["log_interval"] == 0 or val_loss is not None
-            peak_memory = self._peak_memory_gib() if log_now else None
-            if self.is_last_rank and log_now:
-                record = metrics.step_metrics(plan, step=state.step, loss=loss, lr=self.scheduler.get_lr(
-                    self.optimizer.param_groups[0]), grad_norm=grad_norm, step_time_s=step_time,
-                    consumed_samples=state.consumed_samples, val_loss=val_loss, peak_memory_gib=peak_memory)
-                print(metrics.progress_line(record, cfg["train_steps"]), flush=True)
-                self.metrics_writer.write(record)
-                self.observers.log(record)
-            target = cfg.get("target_val_loss")
-            reached = self._broadcast_val_reached(val_loss, target)
-            if state.step % 100 == 0:
-                gc.collect()
-
-            finished = state.step == cfg["train_steps"] or reached
-            stopping = not finished and distributed.any_rank(stop.received is not None)
-            if evaluated:
-                self.mllog.eval_stop(state.consumed_samples, val_loss, run_goes_on=not (finished or stopping))
-            if finished or stopping:
-                self.mllog.run_stop(reached, state.consumed_samples)
-            if ((ckpt_interval and state.step % ckpt_interval == 0) or stopping
-                    or (finished and cfg["checkpoint"]["save_at_end"])):
+                self.observers.evaluation_ended(state.consumed_samples, val_loss, run_goes_on=end.run_goes_on)
+            if not end.run_goes_on:
+                self.observers.run_stops(end.reached, state.consumed_samples)
+            if self.checkpointer.due(state.step, end):
                 self.save()
-            if stopping:
+            if end.stopping:
                 self.checkpointer.wait()
                 self.say(f"stopped by signal at step {state.step}; checkpoint saved. Run the same command again "
                          "to continue.")
                 break
-            if reached:
-                self.say(f"validation loss reached training.target_val_loss={target} at step {state.step}")
+            if end.reached:
+                self.say(f"validation loss reached training.target_val_loss={self.evaluation.target} at step "
+                         f"{state.step}")
                 break
             last_time = time.perf_counter()  # checkpoint and eval time stays out of the next step's timing
         self.checkpointer.close()
@@ -326,16 +305,40 @@ class Trainer:
             self.metrics_writer.close()
         return 0
 
+    def _stop_diverged(self, what: str) -> None:
+        if self.is_last_rank:  # it knows both the loss and the (global) grad norm
+            print(f"[recipes] ERROR: {what} at step {self.state.step}: training stopped. Last good checkpoint: "
+                  f"{self._last_good_checkpoint()} (lower training.optimizer.lr, check the data, and resume from "
+                  "it)", flush=True)
+        self.observers.run_stops(False, self.state.consumed_samples)
+
+    def _validate(self) -> float | None:
+        self.observers.evaluation_starts(self.state.consumed_samples)
+        with self.observers.range("validation"):
+            return self.evaluate()
+
+    def _log_step(self, loss: float | None, grad_norm: float, step_time: float, val_loss: float | None) -> None:
+        """The progress line, metrics.jsonl and the trackers (last rank); every rank joins the peak-memory
+        reduction of a logged step."""
+        state = self.state
+        log_now = cadence.logs_step(state.step, self.train_cfg["log_interval"], val_loss)
+        peak_memory = self._peak_memory_gib() if log_now else None
+        if self.is_last_rank and log_now:
+            record = metrics.step_metrics(self.plan, step=state.step, loss=loss, lr=self.scheduler.get_lr(
+                self.optimizer.param_groups[0]), grad_norm=grad_norm, step_time_s=step_time,
+                consumed_samples=state.consumed_samples, val_loss=val_loss, peak_memory_gib=peak_memory)
+            print(metrics.progress_line(record, self.train_cfg["train_steps"]), flush=True)
+            self.metrics_writer.write(record)
+            self.observers.log(record)
+
     def _peak_memory_gib(self) -> float:
         peak = torch.tensor([torch.cuda.max_memory_allocated()], dtype=torch.float64, device="cuda")
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
         return peak.item() / 2**30
 
-    def _broadcast_val_reached(self, val_loss: float | None, target: float | None) -> bool:
+    def _target_reached(self, val_loss: float | None) -> bool:
         """The last rank knows the validation loss; every rank must agree to stop."""
-        if target is None or not self.train_cfg["val_interval"]:
-            return False
-        return distributed.any_rank(val_loss is not None and val_loss <= target)
+        return self.evaluation.watches_target and distributed.any_rank(self.evaluation.reached(val_loss))
 
 
 def run(run_dir: str) -> int:

@@ -40,42 +40,15 @@ fi
 
 if [ -z "${SKIP_TOKENIZER:-}" ]; then
     echo "setup: tokenizer: $TOKENIZER_REPO -> $TOKENIZER_DIR"
-    bash dev.sh python - "$TOKENIZER_REPO" "$TOKENIZER_DIR" <<'EOF'
-import os
-import sys
-
-from huggingface_hub import constants, snapshot_download
-from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-
-def first_line(err):
-    return (str(err).strip().splitlines() or [type(err).__name__])[0].removeprefix("Got: ")
-
-
-repo, target = sys.argv[1], sys.argv[2]
-try:
-    snapshot_download(repo, local_dir=target, token=os.environ["HF_TOKEN"],
-                      allow_patterns=["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                      "config.json", "generation_config.json"])
-except GatedRepoError:
-    sys.exit(f"setup: {repo} is gated and this HF_TOKEN has no access yet: accept the license on "
-             f"https://huggingface.co/{repo} with the account of the token")
-except RepositoryNotFoundError:
-    sys.exit(f"setup: {repo} not found, or HF_TOKEN is not valid for it")
-except LocalEntryNotFoundError as err:  # what the hub client raises when it cannot reach the hub (or is offline)
-    why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE
-           else f"the Hugging Face hub ({constants.ENDPOINT}) cannot be reached from here")
-    sys.exit(f"setup: downloading the tokenizer {repo} failed: {why} and no copy is cached ({first_line(err)}); "
-             f"check the network or the proxy (HTTPS_PROXY), or run setup.sh where the hub is reachable and copy "
-             f"{target} here (SKIP_TOKENIZER=1 skips this step)")
-except HfHubHTTPError as err:
-    sys.exit(f"setup: downloading {repo} failed: {first_line(err)}")
-EOF
+    # recipes/hf/hub.py: the same download as the weights' below and init_from_hf's, without torch.
+    bash dev.sh python -m recipes.hf.hub fetch "$TOKENIZER_REPO" --tokenizer --local-dir "$TOKENIZER_DIR" \
+        --prefix setup --offline-fix "run setup.sh where the hub is reachable and copy $TOKENIZER_DIR here (SKIP_TOKENIZER=1 skips this step)"
     echo "setup: tokenizer ready; use it with training.tokenizer.path=$TOKENIZER_DIR (data preparation follows it)"
 fi
 
 if [ -n "${HF_WEIGHTS:-}" ]; then
     WEIGHTS_DIR=${WEIGHTS_DIR:-$PWD/models/$(basename "$HF_WEIGHTS")}
     echo "setup: weights: $HF_WEIGHTS -> $WEIGHTS_DIR"
-    bash dev.sh python -m recipes.hf.importer fetch "$HF_WEIGHTS" --local-dir "$WEIGHTS_DIR"
+    bash dev.sh python -m recipes.hf.hub fetch "$HF_WEIGHTS" --local-dir "$WEIGHTS_DIR" \
+        --prefix setup --offline-fix "run setup.sh where the hub is reachable and copy $WEIGHTS_DIR here"
 fi

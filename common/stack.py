@@ -25,6 +25,8 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from common.plan import PlanFileError, load_plan
+
 REPO = Path(__file__).resolve().parent.parent
 STACK_FILE = REPO / "conf" / "stack.yaml"
 # The declared components, in the order they import (each needs the one before).
@@ -254,15 +256,15 @@ def check_or_exit(cfg: Mapping[str, Any], precision: str | None, rank: int = 0, 
 
 def check_run(run_dir: str, rank: int = 0, local_rank: int = 0) -> None:
     """The check for a training rank of RUN_DIR (its config.yaml and plan.json)."""
-    import json
-
     import yaml
 
     with open(os.path.join(run_dir, "config.yaml")) as f:
         cfg = yaml.safe_load(f)
-    with open(os.path.join(run_dir, "plan.json")) as f:
-        plan = json.load(f)
-    check_or_exit(cfg, "fp8" if plan.get("fp8") else "bf16", rank, local_rank)
+    try:
+        plan = load_plan(run_dir)
+    except PlanFileError as err:  # the first reader of plan.json on a rank: one line, before anything starts
+        raise SystemExit(f"error: {err}") from None
+    check_or_exit(cfg, "fp8" if plan.fp8 else "bf16", rank, local_rank)
 
 
 # --------------------------------------------------------------------------- installing

@@ -18,19 +18,24 @@ import math
 import os
 from pathlib import Path
 import shutil
-import struct
 import sys
 from typing import Any, Mapping
 
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from tqdm import tqdm
 import yaml
 
 from common import hf_config
-from recipes.hf import mapping
+from common.checkpoints import STATE_FILE, latest_checkpoint
+from recipes.hf import hub, mapping
+from recipes.hf.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 
-INDEX = "model.safetensors.index.json"
 MANIFEST = ".export.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
-_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -41,8 +46,6 @@ class ExportError(ValueError):
 # --------------------------------------------------------------------------- reading the checkpoint
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """An `iter_NNNNNNN` directory, or a run directory / its checkpoints/ (then the newest complete one)."""
-    from common.checkpoints import STATE_FILE, latest_checkpoint
-
     path = Path(path).expanduser().absolute()
     if path.is_dir() and not (path / STATE_FILE).exists() and not (path / ".metadata").exists():
         root = path / "checkpoints" if (path / "checkpoints").is_dir() else path  # a run directory, or its checkpoints/
@@ -66,9 +69,6 @@ class DistCheckpoint:
     """Tensors of a megatron torch_dist checkpoint (PyTorch DCP files), read region by region in this process."""
 
     def __init__(self, path: Path):
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
         self.path = path
         backend = self._backend()
         if backend != "torch_dist":
@@ -122,11 +122,6 @@ class DistCheckpoint:
 
     def read(self, name: str, layer: int | None):
         """The whole tensor `name` (one layer of it), assembled from every rank's shard that overlaps it."""
-        import torch
-        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-        from torch.distributed.checkpoint.planner import LoadPlan
-        from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-
         key, offsets, sizes = self.locate(name, layer)
         meta = self.tensors[key]
         out = torch.empty(sizes, dtype=meta.properties.dtype)
@@ -174,19 +169,6 @@ def shard_plan(shapes: Mapping[str, tuple[int, ...]], itemsize: int, max_bytes: 
     return shards
 
 
-def safetensors_header(names: list[str], shapes: Mapping[str, tuple[int, ...]], dtype: str, itemsize: int) -> bytes:
-    """The header of a safetensors file holding `names` in this order (contiguous, no gaps)."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name in names:
-        end = offset + itemsize * math.prod(shapes[name])
-        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shapes[name]), "data_offsets": [offset, end]}
-        offset = end
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    return struct.pack("<Q", len(raw)) + raw
-
-
 def shard_name(index: int, count: int) -> str:
     return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
 
@@ -226,8 +208,6 @@ class _Progress:
     """Bytes done / total, with tensors done / total beside them."""
 
     def __init__(self, total_bytes: int, total_tensors: int, enabled: bool):
-        from tqdm import tqdm
-
         self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="export_hf", disable=not enabled,
                         mininterval=1.0)
         self.tensors, self.total_tensors = 0, total_tensors
@@ -241,13 +221,11 @@ class _Progress:
 def _write_shard(target: Path, names: list[str], shapes: Mapping[str, tuple[int, ...]], dtype: str,
                  tensors: HFTensors, progress: _Progress) -> None:
     """One safetensors file, tensor by tensor, under a temporary name until it is complete."""
-    import torch
-
     torch_dtype = getattr(torch, dtype)
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     tmp = target.with_name(f".{target.name}.tmp")
     with open(tmp, "wb") as f:
-        f.write(safetensors_header(names, shapes, dtype, itemsize))
+        f.write(encode_header(names, shapes, dtype, itemsize))
         for name in names:
             tensor = tensors.get(name).to(torch_dtype).contiguous()
             if tuple(tensor.shape) != tuple(shapes[name]):
@@ -266,8 +244,8 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config:
            copy_tokenizer: bool = True, progress: bool = True) -> Path:
     """Write the Hugging Face model of `checkpoint` (a run's training.model in `run_config`) into `out`."""
     model = run_config["training"]["model"]
-    if dtype not in _ST_DTYPES:
-        raise ExportError(f"--dtype {dtype}: use one of {', '.join(_ST_DTYPES)}")
+    if dtype not in DTYPE_CODES:
+        raise ExportError(f"--dtype {dtype}: use one of {', '.join(DTYPE_CODES)}")
     path = resolve_checkpoint(checkpoint)
     out = Path(out).expanduser().absolute()
     ckpt = DistCheckpoint(path)
@@ -290,7 +268,7 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config:
 
     index = {"metadata": {"total_size": total},
              "weight_map": {n: shard_name(i, len(shards)) for i, names in enumerate(shards) for n in names}}
-    _write_atomically(out / INDEX, json.dumps(index, indent=2) + "\n")
+    _write_atomically(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     bos, eos = _copy_tokenizer(run_config, tokenizer, out) if copy_tokenizer else (None, None)
     config = hf_config.llama_config(model, torch_dtype=dtype, bos_token_id=bos, eos_token_id=eos)
     _write_atomically(out / "config.json", json.dumps(config, indent=2) + "\n")
@@ -326,14 +304,12 @@ def _tokenizer_source(run_config: Mapping[str, Any], override: str | None) -> Pa
         cached = hf_config.cached_snapshot(str(value))
         if cached is None:
             try:
-                from huggingface_hub import snapshot_download
-
-                cached = Path(snapshot_download(str(value), token=os.environ.get("HF_TOKEN") or None,
-                                                allow_patterns=[*TOKENIZER_FILES, "generation_config.json",
-                                                                "config.json"]))
-            except Exception as err:  # offline, gated, not found
+                cached = Path(hub.download(str(value), patterns=[*TOKENIZER_FILES, "generation_config.json",
+                                                                 "config.json"]))
+            except Exception as err:  # offline, gated, not found: the hub's line; anything else by its kind
+                why = str(err) if isinstance(err, hub.HubError) else type(err).__name__
                 raise ExportError(f"tokenizer {value} is not in the Hugging Face cache and cannot be downloaded "
-                                  f"({type(err).__name__}); pass --tokenizer DIR or --no-tokenizer") from None
+                                  f"({why}); pass --tokenizer DIR or --no-tokenizer") from None
         return cached
     path = Path(str(value)).expanduser()
     if not path.exists():
@@ -407,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="RUN_DIR/checkpoints/iter_NNNNNNN (a run directory: its newest complete checkpoint)")
     parser.add_argument("--out", required=True, help="directory to write the Hugging Face model into")
     parser.add_argument("--config", help="the run's config.yaml (default: two levels above the checkpoint)")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(_ST_DTYPES))
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_CODES))
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
     parser.add_argument("--tokenizer", help="tokenizer directory or file to copy (default: training.tokenizer.path)")
     parser.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")

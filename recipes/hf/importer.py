@@ -14,23 +14,29 @@ ranks wait; compute nodes without internet use a directory fetched beforehand:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
-import struct
 import sys
 import time
 from typing import Any, Callable, Mapping
 
-from common import hf_config
-from common.hf_config import KEY, HFConfigError
-from recipes.hf import mapping
+from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace, merge, nested_values
+from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factory_merges
+from megatron.core.dist_checkpointing.state_dict_utils import load_preprocess
+from megatron.core.dist_checkpointing.utils import force_all_tensors_to_non_fp8
+from safetensors import SafetensorError, safe_open
+import torch
+from tqdm import tqdm
 
-INDEX = "model.safetensors.index.json"
+from common import hf_config
+from common.checkpoints import latest_checkpoint
+from common.hf_config import KEY, HFConfigError
+from recipes.hf import hub, mapping
+from recipes.hf.safetensors_io import INDEX_FILE, METADATA_KEY, SafetensorsFileError, read_header
+from recipes.trainer.model import unwrap
+
 READ_BLOCK_BYTES = 64 * 2**20
-# What a run (and an export) needs of a hub repository: weights, index, configs, tokenizer.
-HUB_FILES = ["*.safetensors", "*.json", "tokenizer.model"]
 _MARKER = ".init_from_hf.json"  # in the run directory: where rank 0 found (or downloaded) a hub id
 
 
@@ -39,30 +45,12 @@ class SourceError(ValueError):
 
 
 # --------------------------------------------------------------------------- the safetensors files
-def safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a .safetensors file, after checking that the file holds every byte it declares."""
+def _header(path: Path) -> dict[str, Any]:
+    """read_header, its problem raised as this module's SourceError (what the import's callers handle)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise SourceError(f"{path} is truncated (no header): download it again")
-            (length,) = struct.unpack("<Q", head)
-            raw = f.read(length)
-    except FileNotFoundError:
-        raise SourceError(f"{path} is missing: download the checkpoint again") from None
-    if len(raw) < length:
-        raise SourceError(f"{path} is truncated (header cut short): download it again")
-    try:
-        header = json.loads(raw)
-    except json.JSONDecodeError:
-        raise SourceError(f"{path} is not a safetensors file (unreadable header)") from None
-    data_end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
-                   default=0)
-    size, expected = path.stat().st_size, 8 + length + data_end
-    if size < expected:
-        raise SourceError(f"{path} is truncated: {size:,} bytes, its header declares {expected:,}; download it "
-                          "again")
-    return header
+        return read_header(path)
+    except SafetensorsFileError as err:
+        raise SourceError(str(err)) from None
 
 
 class SafetensorsDir:
@@ -74,7 +62,7 @@ class SafetensorsDir:
         self._headers: dict[str, dict[str, Any]] = {}
 
     def _weight_map(self) -> dict[str, str]:
-        index = self.directory / INDEX
+        index = self.directory / INDEX_FILE
         files = sorted(p.name for p in self.directory.glob("*.safetensors"))
         if index.is_file():
             try:
@@ -83,21 +71,21 @@ class SafetensorsDir:
                 raise SourceError(f"{index} is not a safetensors index (no weight_map); download it again") from None
             missing = sorted({f for f in weight_map.values() if not (self.directory / f).is_file()})
             if missing:
-                raise SourceError(f"{self.directory}: {INDEX} names {', '.join(missing)}, which "
+                raise SourceError(f"{self.directory}: {INDEX_FILE} names {', '.join(missing)}, which "
                                   f"{'is' if len(missing) == 1 else 'are'} missing; download the checkpoint again")
             return dict(weight_map)
         if len(files) == 1:
-            names = safetensors_header(self.directory / files[0])
-            return {name: files[0] for name in names if name != "__metadata__"}
+            names = _header(self.directory / files[0])
+            return {name: files[0] for name in names if name != METADATA_KEY}
         if not files:
             raise SourceError(f"{KEY}={self.directory} has no *.safetensors files (only safetensors checkpoints "
                               "are read; convert .bin/.pth weights with transformers' save_pretrained first)")
-        raise SourceError(f"{self.directory} has {len(files)} *.safetensors files but no {INDEX}: download the "
+        raise SourceError(f"{self.directory} has {len(files)} *.safetensors files but no {INDEX_FILE}: download the "
                           "index too")
 
     def header(self, file: str) -> dict[str, Any]:
         if file not in self._headers:
-            self._headers[file] = safetensors_header(self.directory / file)
+            self._headers[file] = _header(self.directory / file)
         return self._headers[file]
 
     def entry(self, name: str) -> dict[str, Any]:
@@ -106,13 +94,11 @@ class SafetensorsDir:
         file = self.weight_map[name]
         header = self.header(file)
         if name not in header:
-            raise SourceError(f"{self.directory / file} has no tensor {name} although {INDEX} says so; download "
+            raise SourceError(f"{self.directory / file} has no tensor {name} although {INDEX_FILE} says so; download "
                               "it again")
         return header[name]
 
     def dtype(self, name: str):
-        import torch
-
         kinds = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
         kind = self.entry(name)["dtype"]
         if kind not in kinds:
@@ -129,8 +115,6 @@ class SafetensorsDir:
 
     def read(self, name: str, rows: slice, cols: slice | None):
         """Rows (and columns) of one tensor, read from its shard without loading the rest of it."""
-        from safetensors import SafetensorError, safe_open
-
         self.entry(name)  # validates the file (complete) before safetensors maps it
         path = self.directory / self.weight_map[name]
         try:
@@ -146,8 +130,6 @@ def read_region(src: SafetensorsDir, name: str, layer: int | None, model: Mappin
     """The block [start, start + size) of megatron's global tensor `name` (one layer of it), from Hugging Face
     tensors: a TP shard of q/k/v or gate/up gathers its rows from several of them. Read in row blocks of at most
     READ_BLOCK_BYTES into one preallocated tensor, so a rank's host memory holds its slice and one block."""
-    import torch
-
     cols = slice(start[1], start[1] + size[1]) if len(size) == 2 else None
     first, last = start[0], start[0] + size[0]
     out = None
@@ -190,14 +172,6 @@ def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_voc
                     say: Callable[[str], None], show_progress: bool) -> None:
     """Fill this rank's model chunks from a Hugging Face directory: what dist_checkpointing.load does with a
     checkpoint of its own, with the Hugging Face files as the storage."""
-    from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace, merge
-    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factory_merges
-    from megatron.core.dist_checkpointing.state_dict_utils import load_preprocess
-    from megatron.core.dist_checkpointing.utils import force_all_tensors_to_non_fp8
-    from tqdm import tqdm
-
-    from recipes.trainer.model import unwrap
-
     src = SafetensorsDir(directory)
     src.check_shapes(mapping.hf_shapes(model))
     say(f"initialising weights from Hugging Face {directory}")
@@ -233,33 +207,19 @@ def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_voc
 
 
 def _sharded_tensors(sharded):
-    from megatron.core.dist_checkpointing.dict_utils import nested_values
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
-
     return [x for x in nested_values(sharded) if isinstance(x, ShardedTensor)]
 
 
 # --------------------------------------------------------------------------- where the weights are, per rank
 def download(repo_id: str, local_dir: str | None = None) -> str:
-    """A hub repository's weights, configs and tokenizer into the Hugging Face cache (or `local_dir`)."""
+    """A hub id's weights, configs and tokenizer, into the Hugging Face cache (or `local_dir`)."""
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
-    except ImportError:
-        raise SourceError(f"{KEY}={repo_id} is a hub id but huggingface_hub is not installed; pip install "
-                          "huggingface_hub, or download the model and pass its directory") from None
-    token = os.environ.get("HF_TOKEN") or None
-    try:
-        return snapshot_download(repo_id, token=token, local_dir=local_dir, allow_patterns=HUB_FILES)
-    except GatedRepoError:
-        fix = "export HF_TOKEN=<your token>" if token is None else "HF_TOKEN has no access yet"
-        raise SourceError(f"{repo_id} is gated on the Hugging Face hub: accept its license at "
-                          f"https://huggingface.co/{repo_id} ({fix})") from None
-    except RepositoryNotFoundError:
-        raise SourceError(f"{KEY}={repo_id}: no such hub repository (or HF_TOKEN cannot see it)") from None
-    except (HfHubHTTPError, OSError) as err:
-        raise SourceError(f"downloading {repo_id} failed: {err}; on a machine without internet, download it "
-                          "elsewhere and pass the directory") from None
+        return hub.download(repo_id, local_dir, hub.MODEL_FILES, what=f"{KEY}={repo_id}",
+                            offline_fix=f"fetch it where the hub is reachable (python -m recipes.hf.importer fetch "
+                                        f"{repo_id} --local-dir DIR), into a directory every node sees, and set "
+                                        f"{KEY}=DIR")
+    except hub.HubError as err:
+        raise SourceError(str(err)) from None
 
 
 def _wait_for_marker(marker: Path, repo_id: str, poll_s: float = 2.0) -> str:
@@ -307,8 +267,6 @@ def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | Non
     """The checked Hugging Face directory this run starts from, or None (not configured, or the run resumes from
     a checkpoint of its own). Runs on every rank before any GPU work; a problem ends the process with one line
     (printed by rank 0, or by the rank that alone has it)."""
-    from common.checkpoints import latest_checkpoint
-
     ckpt = cfg["training"]["checkpoint"]
     value = ckpt.get("init_from_hf")
     if not value or (ckpt["load"] and latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
@@ -324,21 +282,5 @@ def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | Non
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Hugging Face Llama weights for training.checkpoint.init_from_hf")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fetch = sub.add_parser("fetch", help="download a hub repository's weights, configs and tokenizer (HF_TOKEN)")
-    fetch.add_argument("repo_id", help="e.g. meta-llama/Llama-3.1-8B")
-    fetch.add_argument("--local-dir", help="download into this directory instead of the Hugging Face cache")
-    args = parser.parse_args(argv)
-    try:
-        path = download(args.repo_id, args.local_dir)
-    except SourceError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"{args.repo_id} -> {path}\nstart a run from it with: {KEY}={path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m recipes.hf.importer fetch ...: the hub's command, recipes/hf/hub.py
+    sys.exit(hub.main())

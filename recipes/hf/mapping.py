@@ -176,7 +176,7 @@ def hf_config_kwargs(model: Mapping[str, Any], max_position_embeddings: int | No
         max_position_embeddings=max_position_embeddings or model.get("max_position_embeddings", 131072),
         rms_norm_eps=model["norm_epsilon"], tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
         hidden_act="silu")
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig  # only tests and references use it; the training image need not have it
 
     if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:  # transformers >= 5
         kwargs["rope_parameters"] = {**(rope or {"rope_type": "default"}), "rope_theta": float(model["rotary_base"])}

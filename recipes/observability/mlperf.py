@@ -3,13 +3,14 @@
 RUN_DIR/<mlperf.log_file>. Only runs whose config has an `mlperf` section (training=mlperf/<benchmark>) log;
 mlperf-logging is imported only then.
 
-The timeline the trainer drives:
-    cache_clear, init_start                      MLPerfLog.open (before the model is built)
-    submission_*, hyperparameters, init_stop,    run_start (right before the first training step)
+The timeline the trainer drives, through its observers (recipes/observability/observers.py):
+    cache_clear, init_start                      init_starts: start, MLPerfLog.open (before the model is built)
+    submission_*, hyperparameters, init_stop,    run_starts: run_start (right before the first training step)
     run_start, block_start
-    block_stop, eval_start                       eval_start (before each evaluation)
-    eval_accuracy, eval_stop, [block_start]      eval_stop (after it; a new block unless the run stops)
-    run_stop (status success | aborted),         run_stop
+    block_stop, eval_start                       evaluation_starts: eval_start (before each evaluation)
+    eval_accuracy, eval_stop, [block_start]      evaluation_ended: eval_stop (after it; a new block unless the
+                                                 run stops)
+    run_stop (status success | aborted),         run_stops: run_stop
     train_samples
 The score is run_stop - run_start. Samples are training sequences (`samples_count`).
 
@@ -24,44 +25,48 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
+import torch
+
+from common.plan import Plan
+from recipes.trainer.data import eval_samples
+from recipes.trainer.distributed import any_rank
+
 SUCCESS, ABORTED = "success", "aborted"
 
 
-def precision_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[tuple[str, str]]:
+def precision_keys(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[str, str]]:
     """The lowest numerical precision in the linear layers, attention and communication (rules 6.1 onwards)."""
-    fp8 = bool(plan["fp8"])
+    fp8 = bool(plan.fp8)
     attention_fp8 = fp8 and bool(cfg["dtype"].get("fp8_dot_product_attention"))
     return [
         ("lowest_numerical_precision_in_linear", "fp8" if fp8 else "bfloat16"),
         ("lowest_numerical_precision_in_attn", "fp8" if attention_fp8 else "bfloat16"),
         # Parameters are all-gathered in bf16 (or FP8 with FP8 param gather); gradients reduce in bf16 or fp32.
-        ("lowest_numerical_precision_in_comm", "fp8" if plan["fp8_param_gather"] else "bfloat16"),
+        ("lowest_numerical_precision_in_comm", "fp8" if plan.fp8_param_gather else "bfloat16"),
     ]
 
 
-def run_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any], run_name: str, gpu_name: str,
+def run_keys(cfg: Mapping[str, Any], plan: Plan, run_name: str, gpu_name: str,
              init_checkpoint_step: int) -> list[tuple[str, Any]]:
     """Every key logged once before run_start, with the values this run trains with."""
-    from recipes.trainer.data import eval_samples
-
     ml, train = cfg["mlperf"], cfg["training"]
     opt, sched = train["optimizer"], train["scheduler"]
     horizon = sched["decay_steps"] or train["train_steps"]  # megatron's lr_decay_steps: warmup included
-    platform = ml.get("platform") or f"{plan['num_nodes']}x{plan['gpus_per_node']}x{gpu_name}"
+    platform = ml.get("platform") or f"{plan.num_nodes}x{plan.gpus_per_node}x{gpu_name}"
     return [
         ("submission_benchmark", ml["benchmark"]),
         ("submission_org", ml["org"]),
         ("submission_division", ml["division"]),
         ("submission_status", ml["status"]),
         ("submission_platform", platform),
-        ("number_of_nodes", plan["num_nodes"]),
-        ("accelerators_per_node", plan["gpus_per_node"]),
+        ("number_of_nodes", plan.num_nodes),
+        ("accelerators_per_node", plan.gpus_per_node),
         ("seed", cfg["seed"]),
-        ("global_batch_size", plan["global_batch_size"]),
-        ("micro_batch_size", plan["micro_batch_size"]),
-        ("gradient_accumulation_steps", plan["num_microbatches"]),
-        ("max_sequence_length", plan["seq_length"]),
-        ("eval_samples", eval_samples(train, plan["global_batch_size"])),
+        ("global_batch_size", plan.global_batch_size),
+        ("micro_batch_size", plan.micro_batch_size),
+        ("gradient_accumulation_steps", plan.num_microbatches),
+        ("max_sequence_length", plan.seq_length),
+        ("eval_samples", eval_samples(train, plan.global_batch_size)),
         ("init_checkpoint_step", init_checkpoint_step),
         ("max_steps", horizon),
         ("opt_name", "adamw"),
@@ -75,9 +80,9 @@ def run_keys(cfg: Mapping[str, Any], plan: Mapping[str, Any], run_name: str, gpu
         ("opt_adamw_epsilon", opt["adam_eps"]),
         ("opt_adamw_weight_decay", opt["weight_decay"]),
         ("opt_gradient_clip_norm", opt["clip_grad"]),
-        ("tensor_parallelism", plan["tp"]),
-        ("pipeline_parallelism", plan["pp"]),
-        ("context_parallelism", plan["cp"]),
+        ("tensor_parallelism", plan.tp),
+        ("pipeline_parallelism", plan.pp),
+        ("context_parallelism", plan.cp),
         ("expert_parallelism", 1),
         *precision_keys(cfg, plan),
         ("config_filename", f"{run_name}/config.yaml"),
@@ -117,22 +122,23 @@ class MLPerfLog:
     """The MLLOG writer of the logging rank; on the other ranks and for runs without an `mlperf` section every
     method does nothing. `clock` (seconds) stamps the events; tests drive it by hand."""
 
-    def __init__(self, mllogger=None, cfg: Mapping[str, Any] | None = None, plan: Mapping[str, Any] | None = None,
+    def __init__(self, mllogger=None, cfg: Mapping[str, Any] | None = None, plan: Plan | None = None,
                  run_dir: str = "", gpu_name: str = "", clock: Callable[[], float] = time.time):
         self._mllog = mllogger
         self.cfg, self.plan, self.run_dir, self.gpu_name, self.clock = cfg, plan, run_dir, gpu_name, clock
 
     @classmethod
-    def open(cls, run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], logs_here: bool,
+    def open(cls, run_dir: str, cfg: Mapping[str, Any], plan: Plan, logs_here: bool,
              cache_cleared: bool, gpu_name: str = "", clock: Callable[[], float] = time.time) -> "MLPerfLog":
         """Start the log (cache_clear, init_start) on the logging rank of an MLPerf run."""
         if not cfg.get("mlperf") or not logs_here:
             return cls()
-        from mlperf_logging.mllog import mllog
+        from mlperf_logging.mllog import mllog  # an optional package: only MLPerf runs need it
 
         path = os.path.join(run_dir, cfg["mlperf"]["log_file"])
-        # stack offset 3: the file and line in each event's metadata are the trainer's call of this class.
-        writer = mllog.MLLogger(logger=_stream_logger(path), default_stack_offset=3,
+        # stack offset 4: the file and line in each event's metadata are the trainer's call of the observer
+        # (recipes/observability/observers.py) that calls this class.
+        writer = mllog.MLLogger(logger=_stream_logger(path), default_stack_offset=4,
                                 root_dir=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         log = cls(writer, cfg, plan, run_dir, gpu_name, clock)
         log._log("event", "cache_clear", cache_cleared)
@@ -178,7 +184,7 @@ class MLPerfLog:
             self._mllog = None
 
 
-def start(run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], local_rank: int,
+def start(run_dir: str, cfg: Mapping[str, Any], plan: Plan, local_rank: int,
           logs_here: bool) -> MLPerfLog:
     """On every rank, before the model is built: for an MLPerf run, drop the page cache once per node (when
     mlperf.drop_caches) and open the log on the logging rank. Other runs get a log that does nothing."""
@@ -191,10 +197,6 @@ def start(run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], local_r
         raise SystemExit("MLPerf runs log with mlperf-logging, which this Python does not have: pip install "
                          "'mlperf-logging>=4.1.68' (its mllog and compliance checker need no more than pyyaml: "
                          "--no-deps is enough)") from None
-    import torch
-
-    from recipes.trainer.distributed import any_rank
-
     dropped = drop_page_cache() if ml["drop_caches"] and local_rank == 0 else True
     cleared = bool(ml["drop_caches"]) and not any_rank(not dropped)
     return MLPerfLog.open(run_dir, cfg, plan, logs_here, cleared, gpu_name=torch.cuda.get_device_name())

@@ -1,12 +1,16 @@
 """What the trainer calls so a run can be watched: experiment tracking (recipes/observability/tracking.py), the
-profiling window (recipes/observability/profiling.py) and GPU telemetry (recipes/observability/telemetry.py), each
-only where its config enables it and on the ranks that do it. Every call is cheap and safe when the feature is off."""
+profiling window (recipes/observability/profiling.py), GPU telemetry (recipes/observability/telemetry.py) and MLPerf
+logging (recipes/observability/mlperf.py), each only where its config enables it and on the ranks that do it. Every
+call is cheap and safe when the feature is off."""
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Iterator, Mapping
 
-from recipes.observability import profiling, telemetry, tracking
+import torch
+
+from common.plan import Plan
+from recipes.observability import mlperf, profiling, telemetry, tracking
 
 
 # Ranges during which the GPUs do something other than training steps.
@@ -25,26 +29,32 @@ def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
 
 
 class Observers:
-    """Holds the telemetry sampler, the profiling window and the tracker of this rank. Made from the rank's
-    environment (recipes.trainer.distributed.RankInfo) before the process group and the model exist."""
+    """Holds the telemetry sampler, the profiling window, the tracker and the MLPerf log of this rank. Made from the
+    rank's environment (recipes.trainer.ranks.RankInfo) before the process group and the model exist."""
 
-    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], info: Any):
+    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, info: Any):
         self.run_dir, self.cfg, self.plan = run_dir, cfg, plan
         rank, local_rank = info.rank, info.local_rank
-        self.rank = rank
+        self.rank, self.local_rank = rank, local_rank
         self.is_last_rank = rank == info.world_size - 1
         problems = missing_packages(cfg)
         if problems:
             raise SystemExit("\n".join(f"error: {p}" for p in problems))
         self.tracker: tracking.Tracker | None = None
         self.sampler: telemetry.Sampler | None = None
+        self.mllog = mlperf.MLPerfLog()  # logs nothing until init_starts opens an MLPerf run's log
         profile_cfg = cfg.get("profile")
         self.window = (profiling.ProfileWindow(run_dir, profile_cfg, rank, say=_print)
                        if profiling.profiled_here(profile_cfg, rank) else None)
         telemetry_cfg = cfg.get("telemetry") or {}
         if telemetry_cfg.get("enabled") and local_rank == 0:
-            gpus = telemetry.job_gpu_ids(int(plan["gpus_per_node"]))
+            gpus = telemetry.job_gpu_ids(int(plan.gpus_per_node))
             self.sampler = telemetry.start(run_dir, telemetry_cfg, gpus)
+
+    def init_starts(self) -> None:
+        """The process group is up and the model is about to be built (MLPerf's init_start): an MLPerf run drops
+        the page cache and opens its log on the last rank (cache_clear, init_start); a collective."""
+        self.mllog = mlperf.start(self.run_dir, self.cfg, self.plan, self.local_rank, logs_here=self.is_last_rank)
 
     def training_starts(self, model_config: Any, resume_step: int) -> None:
         """Opens the tracker (last rank: it has the metrics) and installs the forward/backward ranges."""
@@ -87,6 +97,23 @@ class Observers:
     def log(self, record: Any) -> None:
         if self.tracker is not None:
             self.tracker.log(record)
+
+    # MLPerf's timeline (recipes/observability/mlperf.py); the trainer calls these on every rank.
+    def run_starts(self, consumed_samples: int, resume_step: int) -> None:
+        """Right before the first step: the timed run starts."""
+        if self.cfg.get("mlperf"):
+            torch.distributed.barrier()  # the timed run starts on every rank together
+        self.mllog.run_start(consumed_samples, init_checkpoint_step=resume_step)
+
+    def evaluation_starts(self, consumed_samples: int) -> None:
+        self.mllog.eval_start(consumed_samples)
+
+    def evaluation_ended(self, consumed_samples: int, val_loss: float | None, run_goes_on: bool) -> None:
+        self.mllog.eval_stop(consumed_samples, val_loss, run_goes_on=run_goes_on)
+
+    def run_stops(self, reached_target: bool, consumed_samples: int) -> None:
+        """The run ends (finished, stopped by a signal or diverged): the end of the timed run."""
+        self.mllog.run_stop(reached_target, consumed_samples)
 
     def close(self) -> None:
         """Idempotent; the trainer calls it however training ends."""

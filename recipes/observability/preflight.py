@@ -23,6 +23,12 @@ import sys
 import time
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
+import torch
+import yaml
+
+from common.plan import Plan, PlanFileError, load_plan
+from recipes.trainer.ranks import die_with_torchrun, rank_info
+
 MIB = 2**20
 
 
@@ -47,24 +53,24 @@ class Measurement:
 
 
 # --------------------------------------------------------------------------- what to measure (no torch)
-def training_messages(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, int]:
+def training_messages(cfg: Mapping[str, Any], plan: Plan) -> dict[str, int]:
     """Bytes of the collectives a training step repeats most: the gradient bucket reduced over DP x CP
     (megatron's DDP buckets: max(40M, 1M x DP) elements with overlapped reduction, else the whole gradient of a
     model-parallel rank) and, with TP, one layer's activation (seq / CP x MBS x hidden, bf16)."""
     par = cfg["parallelism"]
     messages: dict[str, int] = {}
-    if plan["dp"] * plan["cp"] > 1:
-        local_params = plan["num_parameters"] // (plan["tp"] * plan["pp"])
-        elements = min(max(40_000_000, 1_000_000 * plan["dp"]), local_params) if par["overlap_grad_reduce"] \
+    if plan.dp * plan.cp > 1:
+        local_params = plan.num_parameters // (plan.tp * plan.pp)
+        elements = min(max(40_000_000, 1_000_000 * plan.dp), local_params) if par["overlap_grad_reduce"] \
             else local_params
         messages["gradient bucket"] = elements * (4 if par["grad_reduce_in_fp32"] else 2)
-    if plan["tp"] > 1:
+    if plan.tp > 1:
         hidden = cfg["training"]["model"]["hidden_size"]
-        messages["TP activation"] = plan["seq_length"] // plan["cp"] * plan["micro_batch_size"] * hidden * 2
+        messages["TP activation"] = plan.seq_length // plan.cp * plan.micro_batch_size * hidden * 2
     return messages
 
 
-def message_sizes(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[tuple[int, str]]:
+def message_sizes(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[int, str]]:
     """(bytes, label) ascending: preflight.sizes_mib, or powers of two from 1 MiB up to preflight.max_size_mib
     plus the training messages (capped there too); multiples of 4 bytes. The verdict reads the largest size:
     small messages are latency-bound, so a healthy link shows its bandwidth only on large ones, whatever the size
@@ -80,12 +86,12 @@ def message_sizes(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[tuple
     return sorted((size, label) for size, label in chosen.items() if size > 0)
 
 
-def threshold(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> tuple[float | None, str]:
+def threshold(cfg: Mapping[str, Any], plan: Plan) -> tuple[float | None, str]:
     """(GB/s, where it comes from); None when neither preflight.min_busbw_gbps nor the GPU type's default is set."""
     pre = cfg["preflight"]
     if pre.get("min_busbw_gbps") is not None:
         return float(pre["min_busbw_gbps"]), "preflight.min_busbw_gbps"
-    gpu_type = plan.get("gpu_type")
+    gpu_type = plan.gpu_type
     by_type = pre.get("min_busbw_gbps_by_gpu_type") or {}
     if gpu_type and by_type.get(gpu_type) is not None:
         return float(by_type[gpu_type]), f"the {gpu_type} default in preflight.min_busbw_gbps_by_gpu_type"
@@ -177,8 +183,6 @@ class Collectives:
     """torch.distributed on NCCL (GPUs) or gloo (CPUs, tests)."""
 
     def __init__(self, device: str, local_rank: int, dtype_name: str):
-        import torch
-
         self.torch = torch
         self.dist = torch.distributed
         self.device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
@@ -248,14 +252,12 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def run(run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], rank: int, local_rank: int,
+def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank: int,
         world_size: int, device: str, say: Callable[[str], None]) -> int:
     """Every rank runs this; rank 0 prints and writes preflight.json. Returns the exit status."""
-    import torch
-
     pre = cfg["preflight"]
     limit, source = threshold(cfg, plan)
-    report: dict[str, Any] = {"gpus": world_size, "nodes": plan["num_nodes"], "threshold_gbps": limit,
+    report: dict[str, Any] = {"gpus": world_size, "nodes": plan.num_nodes, "threshold_gbps": limit,
                               "threshold_source": source}
     if world_size == 1:
         line = "preflight: passed: one GPU, no communication to measure"
@@ -268,7 +270,7 @@ def run(run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], rank: int
     dist = coll.dist
     names: list[Any] = [None] * world_size
     dist.all_gather_object(names, socket.gethostname().split(".")[0])
-    blocks = node_blocks(world_size, plan["gpus_per_node"])
+    blocks = node_blocks(world_size, plan.gpus_per_node)
     node_names = [names[b[0]] for b in blocks]
     if len(set(node_names)) < len(node_names):  # e.g. containers that all report one hostname
         node_names = [f"node{i}({n})" for i, n in enumerate(node_names)]
@@ -319,20 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cuda: NCCL over the GPUs (the stage); cpu: gloo over CPUs (testing without GPUs)")
     args = parser.parse_args(argv)
-    import torch
-    import yaml
-
-    from recipes.trainer.distributed import die_with_torchrun, rank_info
-
     die_with_torchrun()
     run_dir = os.path.abspath(args.run_dir)
     with open(os.path.join(run_dir, "config.yaml")) as f:
         cfg = yaml.safe_load(f)
-    with open(os.path.join(run_dir, "plan.json")) as f:
-        plan = json.load(f)
+    try:
+        plan = load_plan(run_dir)
+    except PlanFileError as err:
+        raise SystemExit(f"error: {err}") from None
     info = rank_info()
-    if info.world_size != plan["num_gpus"]:
-        raise SystemExit(f"plan.json expects {plan['num_gpus']} ranks but this job started {info.world_size}; "
+    if info.world_size != plan.num_gpus:
+        raise SystemExit(f"plan.json expects {plan.num_gpus} ranks but this job started {info.world_size}; "
                          "launch the preflight with the job in the run directory")
 
     def say(message: str) -> None:

@@ -14,6 +14,8 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator, Mapping
 
+import torch
+
 # megatron-core timer names -> range names.
 RANGE_NAMES = {"forward-compute": "forward", "backward-compute": "backward"}
 
@@ -56,8 +58,6 @@ class RangeBackend:
         self.tool = tool
 
     def open(self, name: str) -> Any:
-        import torch
-
         if self.tool == "nsys":
             return torch.cuda.nvtx.range_start(name)
         handle = torch.autograd.profiler.record_function(name)
@@ -65,8 +65,6 @@ class RangeBackend:
         return handle
 
     def close(self, handle: Any) -> None:
-        import torch
-
         if self.tool == "nsys":
             torch.cuda.nvtx.range_end(handle)
         else:
@@ -128,8 +126,6 @@ class ProfileWindow:
             self._stop(None)
 
     def _start(self) -> None:
-        import torch
-
         os.makedirs(os.path.join(self.run_dir, "profile"), exist_ok=True)
         if self.tool == "nsys":
             torch.cuda.synchronize()
@@ -145,8 +141,6 @@ class ProfileWindow:
         self.active = True
 
     def _stop(self, step: int | None) -> None:
-        import torch
-
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         last = self.last if step is None else step

@@ -8,11 +8,14 @@ notice; a thread (unlike a process) also ends with the trainer however it ends."
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import socket
 import threading
 import time
 from typing import Any, Callable, Sequence
+
+import torch
 
 COLUMNS = ["time", "node", "step", "gpu", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
            "power_w", "temp_c", "sm_clock_mhz", "sm_clock_max_mhz", "clock_events", "activity"]
@@ -45,8 +48,6 @@ def csv_path(run_dir: str, node: str) -> str:
 
 
 def missing_package(cfg: dict) -> str | None:
-    import importlib.util
-
     if (cfg.get("telemetry") or {}).get("enabled") and importlib.util.find_spec("pynvml") is None:
         return ("telemetry.enabled=true needs NVML's Python bindings: pip install nvidia-ml-py, or set "
                 "telemetry.enabled=false")
@@ -58,8 +59,6 @@ def job_gpu_ids(count: int) -> list[str]:
     NVML ignores CUDA_VISIBLE_DEVICES and may number GPUs differently from CUDA; by NVML index when CUDA cannot
     say."""
     try:
-        import torch
-
         uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
         return [u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}" for u in uuids]
     except Exception:
@@ -171,6 +170,6 @@ def _try(call: Callable[[], Any]) -> Any:
 def start(run_dir: str, telemetry_cfg: dict, gpu_ids: Sequence[str], nvml: Any = None,
           node: str | None = None) -> Sampler:
     if nvml is None:
-        import pynvml as nvml
+        import pynvml as nvml  # nvidia-ml-py, an optional package: only telemetry.enabled needs it
     node = node or node_name()
     return Sampler(nvml, gpu_ids, csv_path(run_dir, node), node, float(telemetry_cfg["interval_s"])).start()

@@ -7,12 +7,18 @@ directory and W&B ignores steps at or below the last one it holds."""
 from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass
+import importlib.util
 import json
 import os
 import re
 import secrets
 import socket
 from typing import Any, Callable, Mapping
+
+import yaml
+
+from common.plan import Plan
+from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
 # StepMetrics field -> tag, the same in TensorBoard and W&B.
 SCALARS = {
@@ -54,8 +60,6 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
     """One line per tracking backend that is enabled but not importable, naming the fix."""
-    import importlib.util
-
     problems = []
     logging = cfg.get("logging") or {}
     if logging.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
@@ -140,7 +144,7 @@ def sync_command(run_dir: str) -> str | None:
 class Tracker:
     """Holds the open TensorBoard writer and W&B run of the rank that logs metrics (the last rank)."""
 
-    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Mapping[str, Any], resume_step: int,
+    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, resume_step: int,
                  say: Callable[[str], None] = print):
         self.run_dir = run_dir
         self.say = say
@@ -155,6 +159,7 @@ class Tracker:
             self._open_wandb(cfg, plan, wandb_cfg, resume_step)
 
     def _open_tensorboard(self, cfg, plan, resume_step: int) -> None:
+        # tensorboard is optional (missing_packages names it when logging.tensorboard is on): imported only then.
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = os.path.join(self.run_dir, "tensorboard")
@@ -166,29 +171,25 @@ class Tracker:
         self.tensorboard.flush()  # the purge marker reaches the file even if no step follows
 
     def _write_hparams(self, cfg, plan) -> None:
-        from torch.utils.tensorboard.summary import hparams
+        from torch.utils.tensorboard.summary import hparams  # optional, as in _open_tensorboard
 
-        params = flatten({"config": cfg, "plan": {k: v for k, v in plan.items() if k != "env"}})
+        params = flatten({"config": cfg, "plan": {k: v for k, v in plan.to_json_dict().items() if k != "env"}})
         # The session's metrics, so TensorBoard's HParams tab shows them next to the hyperparameters.
         metrics = {"train/loss": 0.0, "val/loss": 0.0, "perf/tokens_per_s_per_gpu": 0.0, "perf/mfu": 0.0}
         writer = self.tensorboard._get_file_writer()  # what add_hparams does, without its extra sub-run
         for summary in hparams(params, metrics):
             writer.add_summary(summary)
-        import yaml
-
         self.tensorboard.add_text("config", "```\n" + yaml.safe_dump(dict(cfg), sort_keys=False) + "```", 0)
-        self.tensorboard.add_text("plan", "```\n" + json.dumps(dict(plan), indent=2) + "\n```", 0)
+        self.tensorboard.add_text("plan", "```\n" + json.dumps(plan.to_json_dict(), indent=2) + "\n```", 0)
 
     def _open_wandb(self, cfg, plan, wandb_cfg: Mapping[str, Any], resume_step: int) -> None:
-        import wandb
-
-        from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+        import wandb  # an optional package: only logging.wandb.enabled needs it
 
         self.wandb_mode = wandb_mode(wandb_cfg.get("mode") or "auto")
         run_id = wandb_run_id(self.run_dir, lambda: secrets.token_hex(6))
         settings = dict(project=wandb_cfg.get("project"), entity=wandb_cfg.get("entity"),
                         name=wandb_cfg.get("name") or cfg.get("run_name"), id=run_id, resume="allow",
-                        dir=self.run_dir, config={"config": dict(cfg), "plan": dict(plan)})
+                        dir=self.run_dir, config={"config": dict(cfg), "plan": plan.to_json_dict()})
         # W&B's service process must outlive Slurm's SIGTERM/SIGUSR1 until the trainer has saved and finished.
         with helpers_immune_to_stop_signals():
             try:

@@ -1,1 +1,2 @@
-"""The training loop's parts: settings, model, data, distributed setup, checkpoints, metrics, stop signals."""
+"""The training loop and its parts: the loop, its cadence, settings, model, data, ranks and process groups,
+checkpoints, metrics, stop signals."""

@@ -5,13 +5,27 @@ from __future__ import annotations
 
 from dataclasses import asdict
 import os
+import random
 import shutil
 from typing import Any, Callable
 
+from megatron.core import dist_checkpointing, parallel_state as ps, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+import numpy as np
+import torch
+
 from common.checkpoints import (STATE_FILE, TrainState, finalize_checkpoint, latest_checkpoint, partial_path,
                                 prune_checkpoints, read_train_state, remove_partials)
+from recipes.trainer.cadence import SavePolicy, StepEnd
 from recipes.trainer.model import unwrap
 from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+
+try:  # nvidia-resiliency-ext's asynchronous writer, where megatron-core has it
+    from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX
+except ImportError:
+    HAVE_NVRX = False
+
 
 # --------------------------------------------------------------------------- distributed save / load
 def _model_key(index: int, count: int) -> str:
@@ -28,13 +42,6 @@ def _load_model_state(chunks, loaded: dict[str, Any]) -> None:
 
 
 def _rng_state():
-    import random
-
-    import numpy as np
-    import torch
-    from megatron.core import parallel_state as ps, tensor_parallel
-    from megatron.core.dist_checkpointing.mapping import ShardedObject
-
     state = {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
@@ -50,12 +57,6 @@ def _rng_state():
 
 
 def _set_rng_state(state: dict) -> None:
-    import random
-
-    import numpy as np
-    import torch
-    from megatron.core import tensor_parallel
-
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -77,29 +78,31 @@ def sharded_state(chunks, optimizer, scheduler, is_loading: bool) -> dict[str, A
 
 
 class Checkpointer:
-    """Saves (optionally asynchronously) and loads this run's checkpoints; holds the async queue."""
+    """Saves (optionally asynchronously) and loads this run's checkpoints, and says when to save (its policy);
+    holds the async queue."""
 
-    def __init__(self, root: str, keep_last: int, async_save: bool):
-        import torch
-
+    def __init__(self, root: str, keep_last: int, async_save: bool, policy: SavePolicy):
         self.root = root
         self.keep_last = keep_last
         self.async_save = async_save
+        self.policy = policy
         self.rank = torch.distributed.get_rank()
         self._queue = None
         if async_save:
-            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-
             self._queue = AsyncCallsQueue()
         if self.rank == 0:
             os.makedirs(root, exist_ok=True)
             remove_partials(root)
         torch.distributed.barrier()
 
-    def save(self, chunks, optimizer, scheduler, state: TrainState, log: Callable[[str], None]) -> None:
-        import torch
-        from megatron.core import dist_checkpointing
+    def due_before_training(self, step: int) -> bool:
+        return self.policy.saves_before_training(step)
 
+    def due(self, step: int, end: StepEnd) -> bool:
+        """After `step`, which ended as `end` (the periodic save, the last one, a stop signal's)."""
+        return self.policy.saves_after(step, end)
+
+    def save(self, chunks, optimizer, scheduler, state: TrainState, log: Callable[[str], None]) -> None:
         self.wait()  # one save in flight at a time
         partial = partial_path(self.root, state.step)
         if self.rank == 0:
@@ -142,9 +145,6 @@ class Checkpointer:
     def load_latest(self, chunks, optimizer, scheduler, log: Callable[[str], None]) -> TrainState | None:
         """Restore the newest complete checkpoint into the model, optimizer and scheduler; None when there is
         none. Every rank must see the same checkpoint (shared filesystem)."""
-        import torch
-        from megatron.core import dist_checkpointing
-
         latest = latest_checkpoint(self.root)
         steps = torch.tensor([latest[0] if latest else -1], dtype=torch.long, device="cuda")
         torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
@@ -166,8 +166,6 @@ class Checkpointer:
 def load_model_weights(path: str, chunks, log: Callable[[str], None]) -> None:
     """Model weights only, from any checkpoint of this format (another run, another parallel layout: the
     sharded format reshards on load). Optimizer, scheduler and data position start fresh."""
-    from megatron.core import dist_checkpointing
-
     if not os.path.isfile(os.path.join(path, STATE_FILE)):
         raise SystemExit(f"training.checkpoint.init_from={path} is not a complete checkpoint (no {STATE_FILE})")
     log(f"initialising weights from {path}")
@@ -175,8 +173,4 @@ def load_model_weights(path: str, chunks, log: Callable[[str], None]) -> None:
 
 
 def _async_strategy() -> str:
-    try:
-        from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX
-    except ImportError:
-        HAVE_NVRX = False
     return "nvrx" if HAVE_NVRX else "mcore"

@@ -7,9 +7,16 @@ from dataclasses import dataclass
 import os
 from typing import Any, Iterator, Mapping
 
+from megatron.core import parallel_state as ps
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.utils import get_batch_on_this_cp_rank
 import numpy as np
 import torch
 
+from common.plan import Plan
+from data_prep.tokenizer import load_tokenizer
 from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
 # The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
@@ -61,8 +68,6 @@ class InOrderSequences(torch.utils.data.Dataset):
     these sequences."""
 
     def __init__(self, prefixes: list[str], seq_length: int, num_samples: int):
-        from megatron.core.datasets.indexed_dataset import IndexedDataset
-
         self.seq_length = seq_length
         self.parts = []
         for prefix in prefixes:
@@ -101,26 +106,21 @@ def build_tokenizer(cfg: Mapping[str, Any]):
     if train["data"]["mock"]:
         vocab = train["model"]["vocab_size"]
         return MockTokenizer(vocab_size=vocab, eod=min(128001, vocab - 1))
-    from data_prep.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(train["tokenizer"]["type"], train["tokenizer"]["path"])
+    tokenizer = load_tokenizer(train["tokenizer"]["type"], train["tokenizer"]["path"], key="training.tokenizer")
     if tokenizer.vocab_size > train["model"]["vocab_size"]:
         raise SystemExit(f"training.tokenizer has {tokenizer.vocab_size} tokens but training.model.vocab_size is "
                          f"{train['model']['vocab_size']}; raise the model's vocab_size")
     return tokenizer
 
 
-def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, build_here: bool, cache_dir: str):
+def build_datasets(cfg: Mapping[str, Any], plan: Plan, tokenizer, build_here: bool, cache_dir: str):
     """Train and validation datasets (None on ranks that do not read data). The validation set is the `split`
     share of the blend, or training.data.valid_blend read in order."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
-
     train = cfg["training"]
     data = train["data"]
     config = GPTDatasetConfig(
         random_seed=cfg["seed"],
-        sequence_length=plan["seq_length"],
+        sequence_length=plan.seq_length,
         blend=None if data["mock"] else blend_of(data),
         split=data["split"],
         path_to_cache=cache_dir,
@@ -131,14 +131,14 @@ def build_datasets(cfg: Mapping[str, Any], plan: Mapping[str, Any], tokenizer, b
         create_attention_mask=False,  # causal attention is implied by the TE kernels
         mmap_bin_files=True,
     )
-    val_samples = eval_samples(train, plan["global_batch_size"])
+    val_samples = eval_samples(train, plan.global_batch_size)
     separate = bool(data.get("valid_blend")) and not data["mock"]
-    sizes = split_sizes(train["train_steps"], plan["global_batch_size"], train["val_interval"],
+    sizes = split_sizes(train["train_steps"], plan.global_batch_size, train["val_interval"],
                         0 if separate else val_samples)
     cls = MockGPTDataset if data["mock"] else GPTDataset
     train_ds, valid_ds, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: build_here, config).build()
     if separate and build_here and train["val_interval"] > 0:
-        valid_ds = InOrderSequences(list(data["valid_blend"]), plan["seq_length"], val_samples)
+        valid_ds = InOrderSequences(list(data["valid_blend"]), plan.seq_length, val_samples)
     return train_ds, valid_ds
 
 
@@ -185,8 +185,6 @@ class MicrobatchSource:
     them by broadcast. Every rank of the stage then keeps its context-parallel share of the sequence."""
 
     def __init__(self, loader: Iterator[torch.Tensor] | None, shape: tuple[int, int]):
-        from megatron.core import parallel_state as ps
-
         self.loader = loader
         self.shape = shape
         self.tp_group = ps.get_tensor_model_parallel_group()
@@ -208,8 +206,6 @@ class MicrobatchSource:
         batch = dict(zip(BATCH_FIELDS, stacked.unbind(0)))
         batch["loss_mask"] = batch["loss_mask"].float()
         if self.cp_size > 1:
-            from megatron.core.utils import get_batch_on_this_cp_rank
-
             batch["cu_seqlens"] = None
             batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=self.cp_group)
             batch.pop("cu_seqlens", None)

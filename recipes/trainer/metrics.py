@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 import json
 import os
-from typing import Any, Mapping
+
+from common.plan import Plan
 
 
 @dataclass
@@ -25,15 +26,15 @@ class StepMetrics:
     peak_memory_gib: float | None = None  # the largest of any rank's peak allocation so far
 
 
-def step_metrics(plan: Mapping[str, Any], *, step: int, loss: float, lr: float, grad_norm: float,
+def step_metrics(plan: Plan, *, step: int, loss: float, lr: float, grad_norm: float,
                  step_time_s: float, consumed_samples: int, val_loss: float | None = None,
                  peak_memory_gib: float | None = None) -> StepMetrics:
-    tokens = plan["global_batch_size"] * plan["seq_length"]
-    flops_per_gpu = plan["global_batch_size"] * plan["model_flops_per_sample"] / step_time_s / plan["num_gpus"]
-    peak = plan.get("peak_flops_per_gpu")
+    tokens = plan.global_batch_size * plan.seq_length
+    flops_per_gpu = plan.global_batch_size * plan.model_flops_per_sample / step_time_s / plan.num_gpus
+    peak = plan.peak_flops_per_gpu
     return StepMetrics(
         step=step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=step_time_s,
-        tokens_per_s=tokens / step_time_s, tokens_per_s_per_gpu=tokens / step_time_s / plan["num_gpus"],
+        tokens_per_s=tokens / step_time_s, tokens_per_s_per_gpu=tokens / step_time_s / plan.num_gpus,
         tflops_per_gpu=flops_per_gpu / 1e12, mfu=(flops_per_gpu / peak) if peak else None,
         mfu_peak_flops=peak, consumed_samples=consumed_samples, val_loss=val_loss,
         peak_memory_gib=peak_memory_gib)

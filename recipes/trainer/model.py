@@ -3,8 +3,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel
+from megatron.core.enums import ModelType
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 import torch
 
+from common.plan import Plan
 from recipes.trainer import settings
 
 
@@ -13,19 +20,13 @@ def unwrap(chunk):
     return getattr(chunk, "module", chunk)
 
 
-def build_model_chunks(config, cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> list[torch.nn.Module]:
+def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage held by this rank, on the current GPU."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.enums import ModelType
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-    from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
-
     spec = get_gpt_layer_with_transformer_engine_spec()
     kwargs = settings.gpt_model_kwargs(cfg, plan)
     chunks = []
-    for stage in range(plan["vp"] or 1):
-        vp_stage = stage if plan["vp"] else None
+    for stage in range(plan.vp or 1):
+        vp_stage = stage if plan.vp else None
         model = GPTModel(
             config, spec,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -39,8 +40,6 @@ def build_model_chunks(config, cfg: Mapping[str, Any], plan: Mapping[str, Any]) 
 
 
 def wrap_data_parallel(chunks: list[torch.nn.Module], config, ddp_config) -> list[torch.nn.Module]:
-    from megatron.core.distributed import DistributedDataParallel
-
     return [
         # Bucketing only on the first chunk: the others' grads become ready in bursts the schedule already overlaps.
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
@@ -49,9 +48,11 @@ def wrap_data_parallel(chunks: list[torch.nn.Module], config, ddp_config) -> lis
     ]
 
 
-def init_userbuffers(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> None:
+def init_userbuffers(cfg: Mapping[str, Any], plan: Plan) -> None:
     """Transformer Engine userbuffers for TP communication overlap; must run after model-parallel init and
     before the first forward."""
+    # Transformer Engine is imported where it is used directly, not with this module: a rank without it
+    # (stack_check=false) still reaches the one-line checks that run before the model is built.
     from transformer_engine.pytorch import UserBufferQuantizationMode, initialize_ub
 
     ub = settings.userbuffer_settings(cfg, plan)

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 import torch
 import torch.nn.functional as F
+
+from common.plan import Plan
 
 # Bitwise-reproducible runs: deterministic attention backward in Transformer Engine, a fixed cuBLAS workspace
 # and one NCCL algorithm. Read when CUDA, cuBLAS and NCCL start, so set before any of them do.
@@ -25,15 +31,13 @@ def apply_determinism(cfg: Mapping[str, Any], environ: dict) -> bool:
     return True
 
 
-def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Mapping[str, Any], *,
+def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *,
                               grad_accum_fusion: bool) -> dict[str, Any]:
-    from megatron.core.transformer.enums import AttnBackend
-
     model = cfg["training"]["model"]
     par = cfg["parallelism"]
     dtype = cfg["dtype"]
-    fp8 = plan["fp8"]
-    vp = plan["vp"]
+    fp8 = plan.fp8
+    vp = plan.vp
     deferral = bool(par["defer_embedding_wgrad_compute"]) and grad_accum_fusion
     p2p_overlap = bool(par["overlap_p2p_comm"]) and vp is not None  # only the interleaved schedule overlaps
     return dict(
@@ -61,21 +65,21 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Mapping[str, Any], *
         autocast_dtype=torch.bfloat16,
         fp8=fp8,
         fp8_recipe=dtype["fp8_recipe"] if fp8 else "delayed",
-        fp8_param=bool(plan["fp8_param_gather"]),
+        fp8_param=bool(plan.fp8_param_gather),
         fp8_margin=dtype["fp8_margin"],
         fp8_amax_history_len=dtype["fp8_amax_history_len"],
         fp8_amax_compute_algo=dtype["fp8_amax_compute_algo"],
         fp8_dot_product_attention=bool(dtype["fp8_dot_product_attention"]) and bool(fp8),
         # Parallelism (sizes from the plan).
-        tensor_model_parallel_size=plan["tp"],
-        pipeline_model_parallel_size=plan["pp"],
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
         virtual_pipeline_model_parallel_size=vp,
-        context_parallel_size=plan["cp"],
-        sequence_parallel=plan["sequence_parallel"],
-        cp_comm_type=par["cp_comm_type"] if plan["cp"] > 1 else None,
-        account_for_embedding_in_pipeline_split=bool(plan["asymmetric_pipeline"]),
-        account_for_loss_in_pipeline_split=bool(plan["asymmetric_pipeline"]),
-        tp_comm_overlap=bool(plan["tp_comm_overlap"]),
+        context_parallel_size=plan.cp,
+        sequence_parallel=plan.sequence_parallel,
+        cp_comm_type=par["cp_comm_type"] if plan.cp > 1 else None,
+        account_for_embedding_in_pipeline_split=bool(plan.asymmetric_pipeline),
+        account_for_loss_in_pipeline_split=bool(plan.asymmetric_pipeline),
+        tp_comm_overlap=bool(plan.tp_comm_overlap),
         overlap_p2p_comm=p2p_overlap,
         batch_p2p_comm=not p2p_overlap,
         deallocate_pipeline_outputs=True,
@@ -100,31 +104,25 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Mapping[str, Any], *
     )
 
 
-def transformer_config(cfg: Mapping[str, Any], plan: Mapping[str, Any], *, grad_accum_fusion: bool):
-    from megatron.core.transformer import TransformerConfig
-
+def transformer_config(cfg: Mapping[str, Any], plan: Plan, *, grad_accum_fusion: bool):
     return TransformerConfig(**transformer_config_kwargs(cfg, plan, grad_accum_fusion=grad_accum_fusion))
 
 
-def ddp_config(cfg: Mapping[str, Any], plan: Mapping[str, Any]):
-    from megatron.core.distributed import DistributedDataParallelConfig
-
+def ddp_config(cfg: Mapping[str, Any], plan: Plan):
     par = cfg["parallelism"]
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=bool(par["grad_reduce_in_fp32"]),
         overlap_grad_reduce=bool(par["overlap_grad_reduce"]),
         overlap_param_gather=bool(par["overlap_param_gather"]),
-        align_param_gather=bool(par["align_param_gather"]) and plan["pp"] > 1,
+        align_param_gather=bool(par["align_param_gather"]) and plan.pp > 1,
         use_distributed_optimizer=bool(par["use_distributed_optimizer"]),
-        fp8_param_gather=bool(plan["fp8_param_gather"]),
+        fp8_param_gather=bool(plan.fp8_param_gather),
         check_for_nan_in_grad=False,  # the trainer checks the global grad norm every step
         average_in_collective=False,  # per-token loss: grads are summed, then divided by the token count
     )
 
 
 def optimizer_config(cfg: Mapping[str, Any]):
-    from megatron.core.optimizer import OptimizerConfig
-
     opt = cfg["training"]["optimizer"]
     par = cfg["parallelism"]
     return OptimizerConfig(
@@ -163,11 +161,11 @@ def scheduler_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def gpt_model_kwargs(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+def gpt_model_kwargs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     model = cfg["training"]["model"]
     return dict(
-        vocab_size=plan["padded_vocab_size"],
-        max_sequence_length=plan["seq_length"],
+        vocab_size=plan.padded_vocab_size,
+        max_sequence_length=plan.seq_length,
         position_embedding_type="rope",
         rotary_percent=1.0,
         rotary_base=model["rotary_base"],
@@ -179,12 +177,12 @@ def gpt_model_kwargs(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[st
     )
 
 
-def userbuffer_settings(cfg: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+def userbuffer_settings(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     """Arguments of transformer_engine's initialize_ub: the buffer is one microbatch of this rank's CP shard
     (sequence and batch flattened) by hidden size."""
     return dict(
-        shape=[plan["seq_length"] * plan["micro_batch_size"] // plan["cp"], cfg["training"]["model"]["hidden_size"]],
-        tp_size=plan["tp"],
-        fp8=bool(plan["fp8"]),
+        shape=[plan.seq_length * plan.micro_batch_size // plan.cp, cfg["training"]["model"]["hidden_size"]],
+        tp_size=plan.tp,
+        fp8=bool(plan.fp8),
         ub_cfgs=cfg["parallelism"].get("tp_comm_overlap_cfg"),
     )

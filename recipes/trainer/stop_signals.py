@@ -7,6 +7,7 @@ exit with the trainer; the trainer itself only records the signal and stops at t
 from __future__ import annotations
 
 import contextlib
+from multiprocessing import resource_tracker
 import signal
 from typing import Iterator
 
@@ -14,7 +15,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopSignal:
-    """Remembers a stop signal; the trainer checks at step boundaries, agrees across ranks, saves, exits."""
+    """Remembers a stop signal; the trainer checks `received` at step boundaries, agrees across ranks, saves,
+    exits."""
 
     def __init__(self):
         self.received: int | None = None
@@ -24,11 +26,6 @@ class StopSignal:
     def _handle(self, signum, _frame):
         self.received = signum
 
-    def agreed(self) -> bool:
-        from recipes.trainer.distributed import any_rank
-
-        return any_rank(self.received is not None)
-
 
 @contextlib.contextmanager
 def helpers_immune_to_stop_signals() -> Iterator[None]:
@@ -36,8 +33,6 @@ def helpers_immune_to_stop_signals() -> Iterator[None]:
     meanwhile stays pending and is handled as soon as the block ends."""
     # multiprocessing's resource tracker, started on first use, SIG_UNBLOCKs SIGTERM in the calling thread
     # after spawning itself, which would undo this block for every helper started after it. Start it first.
-    from multiprocessing import resource_tracker
-
     resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:

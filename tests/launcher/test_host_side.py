@@ -9,7 +9,9 @@ import pytest
 
 from launcher_helpers import REPO
 
-HOST_FILES = sorted([*(REPO / "launcher").rglob("*.py"), *(REPO / "common").rglob("*.py"), REPO / "main.py"])
+# recipes/ modules that run on login nodes too: the stack table and check, and setup.sh's hub downloads.
+HOST_FILES = sorted([*(REPO / "launcher").rglob("*.py"), *(REPO / "common").rglob("*.py"), REPO / "main.py",
+                     REPO / "recipes" / "stack.py", REPO / "recipes" / "hf" / "hub.py"])
 
 
 @pytest.mark.parametrize("path", HOST_FILES, ids=lambda p: str(p.relative_to(REPO)))

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import torch
 
+from common.plan import Plan
+
 
 def _cpu_only() -> None:
     torch.cuda.current_device = lambda: "cpu"
@@ -65,7 +67,7 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600) -> lis
     return [results[r] for r in range(world)]
 
 
-def build_chunks(cfg: dict, plan: dict, dtype: torch.dtype = torch.float32) -> list[torch.nn.Module]:
+def build_chunks(cfg: dict, plan: Plan, dtype: torch.dtype = torch.float32) -> list[torch.nn.Module]:
     """Model parallel groups for the plan's layout, then this rank's GPTModel chunks (one per VP stage), with
     parameters in `dtype` (on the meta device inside `with torch.device("meta")`)."""
     from megatron.core import parallel_state as ps, tensor_parallel
@@ -75,8 +77,8 @@ def build_chunks(cfg: dict, plan: dict, dtype: torch.dtype = torch.float32) -> l
 
     from recipes.trainer import settings
 
-    ps.initialize_model_parallel(plan["tp"], plan["pp"], virtual_pipeline_model_parallel_size=plan["vp"],
-                                 context_parallel_size=plan["cp"])
+    ps.initialize_model_parallel(plan.tp, plan.pp, virtual_pipeline_model_parallel_size=plan.vp,
+                                 context_parallel_size=plan.cp)
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
     kwargs = settings.transformer_config_kwargs(cfg, plan, grad_accum_fusion=False)
     on_meta = torch.empty(0).device.type == "meta"  # megatron's CPU init builds whole weights on the CPU
@@ -88,8 +90,8 @@ def build_chunks(cfg: dict, plan: dict, dtype: torch.dtype = torch.float32) -> l
     config = TransformerConfig(**kwargs)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     chunks = []
-    for stage in range(plan["vp"] or 1):
-        vp_stage = stage if plan["vp"] else None
+    for stage in range(plan.vp or 1):
+        vp_stage = stage if plan.vp else None
         chunks.append(GPTModel(
             config, spec, pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage), vp_stage=vp_stage,

@@ -88,10 +88,10 @@ def first_global_batch(overrides: list[str]) -> list[dict]:
     from recipes.trainer import data
 
     cfg = compose(overrides + ["cluster.gpus_per_node=1"])
-    plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",))).to_json_dict()
+    plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",)))
     with tempfile.TemporaryDirectory() as cache:
         train_ds, _ = data.build_datasets(cfg, plan, data.build_tokenizer(cfg), True, cache)
-        return [train_ds[i] for i in range(plan["global_batch_size"])]
+        return [train_ds[i] for i in range(plan.global_batch_size)]
 
 
 def transformers_loss(model_dir: Path, batch: list[dict], dtype) -> float:
@@ -170,7 +170,7 @@ def test_export_after_training_gives_the_megatron_logits(work, tp2_run, single_r
     assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
 
     cfg = compose(work["overrides"] + ["cluster.gpus_per_node=1"])
-    plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",))).to_json_dict()
+    plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",)))
     megatron_model = model_lib.build_model_chunks(settings.transformer_config(cfg, plan, grad_accum_fusion=False),
                                                   cfg, plan)[0].eval()
     checkpoint.load_model_weights(str(trained), [megatron_model], print)  # TP2 checkpoint into TP1

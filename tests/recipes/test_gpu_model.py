@@ -41,7 +41,7 @@ def test_megatron_llama_matches_transformers(single_rank):
     # A small random Llama 3.1 with a short vocabulary; RoPE base 500000 and the Llama 3.1 frequency scaling.
     cfg = compose(["training.model.vocab_size=4000", "training.model.num_layers=3", "training.seq_length=1024",
                    "cluster.gpus_per_node=1"])
-    plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",))).to_json_dict()
+    plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",)))
     model_cfg = cfg["training"]["model"]
     assert model_cfg["rope_scaling"]
     config = settings.transformer_config(cfg, plan, grad_accum_fusion=False)
@@ -72,7 +72,7 @@ def test_megatron_llama_matches_transformers(single_rank):
     assert ours_err < 2e-2
     assert ours_err < 3 * bf16_err + 1e-3  # within bf16 noise: no worse than the reference's own bf16 error
     # The round trip back into megatron's layout restores the same tensors.
-    back = mapping.hf_to_megatron(hf_state, model_cfg, plan["padded_vocab_size"])
+    back = mapping.hf_to_megatron(hf_state, model_cfg, plan.padded_vocab_size)
     vocab = model_cfg["vocab_size"]
     for key, value in back.items():
         rows = slice(0, vocab) if key in ("embedding.word_embeddings.weight", "output_layer.weight") else slice(None)

@@ -20,10 +20,11 @@ pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
 from common import hf_config  # noqa: E402
+from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
-from recipes.hf import exporter, importer, mapping  # noqa: E402
+from recipes.hf import exporter, importer, mapping, safetensors_io  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
@@ -40,9 +41,9 @@ LAYOUTS = {
 }
 
 
-def configured(layout: str, *extra: str) -> tuple[dict, dict]:
+def configured(layout: str, *extra: str) -> tuple[dict, Plan]:
     cfg = compose([*SMALL, *LAYOUTS[layout], *extra])
-    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",))).to_json_dict()
+    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
     return cfg, plan
 
 
@@ -82,7 +83,7 @@ def source(tmp_path_factory) -> dict:
     tokenizer = tmp_path_factory.mktemp("tokenizer")
     write_tokenizer(tokenizer)
     shards = sorted(p.name for p in directory.glob("*.safetensors"))
-    assert len(shards) >= 3 and (directory / importer.INDEX).is_file(), shards
+    assert len(shards) >= 3 and (directory / safetensors_io.INDEX_FILE).is_file(), shards
     tokens = torch.randint(0, model_cfg["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
     # Loaded back, not the model above: .to(bfloat16) also rounded its RoPE frequency buffer.
     reference = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
@@ -96,11 +97,11 @@ def with_tokenizer(source: dict) -> list[str]:
 
 
 # --------------------------------------------------------------------------- import: logits and padding rows
-def import_and_forward(rank: int, cfg: dict, plan: dict, hf_dir: str, tokens):
+def import_and_forward(rank: int, cfg: dict, plan: Plan, hf_dir: str, tokens):
     from megatron.core import parallel_state as ps
 
     chunks = cpu_megatron.build_chunks(cfg, plan)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
                               show_progress=False)
     logits = cpu_megatron.tp_logits(chunks[0], tokens)
     embedding = chunks[0].embedding.word_embeddings.weight.detach().clone()
@@ -111,7 +112,7 @@ def import_and_forward(rank: int, cfg: dict, plan: dict, hf_dir: str, tokens):
 @pytest.mark.parametrize("layout", ["tp1", "tp2"])
 def test_import_gives_transformers_logits(layout, source):
     cfg, plan = configured(layout, *with_tokenizer(source))
-    results = cpu_megatron.run_ranks(import_and_forward, plan["num_gpus"], cfg, plan, str(source["dir"]),
+    results = cpu_megatron.run_ranks(import_and_forward, plan.num_gpus, cfg, plan, str(source["dir"]),
                                      source["tokens"])
     logits = results[0][1][..., :source["model"]["vocab_size"]]
     ref = source["logits"]
@@ -121,7 +122,7 @@ def test_import_gives_transformers_logits(layout, source):
     assert diff < 1e-3 * ref.abs().max().item()
 
     # Vocabulary padding rows are copies of the last vocabulary row, in both the embedding and the output layer.
-    vocab, padded = source["model"]["vocab_size"], plan["padded_vocab_size"]
+    vocab, padded = source["model"]["vocab_size"], plan.padded_vocab_size
     assert padded > vocab
     for position, name in ((2, "model.embed_tokens.weight"), (3, "lm_head.weight")):
         full = torch.cat([r[position] for r in sorted(results, key=lambda r: r[0])])
@@ -132,9 +133,9 @@ def test_import_gives_transformers_logits(layout, source):
 
 
 # --------------------------------------------------------------------------- checkpoints of any layout -> export
-def import_and_save(rank: int, cfg: dict, plan: dict, hf_dir: str, run_dir: str) -> str:
+def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
                               show_progress=False)
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
@@ -143,7 +144,7 @@ def checkpoint_from(hf_dir: Path, layout: str, run_dir: Path, source: dict) -> P
     cfg, plan = configured(layout, *with_tokenizer(source))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))  # as main.py writes it; export reads it
-    path = cpu_megatron.run_ranks(import_and_save, plan["num_gpus"], cfg, plan, str(hf_dir), str(run_dir))[0]
+    path = cpu_megatron.run_ranks(import_and_save, plan.num_gpus, cfg, plan, str(hf_dir), str(run_dir))[0]
     return Path(path)
 
 
@@ -175,7 +176,7 @@ def test_export_of_a_tp2_and_a_pp2_vp2_checkpoint_gives_back_the_source_weights(
         assert sorted(exported) == sorted(original)
         different = [k for k in original if not torch.equal(exported[k], original[k])]
         assert not different, different
-        index = json.loads((out / exporter.INDEX).read_text())
+        index = json.loads((out / safetensors_io.INDEX_FILE).read_text())
         assert set(index["weight_map"]) == set(original) and len(set(index["weight_map"].values())) >= 3
         config = json.loads((out / "config.json").read_text())
         assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
@@ -216,7 +217,7 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
     reference = {p.name: p.read_bytes() for p in out.iterdir()}
     # As if killed after the first shard: the manifest is back, later shards and the index are gone.
     shards = sorted(p for p in out.glob("model-*.safetensors"))
-    for path in shards[1:] + [out / exporter.INDEX, out / "config.json"]:
+    for path in shards[1:] + [out / safetensors_io.INDEX_FILE, out / "config.json"]:
         path.unlink()
     stamp = shards[0].stat().st_mtime_ns
     checkpoint = exporter.resolve_checkpoint(pp_checkpoint)
@@ -229,6 +230,27 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
     assert {p.name: p.read_bytes() for p in out.iterdir()} == reference
     # A different export into the same, non-empty directory is refused.
     assert exporter.main([*args[:-1], "--dtype", "float32", "--no-progress"]) == 2
+
+
+# --------------------------------------------------------------------------- the file format
+def test_a_header_we_encode_is_what_safetensors_and_our_reader_read(tmp_path):
+    from safetensors import safe_open
+
+    shapes = {"b": (3, 2), "a": (5,)}
+    tensors = {"b": torch.arange(6, dtype=torch.bfloat16).reshape(3, 2), "a": torch.ones(5, dtype=torch.bfloat16)}
+    path = tmp_path / "x.safetensors"
+    with open(path, "wb") as f:
+        f.write(safetensors_io.encode_header(["b", "a"], shapes, "bfloat16", 2))
+        for name in ("b", "a"):
+            f.write(tensors[name].view(torch.uint8).numpy().tobytes())
+    with safe_open(str(path), framework="pt") as f:
+        assert all(torch.equal(f.get_tensor(n), tensors[n]) for n in tensors)
+    header = safetensors_io.read_header(path)
+    assert header["b"] == {"dtype": "BF16", "shape": [3, 2], "data_offsets": [0, 12]}
+    assert header["a"]["data_offsets"] == [12, 22]
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(safetensors_io.SafetensorsFileError, match=r"x.safetensors is truncated: .* declares"):
+        safetensors_io.read_header(path)
 
 
 # --------------------------------------------------------------------------- errors
@@ -265,7 +287,7 @@ def test_import_errors_name_the_file_and_the_fix(source, tmp_path):
     with pytest.raises(importer.SourceError, match=f"{shard.name} is truncated.*download it again"):
         importer.SafetensorsDir(copy).read(name, slice(0, 1), None)
 
-    (copy / importer.INDEX).unlink()
+    (copy / safetensors_io.INDEX_FILE).unlink()
     with pytest.raises(importer.SourceError, match="no model.safetensors.index.json"):
         importer.SafetensorsDir(copy)
 
@@ -396,3 +418,17 @@ def test_rank_zero_downloads_a_hub_id_and_the_others_read_where(tmp_path, monkey
     (run_dir / ".init_from_hf.json").write_text(json.dumps({"source": "org/other", "path": "/not/shared"}))
     with pytest.raises(importer.SourceError, match="cannot see /not/shared.*HF_HOME"):
         importer.locate("org/other", str(run_dir), rank=1)
+
+
+def test_a_hub_id_that_cannot_be_downloaded_is_one_line_with_the_fix(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(importer.SourceError) as err:
+        importer.download("org/never-cached")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("downloading training.checkpoint.init_from_hf=org/never-cached failed: "
+                              "HF_HUB_OFFLINE is set and no copy is cached (")
+    assert message.endswith("(python -m recipes.hf.importer fetch org/never-cached --local-dir DIR), into a "
+                            "directory every node sees, and set training.checkpoint.init_from_hf=DIR")

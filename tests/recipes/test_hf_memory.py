@@ -22,10 +22,11 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("safetensors")
 
 import cpu_megatron  # noqa: E402
+from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
-from recipes.hf import exporter, importer, mapping  # noqa: E402
+from recipes.hf import exporter, importer, mapping, safetensors_io  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = int(os.environ.get("HF_MEMORY_LAYERS", "4"))
@@ -56,11 +57,11 @@ def reset_peak_rss() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak restarts from the current RSS
 
 
-def configured() -> tuple[dict, dict]:
+def configured() -> tuple[dict, Plan]:
     cfg = compose(["training=llama31/8b", f"training.model.num_layers={LAYERS}", "parallelism=tp2_sp",
                    "parallelism.sequence_parallel=false", "parallelism.tp_comm_overlap=false",
                    "cluster.gpus_per_node=2", "memory_check=false", "training.tokenizer.path=/nonexistent"])
-    return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",))).to_json_dict()
+    return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
 
 
 def write_random_model(directory: Path, shapes: dict, total: int) -> None:
@@ -75,25 +76,25 @@ def write_random_model(directory: Path, shapes: dict, total: int) -> None:
         save_file({n: torch.randn(shapes[n], generator=generator).to(torch.bfloat16) for n in names},
                   str(directory / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in names})
-    (directory / importer.INDEX).write_text(json.dumps({"metadata": {"total_size": total},
+    (directory / safetensors_io.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
                                                          "weight_map": weight_map}))
 
 
-def import_on_meta(rank: int, cfg: dict, plan: dict, hf_dir: str) -> tuple[int, int, int]:
+def import_on_meta(rank: int, cfg: dict, plan: Plan, hf_dir: str) -> tuple[int, int, int]:
     """(RSS before the import, peak RSS after it, bytes this rank read) with the model on the meta device."""
     with torch.device("meta"):
         chunks = cpu_megatron.build_chunks(cfg, plan, dtype=torch.bfloat16)
     reset_peak_rss()
     before = peak_rss_bytes()
     local = sum(p.numel() * p.element_size() for c in chunks for p in c.parameters())
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
                               show_progress=False)
     return before, peak_rss_bytes(), local
 
 
-def import_and_save(rank: int, cfg: dict, plan: dict, hf_dir: str, run_dir: str) -> str:
+def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan, dtype=torch.bfloat16)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan["padded_vocab_size"], lambda m: None,
+    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
                               show_progress=False)
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
@@ -162,8 +163,8 @@ def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, scratc
 
     from safetensors import safe_open
 
-    index = json.loads((source["dir"] / importer.INDEX).read_text())["weight_map"]
-    exported = json.loads((out / exporter.INDEX).read_text())["weight_map"]
+    index = json.loads((source["dir"] / safetensors_io.INDEX_FILE).read_text())["weight_map"]
+    exported = json.loads((out / safetensors_io.INDEX_FILE).read_text())["weight_map"]
     assert set(index) == set(exported)
     for name in index:
         with safe_open(str(source["dir"] / index[name]), "pt") as a, safe_open(str(out / exported[name]), "pt") as b:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.plan import Plan
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from launcher.report.mlperf import compliance_problems
@@ -16,9 +17,9 @@ from recipes.observability.mlperf import MLPerfLog, run_keys
 from recipes.trainer import data
 
 
-def mlperf_run(benchmark: str, *overrides: str) -> tuple[dict, dict]:
+def mlperf_run(benchmark: str, *overrides: str) -> tuple[dict, Plan]:
     cfg = compose([f"training=mlperf/{benchmark}", "cluster=bcm", "dry_run=true", *overrides])
-    return cfg, build_plan(cfg).to_json_dict()
+    return cfg, build_plan(cfg)
 
 
 class Clock:
@@ -32,13 +33,13 @@ class Clock:
         return self.now
 
 
-def drive_run(run_dir: Path, cfg: dict, plan: dict, accuracies: list[float], *, logs_here: bool = True) -> Path:
+def drive_run(run_dir: Path, cfg: dict, plan: Plan, accuracies: list[float], *, logs_here: bool = True) -> Path:
     """What the trainer does: open the log, start the run, evaluate every val_interval steps, stop at the target
     (or after the last evaluation, aborted)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log = MLPerfLog.open(str(run_dir), cfg, plan, logs_here, cache_cleared=False, gpu_name="NVIDIA H100 80GB HBM3",
                          clock=Clock())
-    every = cfg["training"]["val_interval"] * plan["global_batch_size"]
+    every = cfg["training"]["val_interval"] * plan.global_batch_size
     target = cfg["training"]["target_val_loss"]
     log.run_start(0)
     reached, samples = False, 0

@@ -21,14 +21,14 @@ from launcher.plan.build import build_plan
 from recipes.observability import profiling, telemetry, tracking
 from recipes.observability.observers import Observers
 from recipes.trainer import metrics
-from recipes.trainer.distributed import RankInfo
+from recipes.trainer.ranks import RankInfo
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def plan_for(*overrides):
     cfg = compose(list(overrides))
-    return cfg, build_plan(cfg).to_json_dict()
+    return cfg, build_plan(cfg)
 
 
 def record(plan, step: int, loss: float, val_loss: float | None = None) -> metrics.StepMetrics:
@@ -63,7 +63,7 @@ from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from recipes.observability import tracking
 from recipes.trainer import metrics
-cfg = compose([]); plan = build_plan(cfg).to_json_dict()
+cfg = compose([]); plan = build_plan(cfg)
 import time
 real_time = time.time
 time.time = lambda: real_time() - 3600  # started an hour before the resume (event files sort by start time)
@@ -113,7 +113,7 @@ def test_tensorboard_records_config_and_plan_as_hyperparameters(tmp_path):
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert hparams["config.training.train_steps"].number_value == 77
-    assert hparams["plan.global_batch_size"].number_value == plan["global_batch_size"]
+    assert hparams["plan.global_batch_size"].number_value == plan.global_batch_size
     assert hparams["config.parallelism.name"].string_value == cfg["parallelism"]["name"]
     assert {"config/text_summary", "plan/text_summary"} <= set(acc.Tags()["tensors"])
 
@@ -155,7 +155,7 @@ from launcher.plan.build import build_plan
 from recipes.observability import tracking
 from recipes.trainer import metrics
 cfg = compose(["logging.wandb.enabled=true", "logging.wandb.mode=offline", "logging.tensorboard=false"])
-plan = build_plan(cfg).to_json_dict()
+plan = build_plan(cfg)
 said = []
 for resume_step, last in ((0, 5), (5, 8)):  # a run, then its resume from step 5
     tracker = tracking.Tracker({run_dir!r}, cfg, plan, resume_step=resume_step, say=said.append)
@@ -163,7 +163,7 @@ for resume_step, last in ((0, 5), (5, 8)):  # a run, then its resume from step 5
         tracker.log(metrics.step_metrics(plan, step=step, loss=10.0 - step, lr=1e-3, grad_norm=0.5, step_time_s=0.25,
                                          consumed_samples=8 * step, val_loss=3.0 if step == 8 else None))
     tracker.close()
-print(json.dumps({{"said": said, "train_steps": cfg["training"]["train_steps"], "gbs": plan["global_batch_size"]}}))
+print(json.dumps({{"said": said, "train_steps": cfg["training"]["train_steps"], "gbs": plan.global_batch_size}}))
 """
 
 

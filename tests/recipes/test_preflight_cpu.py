@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def plan_for(*overrides):
     cfg = compose(["cluster=bcm", "dry_run=true", *overrides])
-    return cfg, build_plan(cfg).to_json_dict()
+    return cfg, build_plan(cfg)
 
 
 def test_training_messages_follow_the_plan():
@@ -34,7 +34,7 @@ def test_training_messages_follow_the_plan():
     assert preflight.training_messages(cfg, plan) == {"gradient bucket": 80_000_000, "TP activation": 64 * MIB}
     cfg, plan = plan_for("training=llama31/8b", "parallelism.grad_reduce_in_fp32=true",
                          "parallelism.overlap_grad_reduce=false", "parallelism.num_gpus=16")
-    whole = plan["num_parameters"] // (plan["tp"] * plan["pp"])
+    whole = plan.num_parameters // (plan.tp * plan.pp)
     assert preflight.training_messages(cfg, plan) == {"gradient bucket": whole * 4}
 
 
@@ -56,7 +56,7 @@ def test_threshold_is_the_key_or_the_gpu_types_default():
     assert preflight.threshold(cfg, plan)[0] == 600.0
     cfg, plan = plan_for("training=llama31/8b", "preflight.min_busbw_gbps=123.5")
     assert preflight.threshold(cfg, plan) == (123.5, "preflight.min_busbw_gbps")
-    plan["gpu_type"] = None
+    plan.gpu_type = None
     cfg["preflight"]["min_busbw_gbps"] = None
     assert preflight.threshold(cfg, plan) == (None, "no threshold for GPU type unknown: set preflight.min_busbw_gbps")
 

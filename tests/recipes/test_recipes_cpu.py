@@ -17,15 +17,64 @@ from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from recipes.hf import mapping
 from common import checkpoints
+from common.plan import PlanFileError, load_plan
 from recipes.trainer import data, metrics, settings, stop_signals
-from recipes.trainer.distributed import rank_info
+from recipes.trainer.ranks import rank_info
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def plan_for(*overrides):
     cfg = compose(list(overrides))
-    return cfg, build_plan(cfg).to_json_dict()
+    return cfg, build_plan(cfg)
+
+
+# ----------------------------------------------------------------------------- plan.json
+def write_plan(run_dir: Path, data) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plan.json").write_text(json.dumps(data))
+
+
+def test_plan_json_reads_back_into_the_same_plan(tmp_path):
+    _, plan = plan_for("training=llama31/70b", "cluster=bcm", "dtype=fp8")
+    write_plan(tmp_path, plan.to_json_dict())
+    loaded = load_plan(tmp_path)
+    assert loaded == plan and loaded.tp == 4 and loaded.layers_per_pipeline_stage == plan.layers_per_pipeline_stage
+
+
+def test_a_plan_json_of_another_launcher_version_is_one_line_naming_the_keys(tmp_path):
+    _, plan = plan_for()
+    data = plan.to_json_dict()
+    del data["tp"], data["cannot_train_reason"]
+    data["tensor_parallel"] = 1
+    write_plan(tmp_path, data)
+    with pytest.raises(PlanFileError) as err:
+        load_plan(tmp_path)
+    assert str(err.value) == (f"{tmp_path / 'plan.json'} was written by another version of the launcher (missing tp, "
+                              "cannot_train_reason; unknown tensor_parallel); write the run directory again with "
+                              "this version's python main.py")
+    write_plan(tmp_path, [1, 2])
+    with pytest.raises(PlanFileError, match="does not hold a plan"):
+        load_plan(tmp_path)
+    (tmp_path / "plan.json").write_text('{"tp": ')
+    with pytest.raises(PlanFileError, match="plan.json is not JSON"):
+        load_plan(tmp_path)
+    with pytest.raises(PlanFileError, match="does not exist"):
+        load_plan(tmp_path / "elsewhere")
+
+
+def test_a_rank_given_a_foreign_plan_json_stops_with_that_line(tmp_path):
+    subprocess.run([sys.executable, str(REPO / "main.py"), "dry_run=true", f"results_dir={tmp_path}", "run_name=r"],
+                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    run_dir = tmp_path / "r"
+    data = json.loads((run_dir / "plan.json").read_text())
+    write_plan(run_dir, {**data, "expert_parallel": 1})
+    rank = subprocess.run([sys.executable, "-m", "recipes.train", "--run-dir", str(run_dir)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert rank.returncode == 1
+    assert rank.stderr.strip().splitlines() == [
+        f"error: {run_dir / 'plan.json'} was written by another version of the launcher (unknown expert_parallel); "
+        "write the run directory again with this version's python main.py"]
 
 
 # ----------------------------------------------------------------------------- config mapping
@@ -78,7 +127,7 @@ def test_p2p_overlap_only_with_interleaving():
 def test_model_kwargs_use_padded_vocab_and_llama31_rope():
     cfg, plan = plan_for("training=llama31/70b", "cluster=bcm")
     kw = settings.gpt_model_kwargs(cfg, plan)
-    assert kw["vocab_size"] == plan["padded_vocab_size"] == 128512  # 128256 padded to a multiple of 128 * TP4
+    assert kw["vocab_size"] == plan.padded_vocab_size == 128512  # 128256 padded to a multiple of 128 * TP4
     assert kw["rotary_base"] == 500000 and kw["rope_scaling"] and kw["rope_scaling_factor"] == 8.0
     assert kw["position_embedding_type"] == "rope" and not kw["share_embeddings_and_output_weights"]
 
@@ -145,6 +194,17 @@ def test_mock_tokenizer_for_mock_data():
     cfg, _ = plan_for()
     tok = data.build_tokenizer(cfg)
     assert tok.vocab_size == 128256 and tok.eod == 128001
+
+
+def test_a_wrong_tokenizer_is_named_by_its_training_key(tmp_path):
+    from data_prep.tokenizer import TokenizerError
+
+    (tmp_path / "tokenizer.model").write_bytes(b"\x00")
+    cfg, _ = plan_for("training.data.mock=false", f"training.tokenizer.path={tmp_path}",
+                      "training.tokenizer.type=huggingface", "dry_run=true")
+    with pytest.raises(TokenizerError, match=rf"^training\.tokenizer\.path={tmp_path} is a directory without "
+                                             r"tokenizer\.json; .* set training\.tokenizer\.type=sentencepiece"):
+        data.build_tokenizer(cfg)
 
 
 # ----------------------------------------------------------------------------- stop signals
@@ -376,7 +436,7 @@ def test_a_rank_under_torchrun_dies_with_its_agent():
     # outlive it. The check polls for an event the kernel makes immediate; the deadline only bounds a failure.
     agent = """
 import os, subprocess, sys
-rank = subprocess.Popen([sys.executable, "-c", "from recipes.trainer.distributed import die_with_torchrun; "
+rank = subprocess.Popen([sys.executable, "-c", "from recipes.trainer.ranks import die_with_torchrun; "
                          "import sys, time; "
                          "sys.exit(3) if not die_with_torchrun() else print('armed', flush=True); time.sleep(600)"],
                         env={**os.environ, "TORCHELASTIC_RUN_ID": "test"}, start_new_session=True,
@@ -401,7 +461,17 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+def test_the_training_entry_imports_neither_torch_nor_megatron_before_its_stack_check():
+    # What `python -m recipes.train` has loaded once its module ran: the trainer (torch, megatron-core at the top
+    # of its modules) is imported by main() only after the check.
+    script = ("import sys, recipes.train; print(sorted(m for m in sys.modules "
+              "if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine', 'recipes')))")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(["recipes", "recipes.train", "recipes.trainer", "recipes.trainer.ranks"])
+
+
 def test_ranks_started_otherwise_are_left_alone():
-    from recipes.trainer.distributed import die_with_torchrun
+    from recipes.trainer.ranks import die_with_torchrun
 
     assert die_with_torchrun({"SLURM_PROCID": "0"}) is False

@@ -1,0 +1,139 @@
+"""The project's modules import each other without cycles. Each module's imports are read with ast (those Python
+runs when the module is imported: at module level, in classes and if/try blocks; an import inside a function runs
+later, when called) and mapped to the project's modules, package __init__ files included: importing a.b.c runs
+a/__init__.py and a/b/__init__.py first."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("launcher", "recipes", "data_prep", "common")
+
+
+def project_modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
+    modules = {}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _run_at_import(tree: ast.Module):
+    """The import statements of a module that run when it is imported."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def _executed(name: str, modules: dict[str, Path]) -> set[str]:
+    """The project modules that importing `name` runs: each package on the way, then the module itself."""
+    parts = name.split(".")
+    return {m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules}
+
+
+def module_imports(name: str, modules: dict[str, Path]) -> set[str]:
+    path = modules[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _run_at_import(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found |= _executed(alias.name, modules)
+            continue
+        base = node.module or ""
+        if node.level:  # relative: from . import x, from ..a import b
+            anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+            base = ".".join(anchor + ([node.module] if node.module else []))
+        found |= _executed(base, modules)
+        for alias in node.names:  # from package import module
+            found |= _executed(f"{base}.{alias.name}", modules)
+    found.discard(name)
+    return found
+
+
+def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+    modules = project_modules(root, packages)
+    return {name: module_imports(name, modules) for name in modules}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others (Tarjan's strongly connected
+    components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_project_has_no_import_cycles():
+    graph = import_graph(REPO)
+    assert {"launcher.cli", "recipes.trainer.loop", "data_prep.pipeline", "common.plan"} <= set(graph)
+    assert "recipes.trainer.cadence" in graph["recipes.trainer.loop"]
+    assert cycles(graph) == []
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_cycles_are_found_through_relative_imports_and_package_inits(tmp_path):
+    write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg import b\n",
+        "pkg/b.py": "import pkg.c\n",
+        "pkg/c.py": "try:\n    from . import a\nexcept ImportError:\n    pass\n",
+        "pkg/d.py": "import other.leaf\n",             # importing other.leaf runs other/__init__.py ...
+        "other/__init__.py": "from pkg.d import x\n",  # ... which imports pkg.d
+        "other/leaf.py": "",
+        "pkg/late.py": "def f():\n    import pkg.a\n",  # runs when called, not when imported
+    })
+    graph = import_graph(tmp_path, ("pkg", "other"))
+    assert graph["pkg.d"] == {"other", "other.leaf"} and graph["pkg.late"] == set()
+    assert cycles(graph) == [["other", "pkg.d"], ["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_a_package_init_importing_a_module_that_imports_the_package_is_a_cycle(tmp_path):
+    # util reads the package while its __init__ is still running: whatever __init__ defines after the import
+    # is not there yet.
+    write(tmp_path, {"pkg/__init__.py": "from pkg import util\n", "pkg/util.py": "from pkg import other\n",
+                     "pkg/other.py": "", "pkg/alone.py": "from pkg import other\n"})
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg"] == {"pkg.util"} and graph["pkg.alone"] == {"pkg", "pkg.other"}
+    assert cycles(graph) == [["pkg", "pkg.util"]]

@@ -39,9 +39,11 @@ def divergence(loss: float | None, grad_norm: float) -> str | None:
     return None
 
 
-def logs_step(step: int, log_interval: int, val_loss: float | None) -> bool:
-    """Every training.log_interval steps, and every step this rank has a validation loss for."""
-    return step % log_interval == 0 or val_loss is not None
+def logs_step(step: int, log_interval: int, evaluated: bool) -> bool:
+    """Every training.log_interval steps, and every step that evaluated. Every rank decides alike, from what every
+    rank knows: a logged step joins a collective (the peak-memory reduction), and only last-stage ranks hold the
+    validation loss, so deciding by it would leave the other pipeline stages out and hang the step."""
+    return step % log_interval == 0 or evaluated
 
 
 @dataclass(frozen=True)

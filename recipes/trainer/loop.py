@@ -278,7 +278,7 @@ class Trainer:
                 return 3
             evaluated = self.evaluation.due(state.step)
             val_loss = self._validate() if evaluated else None
-            self._log_step(loss, grad_norm, step_time, val_loss)
+            self._log_step(loss, grad_norm, step_time, val_loss, evaluated)
             reached = self._target_reached(val_loss)
             self.gc_policy.after_step(state.step)
 
@@ -317,11 +317,12 @@ class Trainer:
         with self.observers.range("validation"):
             return self.evaluate()
 
-    def _log_step(self, loss: float | None, grad_norm: float, step_time: float, val_loss: float | None) -> None:
+    def _log_step(self, loss: float | None, grad_norm: float, step_time: float, val_loss: float | None,
+                  evaluated: bool) -> None:
         """The progress line, metrics.jsonl and the trackers (last rank); every rank joins the peak-memory
         reduction of a logged step."""
         state = self.state
-        log_now = cadence.logs_step(state.step, self.train_cfg["log_interval"], val_loss)
+        log_now = cadence.logs_step(state.step, self.train_cfg["log_interval"], evaluated)
         peak_memory = self._peak_memory_gib() if log_now else None
         if self.is_last_rank and log_now:
             record = metrics.step_metrics(self.plan, step=state.step, loss=loss, lr=self.scheduler.get_lr(

@@ -82,8 +82,8 @@ def test_what_diverged_is_named_and_finite_steps_go_on():
 
 
 def test_logged_steps_and_garbage_collection():
-    assert [s for s in range(1, 11) if logs_step(s, 5, None)] == [5, 10]
-    assert logs_step(3, 5, 2.0)  # a step with a validation loss is always logged
+    assert [s for s in range(1, 11) if logs_step(s, 5, evaluated=False)] == [5, 10]
+    assert logs_step(3, 5, evaluated=True)  # a step that evaluated is logged, on every rank alike
     assert [s for s in range(1, 301) if GCPolicy().due(s)] == [100, 200, 300]
 
 

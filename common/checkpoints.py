@@ -9,6 +9,8 @@ import os
 import re
 import shutil
 
+from common.files import atomic_write
+
 TRACKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "train_state.json"
 _COMPLETE = re.compile(r"^iter_(\d{7})$")
@@ -53,25 +55,16 @@ def read_train_state(path: str) -> TrainState:
         return TrainState(**json.load(f))
 
 
-def _write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def finalize_checkpoint(root: str, state: TrainState) -> str:
     """Mark the partial checkpoint of state.step complete: state file, rename, tracker. Run on one rank after
     every rank has written its shards."""
     partial = partial_path(root, state.step)
-    _write_atomically(os.path.join(partial, STATE_FILE), json.dumps(asdict(state), indent=1))
+    atomic_write(os.path.join(partial, STATE_FILE), json.dumps(asdict(state), indent=1))
     final = os.path.join(root, checkpoint_name(state.step))
     if os.path.exists(final):  # the same step saved again (e.g. after a signal at a save step)
         shutil.rmtree(final)
     os.rename(partial, final)
-    _write_atomically(os.path.join(root, TRACKER), f"{state.step}\n")
+    atomic_write(os.path.join(root, TRACKER), f"{state.step}\n")
     return final
 
 

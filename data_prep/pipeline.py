@@ -21,6 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from common.files import atomic_write
 from data_prep.config import resolve_workers, settings_problems
 from data_prep.download import DownloadError, DownloadOptions, download, read_checksums
 from data_prep.encode import EXAMPLES_PER_REASON
@@ -471,13 +472,7 @@ def _read_json(path: str) -> Optional[Any]:
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _remove(path: str) -> None:

@@ -3,15 +3,14 @@ jobs.json."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
+from common.files import atomic_write
 from common.plan import Plan
 from launcher.jobs.render import Job
 from launcher.platforms import platform_of
@@ -35,19 +34,6 @@ def run_dir_of(cfg: Mapping[str, Any]) -> Path:
     return Path(cfg["results_dir"]).expanduser().absolute() / cfg["run_name"]
 
 
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Temp file + rename: a reader (a job starting, a second launcher) never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def rendered_files(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
     """File name -> text for one job, as its platform renders it; the job's own script first."""
     return platform_of(cfg).render(job, cfg, run_dir)
@@ -67,12 +53,12 @@ def config_yaml(cfg: Mapping[str, Any]) -> str:
 def write_run_dir(run_dir: Path, cfg: Mapping[str, Any], plan: Plan, jobs: list[Job]) -> list[Path]:
     """Everything the jobs read. Returns the job scripts, in order."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    _write_atomic(run_dir / "config.yaml", config_yaml(cfg))
-    _write_atomic(run_dir / "plan.json", json.dumps(plan.to_json_dict(), indent=2) + "\n")
+    atomic_write(run_dir / "config.yaml", config_yaml(cfg))
+    atomic_write(run_dir / "plan.json", json.dumps(plan.to_json_dict(), indent=2) + "\n")
     scripts = []
     for job in jobs:
         for name, text in rendered_files(job, cfg, run_dir).items():
-            _write_atomic(run_dir / name, text, mode=0o755 if name.endswith((".sh", ".sbatch", ".qsub")) else 0o644)
+            atomic_write(run_dir / name, text, mode=0o755 if name.endswith((".sh", ".sbatch", ".qsub")) else 0o644)
         scripts.append(run_dir / job.script)
     return scripts
 
@@ -83,4 +69,4 @@ def record_jobs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
     history = json.loads(path.read_text()) if path.exists() else []
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     history += [{**entry, "submitted_at": stamp} for entry in submitted]
-    _write_atomic(path, json.dumps(history, indent=2) + "\n")
+    atomic_write(path, json.dumps(history, indent=2) + "\n")

@@ -31,6 +31,7 @@ import yaml
 
 from common import hf_config
 from common.checkpoints import STATE_FILE, latest_checkpoint
+from common.files import atomic_output, atomic_write
 from recipes.hf import hub, mapping
 from recipes.hf.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 
@@ -173,12 +174,6 @@ def shard_name(index: int, count: int) -> str:
     return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------- the export
 class HFTensors:
     """Hugging Face tensors one at a time from the checkpoint; the megatron tensor they come from is kept until
@@ -223,8 +218,7 @@ def _write_shard(target: Path, names: list[str], shapes: Mapping[str, tuple[int,
     """One safetensors file, tensor by tensor, under a temporary name until it is complete."""
     torch_dtype = getattr(torch, dtype)
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
-    tmp = target.with_name(f".{target.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_output(target, binary=True) as f:
         f.write(encode_header(names, shapes, dtype, itemsize))
         for name in names:
             tensor = tensors.get(name).to(torch_dtype).contiguous()
@@ -234,9 +228,6 @@ def _write_shard(target: Path, names: list[str], shapes: Mapping[str, tuple[int,
             f.write(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")
             progress.add(tensor.numel() * itemsize)
             del tensor
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
 
 
 def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config: Mapping[str, Any],
@@ -268,12 +259,12 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config:
 
     index = {"metadata": {"total_size": total},
              "weight_map": {n: shard_name(i, len(shards)) for i, names in enumerate(shards) for n in names}}
-    _write_atomically(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    atomic_write(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     bos, eos = _copy_tokenizer(run_config, tokenizer, out) if copy_tokenizer else (None, None)
     config = hf_config.llama_config(model, torch_dtype=dtype, bos_token_id=bos, eos_token_id=eos)
-    _write_atomically(out / "config.json", json.dumps(config, indent=2) + "\n")
+    atomic_write(out / "config.json", json.dumps(config, indent=2) + "\n")
     generation = {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos)) if v is not None}
-    _write_atomically(out / "generation_config.json", json.dumps(generation, indent=2) + "\n")
+    atomic_write(out / "generation_config.json", json.dumps(generation, indent=2) + "\n")
     (out / MANIFEST).unlink(missing_ok=True)
     return out
 
@@ -291,7 +282,7 @@ def _prepare_out(out: Path, manifest: dict[str, Any]) -> None:
                               "a new directory or empty it")
         return
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomically(marker, json.dumps(manifest))
+    atomic_write(marker, json.dumps(manifest))
 
 
 # --------------------------------------------------------------------------- tokenizer

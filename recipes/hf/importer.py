@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from common import hf_config
 from common.checkpoints import latest_checkpoint
+from common.files import atomic_write
 from common.hf_config import KEY, HFConfigError
 from recipes.hf import hub, mapping
 from recipes.hf.safetensors_io import INDEX_FILE, METADATA_KEY, SafetensorsFileError, read_header
@@ -251,9 +252,7 @@ def locate(value: str, run_dir: str, rank: int) -> str:
     marker = Path(run_dir) / _MARKER
     if rank == 0:
         path = download(value)
-        tmp = marker.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"source": value, "path": path}))
-        os.replace(tmp, marker)
+        atomic_write(marker, json.dumps({"source": value, "path": path}))
         return path
     path = _wait_for_marker(marker, value)
     if not Path(path, "config.json").is_file():

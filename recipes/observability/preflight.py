@@ -26,6 +26,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import torch
 import yaml
 
+from common.files import atomic_write
 from common.plan import Plan, PlanFileError, load_plan
 from recipes.trainer.ranks import die_with_torchrun, rank_info
 
@@ -245,13 +246,6 @@ def diagnose(coll: Collectives, rank: int, blocks: list[list[int]], size_bytes: 
 
 
 # --------------------------------------------------------------------------- the stage
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank: int,
         world_size: int, device: str, say: Callable[[str], None]) -> int:
     """Every rank runs this; rank 0 prints and writes preflight.json. Returns the exit status."""
@@ -263,7 +257,7 @@ def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank:
         line = "preflight: passed: one GPU, no communication to measure"
         say(line)
         if rank == 0:
-            _write_atomic(os.path.join(run_dir, "preflight.json"),
+            atomic_write(os.path.join(run_dir, "preflight.json"),
                           json.dumps({**report, "passed": True, "verdict": line}, indent=2) + "\n")
         return 0
     coll = Collectives(device, local_rank, "fp32" if cfg["parallelism"]["grad_reduce_in_fp32"] else "bf16")
@@ -311,7 +305,7 @@ def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank:
     if rank == 0:
         report.update(passed=passed, verdict=line, node_names=node_names, slow_nodes=slow_nodes,
                       slow_pairs=slow_pairs, results=[m.as_dict() for m in results])
-        _write_atomic(os.path.join(run_dir, "preflight.json"), json.dumps(report, indent=2) + "\n")
+        atomic_write(os.path.join(run_dir, "preflight.json"), json.dumps(report, indent=2) + "\n")
     return 0 if passed else 1
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from common.files import atomic_write
 from common.plan import Plan
 from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
 
@@ -111,10 +112,7 @@ def wandb_run_id(run_dir: str, new_id: Callable[[], str]) -> str:
         if run_id:
             return run_id
     run_id = new_id()
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(run_id + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, run_id + "\n")
     return run_id
 
 

@@ -20,10 +20,7 @@ from launcher.config.schema import register
 
 from data_prep import checks
 from data_prep.checks import pair_problem, preparation_problems, prepared_data_problems
-from data_prep.config import load_section
-from data_prep.pipeline import Pipeline, Settings
-from data_prep.shards import list_shards
-from dataprep_helpers import REPO, copy_of, make_docs, write_config, write_shard
+from dataprep_helpers import REPO, copy_of, make_docs, write_shard
 
 KEY = "training.data.blend"
 

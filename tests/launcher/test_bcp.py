@@ -79,7 +79,7 @@ def check_documented(argv: list[str]) -> None:
     ("8b", ["training=llama31/8b", "cluster.instance=dgxa100.80g.8.norm", "cluster.gpu_type=a100"], 1),
     ("70b_fp8", ["training=llama31/70b", "dtype=fp8", "+cluster.env.NCCL_IB_SL=1",
                  'cluster.ngc_args=["--preempt", "RUNONCE", "--priority", "HIGH"]',
-                 f"cluster.datasets=[{{id: 1602645, mount: /mnt/tokenizers}}]"], 8),
+                 "cluster.datasets=[{id: 1602645, mount: /mnt/tokenizers}]"], 8),
     ("405b", ["training=llama31/405b"], 128),
 ])
 def test_training_jobs(cfg_for, tmp_path, name, overrides, replicas):

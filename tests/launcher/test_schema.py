@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -37,4 +37,5 @@ def test_the_temporary_lies_beside_the_target_under_a_hidden_unique_name(tmp_pat
         assert len(names) == 2 and all(n.startswith(".plan.json.") and n.endswith(".tmp") for n in names)
         first.write("1")
         second.write("2")
-    assert path.read_text() == "2"
+    assert path.read_text() == "1"  # the writer that finishes last wins, whole (the inner block closed first)
+    assert os.listdir(tmp_path) == ["plan.json"]

@@ -3,25 +3,17 @@ gridengine-master/-exec/-client, installed through apt when missing) and stopped
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from cluster_jobs import local_scheduler, skip_reason, wait_for_job
+
 SCRIPT = Path(__file__).resolve().parent / "sge-local.sh"
 # What Grid Engine's clients (qsub, qstat, qacct) need to find the cell sge-local.sh runs.
 SGE_ENV = {"SGE_ROOT": "/var/lib/gridengine", "SGE_CELL": "default"}
-
-
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root: sge-local.sh installs and starts sge_qmaster and sge_execd"
-    if shutil.which("sge_qmaster") is None and not Path("/usr/sbin/sge_qmaster").exists() \
-            and shutil.which("apt-get") is None:
-        return "Grid Engine is not installed and there is no apt-get to install it (Debian/Ubuntu only)"
-    return None
 
 
 class GridEngine:
@@ -32,9 +24,7 @@ class GridEngine:
     def wait(self, job_id: str, timeout_s: int = 300) -> tuple[int, str]:
         """(exit status, summary): 0 when every task exited 0; 1 with "error_state" when what is left of the job
         sits in the error state (sge-local.sh wait)."""
-        out = subprocess.run(["bash", str(SCRIPT), "wait", job_id, str(timeout_s)], capture_output=True,
-                             text=True, timeout=timeout_s + 60)
-        return out.returncode, out.stdout.strip()
+        return wait_for_job(SCRIPT, job_id, timeout_s)
 
     def accounting(self, job_id: str, tasks: int = 1, timeout_s: int = 60) -> list[dict[str, str]]:
         """`qacct -j` as one dict per finished task, once `tasks` of them are recorded (the execd reports a
@@ -64,18 +54,8 @@ class GridEngine:
 
 @pytest.fixture(scope="session")
 def grid_engine():
-    reason = _skip_reason()
+    reason = skip_reason(SCRIPT, "sge_qmaster")
     if reason:
         pytest.skip(f"sge test: {reason}")
-    # A cluster that is already up (another test session on this machine) is used and left running.
-    already_up = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True,
-                                timeout=60).returncode == 0
-    if not already_up:
-        started = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=1200)
-        if started.returncode != 0:
-            pytest.fail(f"sge-local.sh start failed:\n{started.stdout}\n{started.stderr}")
-    try:
+    with local_scheduler(SCRIPT):
         yield GridEngine()
-    finally:
-        if not already_up:
-            subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=300)

@@ -28,38 +28,13 @@ export PATH="/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
 COMMON=$SGE_ROOT/$SGE_CELL/common
 UTILS=/usr/lib/gridengine
 SPOOL=/var/spool/gridengine
-TMP_POLICY=""
 STOPPED=()
 
-log() { printf '[sge-local] %s\n' "$*"; }
-die() { printf '[sge-local] ERROR: %s\n' "$*" >&2; exit 1; }
-need_root() { [ "$(id -u)" = 0 ] || die "must run as root"; }
+NAME=sge-local
+PROBE_PKG=gridengine-master
+# shellcheck source=../local-daemons.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../local-daemons.sh"
 
-# ---------------------------------------------------------------- pid bookkeeping (as slurm-local.sh)
-proc_stat() { # "STATE STARTTIME" of a pid (fields 3 and 22 of /proc/PID/stat)
-    local s
-    s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    s=${s##*) }
-    # shellcheck disable=SC2086
-    set -- $s
-    echo "$1 ${20}"
-}
-starttime() { # kernel start time of a live (non-zombie) pid
-    local st
-    st=$(proc_stat "$1") || return 1
-    case "${st%% *}" in Z|X|x) return 1 ;; esac
-    echo "${st#* }"
-}
-pidfile() { echo "$BASE/pids/$1.pid"; }
-our_pid() { # the recorded pid of daemon $1 if that exact process is still alive
-    local f pid st cur
-    f=$(pidfile "$1")
-    [ -s "$f" ] || return 1
-    read -r pid st < "$f" || return 1
-    cur=$(starttime "$pid") || return 1
-    [ "$cur" = "$st" ] || return 1
-    echo "$pid"
-}
 # record NAME PIDFILE: the daemon forked itself into the background and wrote its pid there
 record() {
     local name=$1 file=$2 pid="" st=""
@@ -74,34 +49,13 @@ record() {
 }
 
 # ---------------------------------------------------------------- install
-pkg_installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
-install_pkgs() {
-    local missing=() p
-    for p in "${PKGS[@]}"; do pkg_installed "$p" || missing+=("$p"); done
-    [ ${#missing[@]} -eq 0 ] && { log "packages already installed: ${PKGS[*]}"; return 0; }
-    log "installing: ${missing[*]}"
-    # Keep package scripts from starting daemons we would not track.
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        TMP_POLICY=/usr/sbin/policy-rc.d
-        printf '#!/bin/sh\n# temporary, created by sge-local.sh\nexit 101\n' > "$TMP_POLICY"
-        chmod 755 "$TMP_POLICY"
-        trap 'rm -f "$TMP_POLICY"' EXIT
-    fi
-    # The cluster the package creates: cell "default", configured by the package (spool, complexes, users).
+# The cluster the package creates: cell "default", configured by the package (spool, complexes, users).
+preseed() {
     debconf-set-selections <<EOF
 gridengine-common shared/gridenginecell string default
 gridengine-common shared/gridengineconfig boolean true
 gridengine-common shared/gridenginemaster string $(hostname)
 EOF
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-cache policy gridengine-master 2>/dev/null | grep 'Candidate: [0-9]' >/dev/null; then
-        apt-get update -q
-    fi
-    if ! apt-get -y -q install --no-install-recommends "${missing[@]}"; then
-        apt-get update -q
-        apt-get -y -q install --no-install-recommends "${missing[@]}"
-    fi
-    if [ -n "$TMP_POLICY" ]; then rm -f "$TMP_POLICY"; TMP_POLICY=""; trap - EXIT; fi
 }
 
 # ---------------------------------------------------------------- host names
@@ -159,7 +113,7 @@ queue_ready() { # all.q@HOST is listed with no state flags (a = alarm, u = unkno
 do_start() {
     need_root
     local t0=$SECONDS
-    install_pkgs
+    install_pkgs preseed
     host_names
     mkdir -p /var/run/gridengine "$BASE/pids"
     chown sgeadmin:sgeadmin /var/run/gridengine "$SPOOL/qmaster" "$SPOOL/execd" 2>/dev/null || true

@@ -2,22 +2,14 @@
 slurm-local.sh (Debian's slurm 22.05 + munge, installed through apt when missing) and stopped at the end."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from cluster_jobs import local_scheduler, skip_reason, wait_for_job
+
 SCRIPT = Path(__file__).resolve().parent / "slurm-local.sh"
-
-
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root: slurm-local.sh installs and starts munge, slurmctld and slurmd"
-    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
-        return "Slurm is not installed and there is no apt-get to install it (Debian/Ubuntu only)"
-    return None
 
 
 class SlurmCluster:
@@ -25,9 +17,7 @@ class SlurmCluster:
 
     def wait(self, job_id: str, timeout_s: int = 300) -> tuple[int, str]:
         """(exit status, final states): 0 when every task COMPLETED (slurm-local.sh wait)."""
-        out = subprocess.run(["bash", str(SCRIPT), "wait", job_id, str(timeout_s)], capture_output=True, text=True,
-                             timeout=timeout_s + 30)
-        return out.returncode, out.stdout.strip()
+        return wait_for_job(SCRIPT, job_id, timeout_s)
 
     def show(self, job_id: str) -> list[dict[str, str]]:
         """`scontrol show job` as one dict per (array) task."""
@@ -38,18 +28,8 @@ class SlurmCluster:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    reason = _skip_reason()
+    reason = skip_reason(SCRIPT, "slurmctld")
     if reason:
         pytest.skip(f"slurm test: {reason}")
-    # A cluster that is already up (another test session on this machine) is used and left running.
-    already_up = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True,
-                                timeout=60).returncode == 0
-    if not already_up:
-        started = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=1200)
-        if started.returncode != 0:
-            pytest.fail(f"slurm-local.sh start failed:\n{started.stdout}\n{started.stderr}")
-    try:
+    with local_scheduler(SCRIPT):
         yield SlurmCluster()
-    finally:
-        if not already_up:
-            subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """The project's modules import each other without cycles. Each module's imports are read with ast (those Python
 runs when the module is imported: at module level, in classes and if/try blocks; an import inside a function runs
-later, when called) and mapped to the project's modules, package __init__ files included: importing a.b.c runs
+later, when called, and one under `if TYPE_CHECKING:` never runs) and mapped to the project's modules, package __init__ files included: importing a.b.c runs
 a/__init__.py and a/b/__init__.py first."""
 from __future__ import annotations
 
@@ -29,8 +29,19 @@ def _run_at_import(tree: ast.Module):
         node = pending.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
+        elif _type_checking_only(node):
+            pending.extend(node.orelse)
         elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             pending.extend(ast.iter_child_nodes(node))
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or typing.TYPE_CHECKING): its body is read by type checkers only."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _executed(name: str, modules: dict[str, Path]) -> set[str]:
@@ -123,9 +134,11 @@ def test_cycles_are_found_through_relative_imports_and_package_inits(tmp_path):
         "other/__init__.py": "from pkg.d import x\n",  # ... which imports pkg.d
         "other/leaf.py": "",
         "pkg/late.py": "def f():\n    import pkg.a\n",  # runs when called, not when imported
+        "pkg/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\nelse:\n    import pkg.b\n",
     })
     graph = import_graph(tmp_path, ("pkg", "other"))
     assert graph["pkg.d"] == {"other", "other.leaf"} and graph["pkg.late"] == set()
+    assert graph["pkg.typed"] == {"pkg", "pkg.b"}
     assert cycles(graph) == [["other", "pkg.d"], ["pkg.a", "pkg.b", "pkg.c"]]
 
 

@@ -22,7 +22,7 @@ def unwrap(chunk):
 
 def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage held by this rank, on the current GPU."""
-    spec = get_gpt_layer_with_transformer_engine_spec()
+    spec = get_gpt_layer_with_transformer_engine_spec(**settings.layer_spec_kwargs(config))
     kwargs = settings.gpt_model_kwargs(cfg, plan)
     chunks = []
     for stage in range(plan.vp or 1):

@@ -1,6 +1,7 @@
 """The single-GPU performance keys on the training side, on the CPU: the megatron-core TransformerConfig each key
 produces (built for real, with megatron-core's own validation), the combinations the plan refuses being ones
-megatron-core refuses too, and the rank order reaching megatron-core's parallel state (gloo ranks)."""
+megatron-core refuses too, the rank order reaching megatron-core's parallel state (gloo ranks), and the CUDA-graph
+component's decisions (when to capture, which schedule evaluation uses, what is released)."""
 from __future__ import annotations
 
 import warnings
@@ -10,7 +11,7 @@ import torch
 
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
-from recipes.trainer import settings
+from recipes.trainer import graphs, settings
 
 from cpu_megatron import run_ranks
 
@@ -149,3 +150,116 @@ def test_megatron_refuses_dp_last_with_pipeline_and_context_parallelism_as_the_p
     plan["rank_order"] = "tp-cp-ep-pp-dp"  # past the plan, which refuses it
     results = run_ranks(_groups, 4, plan)
     assert all("pp-last rank ordering" in r.get("refused", "") for r in results), results
+
+
+# ----------------------------------------------------------------------------- the CUDA-graph component
+class FakeHelper:
+    def __init__(self, log):
+        self.log, self.finished, self.created = log, False, False
+
+    def capture_finished(self):
+        return self.finished
+
+    def graphs_created(self):
+        return self.created
+
+    def create_cudagraphs(self):
+        self.log.append("capture")
+        self.finished = self.created = True
+
+    def cuda_graph_set_manual_hooks(self):
+        self.log.append("manual hooks")
+
+    def delete_cuda_graphs(self):
+        self.log.append("delete")
+        self.created = False
+
+
+class FakeChunk:
+    def __init__(self, log):
+        self.log = log
+
+    def disable_forward_pre_hook(self, param_sync=True):
+        self.log.append(f"hooks off (sync={param_sync})")
+
+    def enable_forward_pre_hook(self):
+        self.log.append("hooks on")
+
+
+def _per_layer(log, overlap=True, warmup=2):
+    helper = FakeHelper(log)
+    component = graphs.CudaGraphs("per_layer", warmup, [FakeChunk(log)], overlap_param_gather=overlap,
+                                  helper_factory=lambda: helper, say=lambda line: log.append(line))
+    return component, helper
+
+
+def test_per_layer_graphs_are_captured_once_after_the_warmup_steps_of_this_process():
+    log = []
+    component, helper = _per_layer(log)
+    eager = object()
+    assert component.training_schedule(eager) is eager  # the layers replay their graphs themselves
+    for _ in range(5):
+        component.before_step()
+        log.append("step")
+        component.after_step()
+    # Two eager steps, then the capture with the all-gather hooks off (no sync), back on, and the manual hooks.
+    assert log == ["step", "step", "hooks off (sync=False)", "capture", "hooks on", "manual hooks",
+                   "CUDA graphs: per-layer graphs captured after 2 eager steps", "step", "step", "step"]
+    component.release()
+    component.release()  # idempotent: the loop's finally may meet graphs already gone
+    assert log[-1] == "delete" and log.count("delete") == 1
+
+
+def test_without_overlapped_param_gather_there_are_no_hooks_to_move():
+    log = []
+    component, _ = _per_layer(log, overlap=False, warmup=1)
+    for _ in range(2):
+        component.before_step()
+        component.after_step()
+    assert "capture" in log and not any("hooks" in line for line in log)
+
+
+def test_full_iteration_wraps_only_the_training_schedule_and_is_reset_before_teardown():
+    log = []
+
+    class Wrapper:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def reset_cuda_graph(self):
+            log.append("reset")
+
+    eager = object()
+    component = graphs.CudaGraphs("full_iteration", 3, [], wrapper_factory=Wrapper, say=log.append)
+    train = component.training_schedule(eager)
+    assert isinstance(train, Wrapper) and train.fn is eager
+    for _ in range(4):
+        component.before_step()
+        component.after_step()
+    assert log == ["CUDA graphs: full-iteration graph captured after 3 eager steps"]
+    component.release()
+    assert log[-1] == "reset"
+
+
+def test_no_graphs_change_nothing():
+    eager = object()
+    component = graphs.CudaGraphs("none", 3, [], helper_factory=lambda: pytest.fail("no helper"),
+                                  wrapper_factory=lambda fn: pytest.fail("no wrapper"))
+    assert component.training_schedule(eager) is eager
+    component.before_step()
+    component.after_step()
+    component.release()
+
+
+def test_evaluation_runs_the_eager_schedule_and_training_the_graphed_one():
+    from recipes.trainer import loop
+
+    calls = []
+    trainer = loop.Trainer.__new__(loop.Trainer)
+    trainer.forward_backward = lambda **kw: calls.append(("eager", kw["forward_only"]))
+    trainer.train_forward_backward = lambda **kw: calls.append(("graphed", kw["forward_only"]))
+    trainer.chunks = [object()]
+    trainer.plan = type("P", (), {"seq_length": 8, "micro_batch_size": 1})()
+    trainer._run_schedule(None, 2, forward_only=True)
+    trainer._run_schedule(None, 2, forward_only=False)
+    assert calls == [("eager", True), ("graphed", False)]

@@ -48,12 +48,13 @@ class CudaGraphs:
         def helper():
             from megatron.core import num_microbatches_calculator as microbatches
             from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+            import torch
 
             # The helper sizes its capture from megatron's global microbatch calculator, which this trainer
             # (which takes the microbatch count from the plan) does not otherwise set.
             if microbatches._GLOBAL_NUM_MICROBATCHES_CALCULATOR is None:
-                microbatches.init_num_microbatches_calculator(0, None, plan.global_batch_size, plan.micro_batch_size,
-                                                              plan.dp)
+                microbatches.init_num_microbatches_calculator(torch.distributed.get_rank(), None,
+                                                              plan.global_batch_size, plan.micro_batch_size, plan.dp)
             return TECudaGraphHelper(model=chunks, config=config, seq_length=plan.seq_length,
                                      micro_batch_size=plan.micro_batch_size, optimizers=[optimizer])
 

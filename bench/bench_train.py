@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,22 +28,31 @@ from launcher.plan.table import layout  # noqa: E402
 from launcher.report.throughput import RunInfo, read_metrics, summarize  # noqa: E402
 
 
-def run_case(name: str, overrides: list[str], args, results: Path) -> dict:
+def run_case(name: str, overrides: list[str], args, results: Path, timeout: float | None = None) -> dict:
+    """One case as its own main.py run; `timeout` seconds: the run's whole process group is killed after it (a
+    hung rank otherwise holds the GPU for the cases after it)."""
     cmd = [sys.executable, str(REPO / "main.py"), f"training={args.model}", "cluster=local",
            f"parallelism.num_gpus={args.gpus}", f"training.global_batch_size={args.gbs}",
            f"training.train_steps={args.steps}", "training.val_interval=0", "training.checkpoint.interval=0",
            "training.checkpoint.save_at_end=false", "training.data.mock=true", f"results_dir={results}",
            f"run_name={name}", *overrides]
     print("$", " ".join(shlex.quote(c) for c in cmd), flush=True)
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        status = f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        status = f"killed after {timeout:.0f} s"
     log = results / f"{name}.out"
-    log.write_text(proc.stdout + proc.stderr)
+    log.write_text(output)
     run_dir = results / name
     metrics_file = run_dir / "metrics.jsonl"
     if proc.returncode != 0 or not metrics_file.exists():
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        print(f"case {name} failed ({proc.returncode}); log {log}\n{tail}", flush=True)
-        return {"case": name, "error": f"exit {proc.returncode}"}
+        print(f"case {name} failed ({status}); log {log}\n{output[-3000:]}", flush=True)
+        return {"case": name, "error": status}
     return table_row(name, run_dir, args.window)
 
 
@@ -65,6 +76,7 @@ def table_row(name: str, run_dir: Path, window: int) -> dict:
         **_versus(report.mfu, reference),
         "peak_memory_gib": max((r.get("peak_memory_gib") or 0) for r in records),
         "final_loss": records[-1]["loss"],
+        "run_dir": str(run_dir),
     }
 
 

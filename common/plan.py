@@ -42,7 +42,11 @@ class Plan:
     num_parameters: int
     gpu_type: str | None
     peak_flops_per_gpu: float | None
-    peak_flops_kind: str  # which peak MFU divides by: "bf16" or "fp8"
+    peak_flops_kind: str  # which peak MFU divides by: "bf16", "fp8" or "fp4"
+    # megatron-core's initialize_model_parallel(order=...) (parallelism.rank_order).
+    rank_order: str = "tp-cp-ep-dp-pp"
+    # training.cuda_graphs: none, per_layer or full_iteration (the environment and the seeds depend on it).
+    cuda_graphs: str = "none"
     env: dict[str, str] = field(default_factory=dict)
     command: str = ""
     # Why this plan will not train here (e.g. cluster=local on a machine with no GPU); None when it can.

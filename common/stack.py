@@ -25,7 +25,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from common.plan import PlanFileError, load_plan
+from common.plan import Plan, PlanFileError, load_plan
 
 REPO = Path(__file__).resolve().parent.parent
 STACK_FILE = REPO / "conf" / "stack.yaml"
@@ -223,7 +223,8 @@ def problems(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFo
         elif gpu.capability < need:
             have = ".".join(map(str, gpu.capability))
             out.append(f"{precision} needs compute capability {need[0]}.{need[1]} or newer, {gpu.name} has {have}"
-                       + ("; use dtype=bf16" if precision == "fp8" else ""))
+                       + ("; use dtype=bf16" if precision == "fp8" else "; use dtype=fp8" if precision != "bf16"
+                          else ""))
         if gpu.nccl is None:
             out.append("torch has no NCCL (torch.distributed.is_nccl_available() is false)")
     return out
@@ -264,7 +265,17 @@ def check_run(run_dir: str, rank: int = 0, local_rank: int = 0) -> None:
         plan = load_plan(run_dir)
     except PlanFileError as err:  # the first reader of plan.json on a rank: one line, before anything starts
         raise SystemExit(f"error: {err}") from None
-    check_or_exit(cfg, "fp8" if plan.fp8 else "bf16", rank, local_rank)
+    check_or_exit(cfg, precision_of(cfg, plan), rank, local_rank)
+
+
+def precision_of(cfg: Mapping[str, Any], plan: Plan) -> str:
+    """The lowest precision a run's GEMMs use, as min_compute_capability names it."""
+    dtype = cfg.get("dtype") or {}
+    if dtype.get("fp4"):
+        return str(dtype["fp4"])
+    if plan.fp8:
+        return "mxfp8" if dtype.get("fp8_recipe") == "mxfp8" else "fp8"
+    return "bf16"
 
 
 # --------------------------------------------------------------------------- installing

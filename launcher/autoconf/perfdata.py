@@ -20,7 +20,17 @@ NVIDIA_H100 = PERF_DIR / "nvidia_h100.yaml"
 
 
 def measured_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
+    """The runs with a measurement: the rows the step-time model is fit to and the tests hold it to."""
     return yaml.safe_load(path.read_text())["rows"]
+
+
+def pending_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
+    """Cases planned for measurement whose numbers are not in yet (measured.yaml's `pending`): predicted only."""
+    return yaml.safe_load(path.read_text()).get("pending") or []
+
+
+def is_measured(row: Mapping[str, Any]) -> bool:
+    return any(row.get(k) for k in ("tokens_per_s_per_gpu", "step_time_s", "mfu_bf16"))
 
 
 def row_overrides(row: Mapping[str, Any]) -> list[str]:
@@ -31,9 +41,12 @@ def row_overrides(row: Mapping[str, Any]) -> list[str]:
 
 
 def measured_tokens_per_s_per_gpu(row: Mapping[str, Any], plan: Plan) -> float:
-    """The row's throughput; rows recorded as MFU (bf16 peak) are converted with the plan's FLOPs per sample."""
+    """The row's throughput; rows recorded as a step time or as MFU (bf16 peak) are converted with the plan's batch
+    and FLOPs per sample."""
     if row.get("tokens_per_s_per_gpu"):
         return float(row["tokens_per_s_per_gpu"])
+    if row.get("step_time_s"):
+        return plan.global_batch_size * plan.seq_length / float(row["step_time_s"]) / plan.num_gpus
     peak = gpu_spec(plan.gpu_type).bf16_peak_flops
     return row["mfu_bf16"] * peak * plan.seq_length / plan.model_flops_per_sample
 

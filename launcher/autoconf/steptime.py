@@ -29,7 +29,8 @@ from typing import Any, Mapping
 import yaml
 
 from common.plan import Plan
-from launcher.autoconf.perfdata import MEASURED, measured_rows, measured_tokens_per_s_per_gpu, row_overrides
+from launcher.autoconf.perfdata import (MEASURED, measured_rows, measured_tokens_per_s_per_gpu, pending_rows,
+                                        row_overrides)
 from launcher.config.compose import CONF_DIR, compose
 from launcher.plan.build import build_plan
 from launcher.plan.formulas import layer_parameters
@@ -214,10 +215,21 @@ class Check:
     measured: float   # tokens/s/GPU
     predicted: StepTime
     plan: Plan
+    overrides: list[str] = field(default_factory=list)
 
     @property
     def error(self) -> float:
         return self.predicted.tokens_per_s_per_gpu / self.measured - 1
+
+    @property
+    def measured_step_s(self) -> float:
+        return self.plan.global_batch_size * self.plan.seq_length / self.measured / self.plan.num_gpus
+
+
+def _predict_row(row: Mapping[str, Any], constants: Mapping[str, Any]) -> tuple[StepTime, Plan]:
+    cfg = compose(row_overrides(row))
+    plan = build_plan(cfg)
+    return predict(cfg, plan.to_json_dict(), constants), plan
 
 
 def check_rows(constants: Mapping[str, Any] | None = None, rows: list[dict[str, Any]] | None = None) -> list[Check]:
@@ -225,29 +237,42 @@ def check_rows(constants: Mapping[str, Any] | None = None, rows: list[dict[str, 
     constants = constants or default_constants()
     out = []
     for row in rows if rows is not None else measured_rows():
-        cfg = compose(row_overrides(row))
-        plan = build_plan(cfg)
-        predicted = predict(cfg, plan.to_json_dict(), constants)
-        out.append(Check(row["name"], measured_tokens_per_s_per_gpu(row, plan), predicted, plan))
+        predicted, plan = _predict_row(row, constants)
+        out.append(Check(row["name"], measured_tokens_per_s_per_gpu(row, plan), predicted, plan,
+                         list(row["overrides"])))
     return out
 
 
-def format_checks(checks: list[Check]) -> str:
-    lines = [f"{'measured run':<44} {'tok/s/GPU':>9} {'model':>7} {'error':>7}   model: compute / bubble / comm "
-             "(tp cp pp dp) / other, s per step"]
+def format_checks(checks: list[Check], pending: list[tuple[str, StepTime]] = ()) -> str:
+    """Measured and predicted side by side (step time and tokens/s/GPU), then the cases that await measurement."""
+    w = max([44] + [len(c.name) for c in checks] + [len(name) for name, _ in pending])
+    lines = [f"{'measured run':<{w}} {'step s':>7} {'model':>7} {'tok/s/GPU':>9} {'model':>7} {'error':>7}   "
+             "model: compute / bubble / comm (tp cp pp dp) / other, s per step"]
     for c in checks:
         p = c.predicted
         parts = " ".join(f"{p.comm_parts[k]:.2f}" for k in ("tp", "cp", "pp", "dp"))
-        lines.append(f"{c.name:<44} {c.measured:>9,.0f} {p.tokens_per_s_per_gpu:>7,.0f} {c.error * 100:>+6.1f}%   "
+        lines.append(f"{c.name:<{w}} {c.measured_step_s:>7.3f} {p.total_s:>7.3f} {c.measured:>9,.0f} "
+                     f"{p.tokens_per_s_per_gpu:>7,.0f} {c.error * 100:>+6.1f}%   "
                      f"{p.compute_s:.2f} / {p.bubble_s:.2f} / {p.comm_s:.2f} ({parts}) / {p.other_s:.2f}")
     worst = max(abs(c.error) for c in checks)
     lines.append(f"{len(checks)} rows; largest error {worst * 100:.1f}%")
+    if pending:
+        lines.append(f"awaiting measurement ({len(pending)} cases in {MEASURED.name} `pending`: "
+                     "bench/gpu_autoconf_cases.sh prints their rows)")
+        for name, p in pending:
+            lines.append(f"{name:<{w}} {'-':>7} {p.total_s:>7.3f} {'-':>9} {p.tokens_per_s_per_gpu:>7,.0f}")
     return "\n".join(lines)
+
+
+def pending_predictions(constants: Mapping[str, Any] | None = None,
+                        rows: list[dict[str, Any]] | None = None) -> list[tuple[str, StepTime]]:
+    constants = constants or default_constants()
+    return [(row["name"], _predict_row(row, constants)[0]) for row in (rows if rows is not None else pending_rows())]
 
 
 def main() -> int:
     print(f"step-time model (parallelism.auto.step_time) against {MEASURED.relative_to(CONF_DIR.parent)}")
-    print(format_checks(check_rows()))
+    print(format_checks(check_rows(), pending_predictions()))
     return 0
 
 

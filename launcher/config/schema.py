@@ -81,6 +81,29 @@ class Fp8Format(Enum):
 class Fp8Recipe(Enum):
     delayed = "delayed"
     tensorwise = "tensorwise"
+    blockwise = "blockwise"
+    mxfp8 = "mxfp8"
+
+
+class Fp4Format(Enum):
+    nvfp4 = "nvfp4"
+
+
+class CrossEntropyFusion(Enum):
+    native = "native"
+    te = "te"
+    none = "none"
+
+
+class CudaGraphs(Enum):
+    none = "none"
+    per_layer = "per_layer"
+    full_iteration = "full_iteration"
+
+
+class RankOrder(Enum):
+    pp_last = "pp_last"
+    dp_last = "dp_last"
 
 
 class Recompute(Enum):
@@ -133,6 +156,8 @@ class ModelConfig:
     max_position_embeddings: int = key("context length an exported config.json declares")
     attention_backend: AttentionBackend = key("Transformer Engine attention backend: auto, fused, flash or unfused")
     init_method_std: float = key("standard deviation of the random weight initialisation")
+    cross_entropy_fusion: CrossEntropyFusion = key("fused loss kernel: native (megatron-core's), te (Transformer "
+                                                   "Engine's, known stability issues) or none (unfused)")
 
 
 @dataclass
@@ -198,6 +223,9 @@ class TrainingConfig:
     target_val_loss: Optional[float] = key("stop once the validation loss reaches this; null: train every step")
     log_interval: int = key("log every N steps")
     deterministic: bool = key("bitwise-reproducible kernels and reductions (somewhat slower)")
+    cuda_graphs: CudaGraphs = key("CUDA graphs of training steps: none, per_layer (each decoder layer's forward and "
+                                  "backward) or full_iteration (forward and backward of every microbatch)")
+    cuda_graph_warmup_steps: int = key("training steps run eagerly in each process before the graphs are captured")
     optimizer: OptimizerConfig = group(OptimizerConfig, "AdamW")
     scheduler: SchedulerConfig = group(SchedulerConfig, "learning-rate schedule: linear warmup, cosine decay")
     data: DataConfig = group(DataConfig, "training data")
@@ -208,14 +236,22 @@ class TrainingConfig:
 # --------------------------------------------------------------------------- precision
 @dataclass
 class DtypeConfig:
-    name: str = key("bf16 or fp8, in run names")
+    name: str = key("bf16, fp8 or nvfp4, in run names")
     fp8: Optional[Fp8Format] = key("FP8 format: hybrid (E4M3 forward, E5M2 backward) or e4m3; null: bf16 only")
-    fp8_recipe: Optional[Fp8Recipe] = key("FP8 scaling: delayed (amax history) or tensorwise (current scaling)")
-    fp8_param_gather: bool = key("keep FP8 weights in the distributed optimizer's all-gather")
+    fp8_recipe: Optional[Fp8Recipe] = key("FP8 scaling: delayed (amax history), tensorwise (current scaling), "
+                                          "blockwise (1x128 / 128x128 blocks) or mxfp8 (Blackwell)")
+    fp4: Optional[Fp4Format] = key("FP4 linear layers: nvfp4 (Blackwell; instead of dtype.fp8); null: none")
+    fp8_param_gather: Optional[bool] = key("FP8 weights, gathered in FP8 by the distributed optimizer; null: on where "
+                                           "it shards over several data-parallel ranks or bf16 weights would not "
+                                           "fit, off otherwise (plan.json fp8_param_gather)")
     fp8_amax_history_len: int = key("delayed scaling: amax history length")
     fp8_amax_compute_algo: str = key("delayed scaling: max or most_recent")
     fp8_margin: int = key("FP8 scaling margin (powers of two)")
     fp8_dot_product_attention: bool = key("attention in FP8")
+    fp8_output_layer: bool = key("the output layer's GEMM in FP8 (megatron-core offers it with mxfp8 only)")
+    te_op_fuser: bool = key("the MLP as Transformer Engine fused ops: SwiGLU writes FP8 for fc2, its backward "
+                            "FP8 gradients for fc1 (weights cast every microbatch unless in FP8)")
+    te_activation_func: bool = key("Transformer Engine's SwiGLU kernel instead of megatron-core's fused one")
     userbuffers_fp8_buf: bool = key("userbuffer reduce-scatter outputs of proj/fc2 in FP8")
 
 
@@ -317,6 +353,8 @@ class ParallelismConfig:
     tp_comm_overlap_cfg: Optional[Dict[str, Any]] = key("userbuffer settings per GEMM (conf/userbuffers/); null: "
                                                         "Transformer Engine's defaults")
     cp_comm_type: str = key("context-parallel KV exchange: p2p, a2a, allgather or a2a+p2p")
+    rank_order: RankOrder = key("rank order: pp_last (megatron-core's tp-cp-ep-dp-pp) or dp_last (tp-cp-ep-pp-dp, "
+                                "MLPerf's TP_PP_DP_MAPPING)")
     use_distributed_optimizer: bool = key("shard optimizer state over data-parallel ranks")
     overlap_grad_reduce: bool = key("overlap the gradient reduce-scatter with the backward pass")
     overlap_param_gather: bool = key("overlap the parameter all-gather with the forward pass")

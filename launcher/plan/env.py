@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 
-
-def training_env(parallel: Mapping[str, Any], cluster: Mapping[str, Any]) -> dict[str, str]:
+def training_env(parallel: Mapping[str, Any], cluster: Mapping[str, Any],
+                 training: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The environment NVIDIA's reference recipes set, only where it applies, then the cluster's own."""
     tp, pp, cp, vp = parallel["tp"], parallel["pp"], parallel["cp"], parallel["vp"]
     env = {
@@ -26,6 +26,10 @@ def training_env(parallel: Mapping[str, Any], cluster: Mapping[str, Any]) -> dic
             # Leave SMs for the pipeline's P2P kernels while LayerNorm kernels run.
             env["NVTE_FWD_LAYERNORM_SM_MARGIN"] = "16"
             env["NVTE_BWD_LAYERNORM_SM_MARGIN"] = "16"
+    if training is not None and (training.get("cuda_graphs") or "none") != "none":
+        # NCCL's registration of graph-captured buffers breaks with expandable segments (illegal memory access);
+        # megatron-core refuses Transformer Engine graphs unless it is off.
+        env["NCCL_GRAPH_REGISTER"] = "0"
     for key, value in (cluster.get("env") or {}).items():
         env[str(key)] = str(value)
     return env

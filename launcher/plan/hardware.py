@@ -14,16 +14,29 @@ class GpuSpec:
     bf16_peak_flops: float
     fp8_peak_flops: float | None  # None: no FP8 tensor cores
     memory_gib: float
+    compute_capability: tuple[int, int]
+    fp4_peak_flops: float | None = None  # None: no FP4 tensor cores
+
+    @property
+    def block_scaled(self) -> bool:
+        """Tensor cores for block-scaled formats (MXFP8, NVFP4): compute capability 10.0 (Blackwell), as Transformer
+        Engine's check_mxfp8_support / check_nvfp4_support require."""
+        return self.compute_capability >= (10, 0)
 
 
 # Dense (no sparsity) datasheet peaks, SXM parts.
 GPUS: dict[str, GpuSpec] = {
-    "h100": GpuSpec("h100", 989e12, 1979e12, 79.6),
-    "h200": GpuSpec("h200", 989e12, 1979e12, 139.8),
-    "a100": GpuSpec("a100", 312e12, None, 79.2),
-    "b200": GpuSpec("b200", 2250e12, 4500e12, 178.4),
-    "gb200": GpuSpec("gb200", 2500e12, 5000e12, 184.0),
+    "h100": GpuSpec("h100", 989e12, 1979e12, 79.6, (9, 0)),
+    "h200": GpuSpec("h200", 989e12, 1979e12, 139.8, (9, 0)),
+    "a100": GpuSpec("a100", 312e12, None, 79.2, (8, 0)),
+    "b200": GpuSpec("b200", 2250e12, 4500e12, 178.4, (10, 0), 9000e12),
+    "gb200": GpuSpec("gb200", 2500e12, 5000e12, 184.0, (10, 0), 10000e12),
 }
+
+
+def gpu_types_with(predicate) -> list[str]:
+    """The cluster.gpu_type names whose spec satisfies `predicate`, for messages ("b200 or gb200")."""
+    return [name for name, spec in GPUS.items() if predicate(spec)]
 
 
 def gpu_spec(gpu_type: str) -> GpuSpec:

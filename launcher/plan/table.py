@@ -26,7 +26,9 @@ def format_plan(plan: Plan, cfg: Mapping[str, Any]) -> str:
                                       ("TP comm overlap", plan.tp_comm_overlap),
                                       ("asymmetric pipeline", plan.asymmetric_pipeline),
                                       (f"fp8 {plan.fp8}" + (" + param gather" if plan.fp8_param_gather else ""),
-                                       bool(plan.fp8))) if on]
+                                       bool(plan.fp8)),
+                                      ("data-parallel-last ranks", plan.rank_order.endswith("-dp")),
+                                      (f"CUDA graphs {plan.cuda_graphs}", plan.cuda_graphs != "none")) if on]
     stages = " ".join(str(n) for n in plan.layers_per_pipeline_stage)
     layer_note = (" (embedding and loss take one layer's slot on the first and last stage)"
                   if plan.asymmetric_pipeline else "")

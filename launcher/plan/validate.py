@@ -11,8 +11,8 @@ from common.plan import Plan
 from launcher.jobs.rundir import default_run_name
 from launcher.jobs.stages import stage_order
 from launcher.plan.build import build_plan
-from launcher.plan.checks import (batch, cluster, data, data_preparation, init_weights, memory, mlperf, model,
-                                  observability, optimizer, parallelism, precision, run, run_dir, stages)
+from launcher.plan.checks import (batch, cluster, cuda_graphs, data, data_preparation, init_weights, memory, mlperf,
+                                  model, observability, optimizer, parallelism, precision, run, run_dir, stages)
 from launcher.plan.errors import PlanError
 from launcher.plan.findings import Findings
 from launcher.plan.hardware import LocalGpus
@@ -21,7 +21,8 @@ from launcher.plan.sizes import Sizes, sizes_of
 Check = Callable[[Mapping[str, Any], Sizes, Findings], None]
 
 # What a layout decides: the auto-configurator runs these for every layout it tries.
-LAYOUT_CHECKS: tuple[Check, ...] = (model.check, parallelism.check, batch.check, precision.check, cluster.check)
+LAYOUT_CHECKS: tuple[Check, ...] = (model.check, parallelism.check, batch.check, precision.check, cuda_graphs.check,
+                                    cluster.check)
 CHECKS: tuple[Check, ...] = (
     run.check, *LAYOUT_CHECKS, optimizer.check, data.check, data_preparation.check, init_weights.check,
     stages.check, observability.check, mlperf.check, run_dir.check,

@@ -23,14 +23,25 @@ def initialize(plan: Plan, seed: int) -> RankInfo:
         backend="nccl", init_method=f"tcp://{info.master_addr}:{info.master_port}", rank=info.rank,
         world_size=info.world_size, timeout=timedelta(minutes=30),
         device_id=torch.device("cuda", info.local_rank))
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=plan.tp,
-        pipeline_model_parallel_size=plan.pp,
-        virtual_pipeline_model_parallel_size=plan.vp,
-        context_parallel_size=plan.cp,
-    )
-    model_parallel_cuda_manual_seed(seed)
+    initialize_model_parallel(plan)
+    graphs = plan.cuda_graphs != "none"
+    # CUDA graphs need graph-safe RNG states (registered with every captured graph), as Megatron-LM seeds them.
+    model_parallel_cuda_manual_seed(seed, te_rng_tracker=graphs, use_cudagraphable_rng=graphs)
+    if plan.cuda_graphs == "per_layer":
+        # Work on the legacy default stream synchronises with every other stream, which a capture in progress
+        # forbids; Megatron-LM moves the process off it before Transformer Engine captures its graphs.
+        torch.cuda.set_stream(torch.cuda.Stream())
     return info
+
+
+def model_parallel_kwargs(plan: Plan) -> dict:
+    """megatron-core's initialize_model_parallel arguments for the plan's layout and rank order."""
+    return dict(tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+                virtual_pipeline_model_parallel_size=plan.vp, context_parallel_size=plan.cp, order=plan.rank_order)
+
+
+def initialize_model_parallel(plan: Plan) -> None:
+    ps.initialize_model_parallel(**model_parallel_kwargs(plan))
 
 
 def any_rank(flag: bool) -> bool:

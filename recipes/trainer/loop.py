@@ -23,7 +23,7 @@ from common.checkpoints import latest_checkpoint
 from common.plan import Plan, PlanFileError, load_plan
 from recipes.hf import importer
 from recipes.observability.observers import Observers
-from recipes.trainer import cadence, checkpoint, data, distributed, metrics, settings, wgrad_fallback
+from recipes.trainer import cadence, checkpoint, data, distributed, graphs, metrics, settings, wgrad_fallback
 from recipes.trainer.model import build_model_chunks, count_parameters, init_userbuffers, unwrap, wrap_data_parallel
 from recipes.trainer.ranks import rank_info
 from recipes.trainer.stop_signals import StopSignal
@@ -101,6 +101,10 @@ class Trainer:
         self.scheduler = OptimizerParamScheduler(self.optimizer, **settings.scheduler_kwargs(cfg))
         self.forward_backward = get_forward_backward_func()
         self._configure_overlap()
+        # CUDA graphs (training.cuda_graphs) for training steps only: evaluation keeps the eager schedule.
+        self.graphs = graphs.CudaGraphs.for_trainer(plan, self.config, self.chunks, self.optimizer,
+                                                    self._overlap_param_gather, self.say)
+        self.train_forward_backward = self.graphs.training_schedule(self.forward_backward)
 
         # State: resume from this run's checkpoints, else optionally initialise from another checkpoint.
         ckpt_cfg = self.train_cfg["checkpoint"]
@@ -208,7 +212,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def _run_schedule(self, iterators, num_microbatches: int, forward_only: bool):
-        return self.forward_backward(
+        schedule = self.forward_backward if forward_only else self.train_forward_backward
+        return schedule(
             forward_step_func=forward_step, data_iterator=iterators,
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
             num_microbatches=num_microbatches, seq_length=self.plan.seq_length,
@@ -216,10 +221,12 @@ class Trainer:
             forward_only=forward_only)
 
     def train_step(self) -> tuple[float | None, float]:
+        self.graphs.before_step()
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         losses = self._run_schedule(self.train_iters, self.plan.num_microbatches, forward_only=False)
+        self.graphs.after_step()
         with self.observers.range("optimizer"):
             _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
@@ -350,5 +357,6 @@ def run(run_dir: str) -> int:
         return trainer.train()
     finally:
         if trainer is not None:
+            trainer.graphs.release()  # graphs hold NCCL communicators: gone before the process groups are
             trainer.observers.close()  # the profile, the tracker's last events, the telemetry thread
         distributed.shutdown()

@@ -6,6 +6,7 @@ from typing import Any, Mapping
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.enums import ModelType
+from megatron.core.full_cuda_graph import get_shared_capture_stream
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
@@ -22,7 +23,7 @@ def unwrap(chunk):
 
 def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage held by this rank, on the current GPU."""
-    spec = get_gpt_layer_with_transformer_engine_spec()
+    spec = get_gpt_layer_with_transformer_engine_spec(**settings.layer_spec_kwargs(config))
     kwargs = settings.gpt_model_kwargs(cfg, plan)
     chunks = []
     for stage in range(plan.vp or 1):
@@ -40,12 +41,24 @@ def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch
 
 
 def wrap_data_parallel(chunks: list[torch.nn.Module], config, ddp_config) -> list[torch.nn.Module]:
-    return [
-        # Bucketing only on the first chunk: the others' grads become ready in bursts the schedule already overlaps.
-        DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
-                                disable_bucketing=index > 0)
-        for index, chunk in enumerate(chunks)
-    ]
+    def wrap():
+        return [
+            # Bucketing only on the first chunk: the others' grads become ready in bursts the schedule already
+            # overlaps.
+            DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=index > 0)
+            for index, chunk in enumerate(chunks)
+        ]
+
+    if config.cuda_graph_impl != "full_iteration":
+        return wrap()
+    # A full-iteration graph is captured on megatron-core's shared capture stream; the gradient-accumulation nodes
+    # DDP keeps must belong to that stream, or the capture meets them on a stream it does not capture.
+    stream = get_shared_capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        wrapped = wrap()
+    torch.cuda.current_stream().wait_stream(stream)
+    return wrapped
 
 
 def init_userbuffers(cfg: Mapping[str, Any], plan: Plan) -> None:

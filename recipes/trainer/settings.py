@@ -31,15 +31,69 @@ def apply_determinism(cfg: Mapping[str, Any], environ: dict) -> bool:
     return True
 
 
+# training.cuda_graphs -> TransformerConfig.cuda_graph_impl. Per-layer graphs are Transformer Engine's
+# (make_graphed_callables through megatron-core's TECudaGraphHelper): they run only in training mode, so evaluation
+# stays eager, and they are captured when the trainer says so. megatron-core's own per-layer graphs ("local") are
+# captured inside the first schedule call, evaluation included, and replay the training graphs during evaluation.
+CUDA_GRAPH_IMPL = {"none": "none", "per_layer": "transformer_engine", "full_iteration": "full_iteration"}
+# training.model.cross_entropy_fusion -> (cross_entropy_loss_fusion, cross_entropy_fusion_impl).
+CROSS_ENTROPY = {"native": (True, "native"), "te": (True, "te"), "none": (False, "native")}
+# dtype.fp4 -> (TransformerConfig.fp4, fp4_recipe): NVFP4 is E2M1 values with FP8 block scales.
+FP4 = {"nvfp4": ("e2m1", "nvfp4")}
+
+
+def precision_kwargs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """TransformerConfig's low-precision fields: FP8 (its recipe, FP8 weights, FP8 attention and output layer),
+    FP4, and the Transformer Engine kernels that write the FP8 copies themselves."""
+    dtype = cfg["dtype"]
+    fp8 = plan.fp8
+    fp4, fp4_recipe = FP4.get(dtype.get("fp4") or "", (None, "nvfp4"))
+    te_activation = bool(dtype.get("te_activation_func"))
+    return dict(
+        fp8=fp8,
+        fp8_recipe=dtype["fp8_recipe"] if fp8 else "delayed",
+        fp8_param=bool(plan.fp8_param_gather),
+        fp8_margin=dtype["fp8_margin"],
+        fp8_amax_history_len=dtype["fp8_amax_history_len"],
+        fp8_amax_compute_algo=dtype["fp8_amax_compute_algo"],
+        fp8_dot_product_attention=bool(dtype["fp8_dot_product_attention"]) and bool(fp8),
+        fp8_output_proj=bool(dtype.get("fp8_output_layer")) and bool(fp8),
+        fp4=fp4,
+        fp4_recipe=fp4_recipe,
+        use_transformer_engine_op_fuser=bool(dtype.get("te_op_fuser")),
+        use_te_activation_func=te_activation,
+        # megatron-core's fused bias-SwiGLU and Transformer Engine's activation are exclusive.
+        bias_activation_fusion=not te_activation,
+    )
+
+
+def cuda_graph_kwargs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    train = cfg["training"]
+    graphs = plan.cuda_graphs != "none"
+    return dict(
+        cuda_graph_impl=CUDA_GRAPH_IMPL[plan.cuda_graphs],
+        # Empty: the whole decoder layer (megatron-core's "full" scope, deprecated under that name).
+        cuda_graph_modules=[],
+        cuda_graph_warmup_steps=int(train["cuda_graph_warmup_steps"]),
+        # Graph-safe RNG states (Megatron-LM turns the Transformer Engine tracker on with CUDA graphs).
+        use_te_rng_tracker=graphs,
+    )
+
+
+def layer_spec_kwargs(config) -> dict[str, Any]:
+    """Arguments of get_gpt_layer_with_transformer_engine_spec that follow the TransformerConfig."""
+    return dict(use_te_op_fuser=bool(config.use_transformer_engine_op_fuser),
+                use_te_activation_func=bool(config.use_te_activation_func))
+
+
 def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *,
                               grad_accum_fusion: bool) -> dict[str, Any]:
     model = cfg["training"]["model"]
     par = cfg["parallelism"]
-    dtype = cfg["dtype"]
-    fp8 = plan.fp8
     vp = plan.vp
     deferral = bool(par["defer_embedding_wgrad_compute"]) and grad_accum_fusion
     p2p_overlap = bool(par["overlap_p2p_comm"]) and vp is not None  # only the interleaved schedule overlaps
+    ce_fusion, ce_impl = CROSS_ENTROPY[model.get("cross_entropy_fusion") or "native"]
     return dict(
         # Architecture.
         num_layers=model["num_layers"],
@@ -63,13 +117,7 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
         autocast_dtype=torch.bfloat16,
-        fp8=fp8,
-        fp8_recipe=dtype["fp8_recipe"] if fp8 else "delayed",
-        fp8_param=bool(plan.fp8_param_gather),
-        fp8_margin=dtype["fp8_margin"],
-        fp8_amax_history_len=dtype["fp8_amax_history_len"],
-        fp8_amax_compute_algo=dtype["fp8_amax_compute_algo"],
-        fp8_dot_product_attention=bool(dtype["fp8_dot_product_attention"]) and bool(fp8),
+        **precision_kwargs(cfg, plan),
         # Parallelism (sizes from the plan).
         tensor_model_parallel_size=plan.tp,
         pipeline_model_parallel_size=plan.pp,
@@ -86,14 +134,14 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *,
         defer_embedding_wgrad_compute=deferral,
         wgrad_deferral_limit=par["wgrad_deferral_limit"] if deferral else 0,
         gradient_accumulation_fusion=grad_accum_fusion,
-        # Fused kernels.
-        bias_activation_fusion=True,
+        # Fused kernels (the activation's in precision_kwargs).
         bias_dropout_fusion=True,
         masked_softmax_fusion=True,
         persist_layer_norm=True,
         apply_rope_fusion=True,
-        cross_entropy_loss_fusion=True,
-        cross_entropy_fusion_impl="te",
+        cross_entropy_loss_fusion=ce_fusion,
+        cross_entropy_fusion_impl=ce_impl,
+        **cuda_graph_kwargs(cfg, plan),
         # Loss: mean over every token of the global batch, whatever its microbatch or rank.
         calculate_per_token_loss=True,
         deterministic_mode=bool(cfg["training"].get("deterministic")),

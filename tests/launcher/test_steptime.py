@@ -7,8 +7,9 @@ import sys
 from collections import defaultdict
 
 import pytest
+import yaml
 
-from launcher.autoconf import steptime
+from launcher.autoconf import perfdata, steptime
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 
@@ -29,12 +30,18 @@ def test_our_runs_on_h200_are_predicted_within_10_percent():
     assert len(ours) >= 10 and max(abs(c.error) for c in ours) < 0.10
 
 
+def _settings_besides_the_layout(check) -> tuple[str, ...]:
+    """The row's overrides other than what the model ranks (the layout, the microbatch size, recomputation)."""
+    ranked = ("parallelism", "training.micro_batch_size")
+    return tuple(sorted(o for o in check.overrides if not any(r in o.split("=")[0] for r in ranked)))
+
+
 def test_layouts_measured_on_the_same_machine_keep_their_measured_order():
-    groups = defaultdict(list)  # the same model (and depth), dtype, GPUs and batch -> checks
+    groups = defaultdict(list)  # the same model (and depth), dtype, other settings, GPUs and batch -> checks
     for check in CHECKS:
         p = check.plan
-        groups[(p.model, sum(p.layers_per_pipeline_stage), p.dtype, p.gpu_type, p.num_gpus,
-                p.global_batch_size)].append(check)
+        groups[(p.model, sum(p.layers_per_pipeline_stage), p.dtype, _settings_besides_the_layout(check), p.gpu_type,
+                p.num_gpus, p.global_batch_size)].append(check)
     compared = 0
     for checks in groups.values():
         if len(checks) < 2:
@@ -104,5 +111,66 @@ def test_the_model_prints_against_the_measured_runs():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     for check in CHECKS:
-        assert check.name in out.stdout
+        # Measured and predicted step time side by side, then tokens/s/GPU.
+        line = next(line for line in out.stdout.splitlines() if line.startswith(check.name + " "))
+        measured_s, model_s = (float(x) for x in line[len(check.name):].split()[:2])
+        assert measured_s == pytest.approx(check.measured_step_s, abs=1e-3)
+        assert model_s == pytest.approx(check.predicted.total_s, abs=1e-3)
     assert f"{len(CHECKS)} rows; largest error" in out.stdout
+    # The single-GPU proxies awaiting measurement: listed with the prediction and a dash for the measurement.
+    for row in perfdata.pending_rows():
+        line = next(line for line in out.stdout.splitlines() if line.startswith(row["name"] + " "))
+        assert line[len(row["name"]):].split()[0] == "-"
+
+
+def test_single_gpu_rows_are_held_to_the_model_and_pending_ones_are_not():
+    single = [c for c in CHECKS if c.plan.num_gpus == 1]
+    assert len(single) >= 4 and max(abs(c.error) for c in single) < 0.10
+    names = {c.name for c in CHECKS}
+    pending = perfdata.pending_rows()
+    assert len(pending) >= 8 and not any(row["name"] in names for row in pending)
+    assert not any(perfdata.is_measured(row) for row in pending)
+
+
+def test_a_row_given_as_a_step_time_is_that_many_tokens_per_second():
+    row = {"name": "x", "overrides": ["training=llama31/8b", "training.model.num_layers=16", "parallelism=tp1",
+                                      "parallelism.num_gpus=1"], "gpu": "h200", "gpus_per_node": 1,
+           "global_batch_size": 8, "step_time_s": 2.0}
+    (check,) = steptime.check_rows(rows=[row])
+    assert check.measured == pytest.approx(8 * 8192 / 2.0) and check.measured_step_s == pytest.approx(2.0)
+
+
+def _autoconf_cases():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("autoconf_cases", REPO / "bench" / "autoconf_cases.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["autoconf_cases"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pending_cases_are_the_ones_bench_autoconf_cases_measures():
+    cases = _autoconf_cases()
+    scripted = [(c.name, c.overrides) for c in cases.cases()]
+    assert [(r["name"], r["overrides"]) for r in perfdata.pending_rows()] == scripted
+    # 8B and 70B proxies x bf16 / fp8 x MBS 1 / 2 x three recomputations, and the 405B one only where it fits.
+    assert len(scripted) == 24 + sum(name.startswith("405b") for name, _ in scripted)
+    assert all(cases.fits_one_gpu(overrides) for _, overrides in scripted)
+    assert not cases.fits_one_gpu(cases._case("405b", 1, "bf16", 1, "none").overrides)
+    default = cases.pick(cases.cases(), "default", None)
+    assert len(default) >= 8 and sum(c.estimate_s for c in default) <= 560
+    shards = [cases.pick(cases.cases(), "all", f"{i}/4") for i in range(1, 5)]
+    assert sorted(c.key for s in shards for c in s) == sorted(c.key for c in cases.cases())
+
+
+def test_a_row_the_script_prints_is_one_measured_yaml_takes():
+    cases = _autoconf_cases()
+    case = cases.cases()[0]
+    result = {"tokens_per_s_per_gpu": 20000.4, "step_time_s": 3.2768, "peak_memory_gib": 90.04}
+    row = cases.measured_row(case, result)
+    printed = yaml.safe_load(cases.to_yaml([row]))[0]
+    assert printed == {**cases.pending_entry(case), "tokens_per_s_per_gpu": 20000, "step_time_s": 3.277,
+                       "peak_memory_gib": 90.0}
+    (check,) = steptime.check_rows(rows=[printed])
+    assert check.measured == 20000 and perfdata.is_measured(printed)

@@ -35,6 +35,11 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         found.problem(f"parallelism.num_gpus={par['num_gpus']} is not a multiple of tp x pp x cp = {tp * pp * cp}")
     _optimizer_sharding(par, pp, found)
     _recompute(par, found)
+    if par.get("rank_order") == "dp_last" and pp > 1 and cp > 1:
+        # megatron-core builds the expert grid without CP: with the data-parallel dimension last, its expert DP
+        # (dp x cp) must equal the dense DP, which only holds for cp=1 (initialize_model_parallel asserts it).
+        found.problem(f"parallelism.rank_order=dp_last with parallelism.pp={pp} and parallelism.cp={cp}: megatron-core "
+                      "accepts the data-parallel-last order only with pp=1 or cp=1; use rank_order=pp_last")
 
 
 def _tensor_parallel(cfg: Mapping[str, Any], tp: int, found: Findings) -> None:

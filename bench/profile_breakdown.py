@@ -1,0 +1,119 @@
+"""GPU kernel time of a torch-profiler trace (profile.tool=torch writes RUN_DIR/profile/*.pt.trace.json.gz), grouped:
+GEMM, attention, FP8 cast/transpose/amax, norm/RoPE/SwiGLU, other; one column per trace, so a step before and after
+a change compare side by side.
+
+    python bench/profile_breakdown.py before=RUN_A/profile/rank0_steps6-6.pt.trace.json.gz \\
+        after=RUN_B/profile/rank0_steps6-6.pt.trace.json.gz
+"""
+from __future__ import annotations
+
+import argparse
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+import gzip
+import json
+from pathlib import Path
+import re
+import sys
+
+# First match wins. Attention before GEMM (cuDNN's attention kernels carry sm90_ and xmma in their names); GEMM
+# before the casts (FP8 GEMMs carry e4m3 in theirs); norm, RoPE and SwiGLU before the casts, so a kernel that
+# normalises or activates and writes FP8 in the same pass counts as the fused work it is, not as a cast.
+GROUPS: tuple[tuple[str, re.Pattern], ...] = (
+    ("attention", re.compile(r"flash|fmha|sdpa|fused_attn|attn|cudnn", re.I)),
+    ("GEMM", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|gemv|splitk", re.I)),
+    ("norm/RoPE/SwiGLU", re.compile(r"rmsnorm|layernorm|layer_norm|ln_fwd|ln_bwd|rope|rotary|swiglu|silu|gated|geglu",
+                                    re.I)),
+    ("FP8 cast/transpose/amax", re.compile(r"cast|transpose|amax|quantiz|compute_scale|scale_update|fp8|float8|fp4|"
+                                           r"e4m3|e5m2", re.I)),
+)
+OTHER = "other"
+ORDER = [name for name, _ in GROUPS] + [OTHER]
+
+
+def group_of(kernel: str) -> str:
+    for name, pattern in GROUPS:
+        if pattern.search(kernel):
+            return name
+    return OTHER
+
+
+@dataclass
+class Breakdown:
+    """GPU time per group (ms) of one trace, the kernels behind it, and the span from first to last kernel."""
+    ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    kernels: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    span_ms: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.ms.values())
+
+
+def load_events(path: Path) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def breakdown(events: list[dict]) -> Breakdown:
+    out = Breakdown()
+    first, last = None, None
+    for event in events:
+        if event.get("ph") != "X" or event.get("cat") != "kernel":
+            continue
+        name, start, dur = event["name"], float(event["ts"]), float(event.get("dur", 0.0))
+        group = group_of(name)
+        out.ms[group] += dur / 1e3
+        out.kernels[group][name] += dur / 1e3
+        first = start if first is None else min(first, start)
+        last = start + dur if last is None else max(last, start + dur)
+    out.span_ms = 0.0 if first is None else (last - first) / 1e3
+    return out
+
+
+def format_breakdowns(named: list[tuple[str, Breakdown]], top: int = 3) -> str:
+    header = f"{'kernel group':<26}" + "".join(f"{label:>14} {'share':>6}" for label, _ in named)
+    if len(named) == 2:
+        header += f"{'change':>10}"
+    lines = [header, "-" * len(header)]
+    for group in ORDER:
+        row = f"{group:<26}"
+        for _, b in named:
+            share = b.ms.get(group, 0.0) / b.total_ms if b.total_ms else 0.0
+            row += f"{b.ms.get(group, 0.0):>11.1f} ms {share * 100:>5.1f}%"
+        if len(named) == 2:
+            row += f"{named[1][1].ms.get(group, 0.0) - named[0][1].ms.get(group, 0.0):>+8.1f}ms"
+        lines.append(row)
+    for label, getter in (("kernels, total", lambda b: b.total_ms), ("first to last kernel", lambda b: b.span_ms)):
+        row = f"{label:<26}" + "".join(f"{getter(b):>11.1f} ms {'':>6}" for _, b in named)
+        if len(named) == 2:
+            row += f"{getter(named[1][1]) - getter(named[0][1]):>+8.1f}ms"
+        lines.append(row)
+    for label, b in named:
+        lines.append("")
+        lines.append(f"{label}: the {top} longest kernels of each group (ms)")
+        for group in ORDER:
+            for kernel, ms in b.kernels.get(group, Counter()).most_common(top):
+                lines.append(f"  {group:<24} {ms:>9.1f}  {kernel[:110]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("traces", nargs="+", metavar="LABEL=TRACE", help="a label and a trace file")
+    parser.add_argument("--top", type=int, default=3, help="kernels listed per group")
+    args = parser.parse_args(argv)
+    named = []
+    for item in args.traces:
+        label, _, path = item.partition("=")
+        if not path:
+            label, path = Path(item).name, item
+        named.append((label, breakdown(load_events(Path(path)))))
+    print(format_breakdowns(named, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

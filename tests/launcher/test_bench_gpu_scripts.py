@@ -1,0 +1,145 @@
+"""The GPU measurement scripts, checked without a GPU: every case plans and fits one H200, each part stays within
+its time budget by the estimates, a reused output directory is refused, the kernel grouping of a profile, and a
+hung case killed with its whole process group."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import re
+import sys
+import textwrap
+import time
+
+import pytest
+
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from launcher.plan.hardware import gpu_spec
+
+from launcher_helpers import REPO
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+measurements = _load("gpu_measurements")
+breakdown = _load("profile_breakdown")
+bench_train = _load("bench_train")
+
+
+@pytest.mark.parametrize("case", measurements.CASES, ids=lambda c: c.name)
+def test_every_case_plans_and_fits_one_h200(case):
+    assert re.fullmatch(r"[A-Za-z0-9._=+-]+", case.name)
+    cfg = compose([f"training={case.model}", *case.overrides, "cluster=bcm", "cluster.gpu_type=h200",
+                   "cluster.gpus_per_node=1", "parallelism.num_gpus=1", "training.global_batch_size=8",
+                   f"training.train_steps={case.steps}", "memory_check=false"])
+    plan = build_plan(cfg)
+    assert plan.num_gpus == 1 and plan.est_memory_gib_per_gpu <= gpu_spec("h200").memory_gib
+    assert case.window < case.steps
+
+
+def test_each_part_fits_its_budget_and_covers_what_the_defaults_rest_on():
+    for part in (1, 2):
+        cases = measurements.selected(str(part), None)
+        assert sum(c.estimate_s for c in cases) <= 540, part
+    names = {c.name for c in measurements.CASES}
+    assert {"8b16-bf16", "8b16-fp8", "70b2-bf16", "70b2-fp8", "tiny-graphs-none", "tiny-graphs-per-layer",
+            "tiny-graphs-full-iter", "8b16-fp8-graphs-per-layer", "8b16-fp8-graphs-full-iter"} <= names
+    assert {c.profile for c in measurements.CASES if c.profile} == {"before", "after"}
+    # The profiled step lies before the timing window.
+    for case in measurements.CASES:
+        if case.profile:
+            start = int(next(o for o in case.overrides if o.startswith("profile.start_step=")).split("=")[1])
+            assert start <= case.steps - case.window
+
+
+def test_the_scripts_list_their_cases_and_refuse_a_reused_output_directory(tmp_path, capsys):
+    assert measurements.main(["--out", str(tmp_path), "--list", "--part", "all"]) == 0
+    listed = capsys.readouterr().out
+    assert all(c.name in listed for c in measurements.CASES)
+    (tmp_path / "runs" / "8b16-bf16").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="already holds 8b16-bf16; give this measurement another OUTDIR"):
+        measurements.main(["--out", str(tmp_path), "--only", "8b16-bf16"])
+    with pytest.raises(SystemExit, match="unknown case"):
+        measurements.main(["--out", str(tmp_path), "--only", "nope"])
+
+
+KERNELS = {
+    "nvjet_qqtst_128x256_64x4_2x1_v_bz_coopA_TNN": "GEMM",
+    "sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x128_warpgroupsize1x1x1": "GEMM",
+    "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128_4x1x1_kernel0_0": "attention",
+    "void transformer_engine::detail::cast_transpose_general_kernel<64, 8, float, __nv_bfloat16>": "FP8 cast/transpose/amax",
+    "void transformer_engine::delayed_scaling_recipe::amax_and_scale_update_kernel": "FP8 cast/transpose/amax",
+    "void transformer_engine::normalization::rmsnorm_fwd_tuned_kernel<float, __nv_fp8_e4m3>": "norm/RoPE/SwiGLU",
+    "void transformer_engine::fused_rope::fused_rope_forward_kernel<__nv_bfloat16>": "norm/RoPE/SwiGLU",
+    "void transformer_engine::cast_gated_kernel<silu, __nv_fp8_e4m3>": "norm/RoPE/SwiGLU",
+    "triton_poi_fused_mul_silu_0": "norm/RoPE/SwiGLU",
+    "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": "other",
+    "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>": "other",
+}
+
+
+def test_kernels_are_grouped_by_what_they_do():
+    for name, group in KERNELS.items():
+        assert breakdown.group_of(name) == group, name
+
+
+def _trace(path, kernels):
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1e6}]
+    ts = 0.0
+    for name, dur_ms in kernels:
+        events.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur_ms * 1e3})
+        ts += dur_ms * 1e3 + 10
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return path
+
+
+def test_a_profile_breakdown_before_and_after(tmp_path, capsys):
+    cast = "cast_transpose_general_kernel"
+    before = _trace(tmp_path / "before.pt.trace.json.gz", [("nvjet_gemm", 1000), (cast, 300), ("flash_fwd", 400)])
+    after = _trace(tmp_path / "after.pt.trace.json.gz", [("nvjet_gemm", 1000), (cast, 100), ("flash_fwd", 400)])
+    b = breakdown.breakdown(breakdown.load_events(before))
+    assert b.ms["GEMM"] == 1000 and b.ms["FP8 cast/transpose/amax"] == 300 and b.total_ms == 1700
+    assert b.span_ms == pytest.approx(1700.02)
+    assert breakdown.main([f"before={before}", f"after={after}"]) == 0
+    out = capsys.readouterr().out
+    cast_row = next(line for line in out.splitlines() if line.startswith("FP8 cast/transpose/amax"))
+    assert "300.0 ms" in cast_row and "100.0 ms" in cast_row and cast_row.rstrip().endswith("-200.0ms")
+    assert "the 3 longest kernels of each group" in out
+
+
+def test_a_hung_case_is_killed_with_its_whole_process_group(tmp_path, monkeypatch):
+    fake = tmp_path / "repo"
+    fake.mkdir()
+    pid_file = tmp_path / "child.pid"
+    # main.py stand-in: starts a child (as torchrun starts ranks) and hangs.
+    (fake / "main.py").write_text(textwrap.dedent(f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        print("started", flush=True)
+        time.sleep(600)
+    """))
+    monkeypatch.setattr(bench_train, "REPO", fake)
+    args = type("A", (), {"model": "llama31/tiny", "gpus": 1, "gbs": 8, "steps": 2, "window": 1})()
+    row = bench_train.run_case("hung", [], args, tmp_path, timeout=3)
+    assert row == {"case": "hung", "error": "killed after 3 s"}
+    assert "started" in (tmp_path / "hung.out").read_text()
+    child = int(pid_file.read_text())
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the case's child process {child} outlived the kill")

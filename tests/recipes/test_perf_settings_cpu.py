@@ -1,0 +1,265 @@
+"""The single-GPU performance keys on the training side, on the CPU: the megatron-core TransformerConfig each key
+produces (built for real, with megatron-core's own validation), the combinations the plan refuses being ones
+megatron-core refuses too, the rank order reaching megatron-core's parallel state (gloo ranks), and the CUDA-graph
+component's decisions (when to capture, which schedule evaluation uses, what is released)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from launcher.config.compose import compose
+from launcher.plan.build import build_plan
+from recipes.trainer import graphs, settings
+
+from cpu_megatron import run_ranks
+
+FULL_RECOMPUTE = ["parallelism.recompute_granularity=full", "parallelism.recompute_method=uniform",
+                  "parallelism.recompute_num_layers=1"]
+# megatron-core checks that Transformer Engine's RoPE kernel imports, and Transformer Engine needs a GPU.
+NO_TE = {"apply_rope_fusion": False}
+
+
+def config_kwargs(*overrides: str) -> dict:
+    cfg = compose([*overrides, "memory_check=false"])
+    return {**settings.transformer_config_kwargs(cfg, build_plan(cfg), grad_accum_fusion=False), **NO_TE}
+
+
+def config_for(*overrides: str):
+    """(TransformerConfig, the warnings megatron-core raised building it) for a composed and planned config."""
+    from megatron.core.transformer import TransformerConfig
+
+    kwargs = config_kwargs(*overrides)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = TransformerConfig(**kwargs)
+    return config, [str(w.message) for w in caught]
+
+
+def test_defaults_give_the_native_loss_fusion_and_no_warning_about_it():
+    config, caught = config_for()
+    assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == "native"
+    assert not any("stability issues" in w for w in caught)
+    assert not any("full scope is deprecated" in w for w in caught)
+    assert config.cuda_graph_impl == "none" and not config.use_te_rng_tracker
+    assert not config.use_transformer_engine_op_fuser and not config.use_te_activation_func
+    assert config.bias_activation_fusion
+
+
+def test_the_loss_fusion_key():
+    te, caught = config_for("training.model.cross_entropy_fusion=te")
+    assert te.cross_entropy_loss_fusion and te.cross_entropy_fusion_impl == "te"
+    assert any("stability issues" in w for w in caught)  # megatron-core's warning, now only when asked for
+    none, _ = config_for("training.model.cross_entropy_fusion=none")
+    assert not none.cross_entropy_loss_fusion
+
+
+def test_fp8_on_one_gpu_keeps_bf16_weights_and_the_cast_keys_reach_megatron():
+    config, _ = config_for("dtype=fp8")
+    assert config.fp8 == "hybrid" and config.fp8_recipe == "delayed" and not config.fp8_param
+    assert not config.fp8_dot_product_attention and not config.fp8_output_proj
+    fused, _ = config_for("dtype=fp8", "dtype.te_op_fuser=true")
+    assert fused.use_transformer_engine_op_fuser
+    assert settings.layer_spec_kwargs(fused) == {"use_te_op_fuser": True, "use_te_activation_func": False}
+    act, _ = config_for("dtype=fp8", "dtype.te_activation_func=true")
+    # megatron-core's fused bias-SwiGLU and Transformer Engine's activation exclude each other.
+    assert act.use_te_activation_func and not act.bias_activation_fusion
+    assert settings.layer_spec_kwargs(act) == {"use_te_op_fuser": False, "use_te_activation_func": True}
+    weights, _ = config_for("dtype=fp8", "dtype.fp8_param_gather=true", "dtype.fp8_dot_product_attention=true")
+    assert weights.fp8_param and weights.fp8_dot_product_attention
+    blockwise, _ = config_for("dtype=fp8", "dtype.fp8_recipe=blockwise")
+    assert blockwise.fp8_recipe == "blockwise"
+    several, _ = config_for("training=llama31/8b", "dtype=fp8", "cluster=bcm", "dry_run=true")
+    assert several.fp8_param  # CP2 x DP4 shards: FP8 weights in the all-gather
+
+
+def test_blackwell_recipes_reach_megatron():
+    mxfp8, _ = config_for("dtype=fp8", "dtype.fp8_recipe=mxfp8", "dtype.fp8_output_layer=true", "cluster=bcm",
+                          "cluster.gpu_type=b200", "dry_run=true")
+    assert mxfp8.fp8_recipe == "mxfp8" and mxfp8.fp8_output_proj and mxfp8.fp4 is None
+    nvfp4, _ = config_for("dtype=nvfp4", "cluster=bcm", "cluster.gpu_type=gb200", "dry_run=true")
+    assert (nvfp4.fp4, nvfp4.fp4_recipe, nvfp4.fp8) == ("e2m1", "nvfp4", None) and not nvfp4.fp8_param
+
+
+@pytest.mark.parametrize("mode,impl", [("per_layer", "transformer_engine"), ("full_iteration", "full_iteration")])
+def test_cuda_graph_modes_reach_megatron(mode, impl):
+    config, caught = config_for(f"training.cuda_graphs={mode}", "training.cuda_graph_warmup_steps=2")
+    assert config.cuda_graph_impl == impl and config.cuda_graph_modules == []  # the whole layer
+    assert config.cuda_graph_warmup_steps == 2 and config.use_te_rng_tracker
+    assert not any("deprecated" in w for w in caught)
+
+
+def _megatron_refuses(overrides: list[str], plan_overrides: dict) -> str:
+    """megatron-core's own error for a config the plan refused, built past the plan (its fields set as the plan
+    would have set them)."""
+    from megatron.core.transformer import TransformerConfig
+
+    kwargs = {**config_kwargs(*overrides), **plan_overrides}
+    with pytest.raises((AssertionError, ValueError)) as err:
+        TransformerConfig(**kwargs)
+    return str(err.value)
+
+
+def test_what_the_plan_refuses_megatron_refuses_too():
+    assert "full recompute is only supported with full iteration CUDA graph" in _megatron_refuses(
+        ["training.cuda_graphs=per_layer", *FULL_RECOMPUTE], {})
+    assert "fp8_output_proj requires fp8_recipe='mxfp8'" in _megatron_refuses(
+        ["dtype=fp8"], {"fp8_output_proj": True})
+    assert "fp4 and fp8 cannot be used simultaneously" in _megatron_refuses(
+        ["dtype=fp8"], {"fp4": "e2m1"})
+    # And what the plan accepts, megatron-core accepts.
+    config_for("training.cuda_graphs=full_iteration", *FULL_RECOMPUTE)
+    config_for("training.cuda_graphs=per_layer", "parallelism.recompute_granularity=selective")
+
+
+# ----------------------------------------------------------------------------- rank order, on gloo ranks
+def _groups(rank: int, plan_json: dict) -> dict:
+    from megatron.core import parallel_state as ps
+
+    from common.plan import Plan
+    from recipes.trainer import distributed
+
+    try:
+        distributed.initialize_model_parallel(Plan(**plan_json))
+    except AssertionError as err:  # megatron-core's own refusal, for the test to read
+        return {"refused": str(err)}
+    return {"dp": torch.distributed.get_process_group_ranks(ps.get_data_parallel_group()),
+            "pp": torch.distributed.get_process_group_ranks(ps.get_pipeline_model_parallel_group())}
+
+
+def _plan_json(*overrides: str) -> dict:
+    cfg = compose(["parallelism=custom", "parallelism.num_gpus=4", "training.global_batch_size=16",
+                   "cluster=bcm", "dry_run=true", "memory_check=false", *overrides])
+    return build_plan(cfg).to_json_dict()
+
+
+def test_the_rank_order_reaches_megatrons_parallel_state():
+    default = run_ranks(_groups, 4, _plan_json("parallelism.pp=2"))
+    # tp-cp-ep-dp-pp: data-parallel peers are neighbours, pipeline peers half the world apart.
+    assert [r["dp"] for r in default] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r["pp"] for r in default] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    dp_last = run_ranks(_groups, 4, _plan_json("parallelism.pp=2", "parallelism.rank_order=dp_last"))
+    # tp-cp-ep-pp-dp: pipeline peers are neighbours, data-parallel groups span the halves.
+    assert [r["dp"] for r in dp_last] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [r["pp"] for r in dp_last] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+
+
+def test_megatron_refuses_dp_last_with_pipeline_and_context_parallelism_as_the_plan_does():
+    plan = _plan_json("parallelism.pp=2", "parallelism.cp=2")
+    plan["rank_order"] = "tp-cp-ep-pp-dp"  # past the plan, which refuses it
+    results = run_ranks(_groups, 4, plan)
+    assert all("pp-last rank ordering" in r.get("refused", "") for r in results), results
+
+
+# ----------------------------------------------------------------------------- the CUDA-graph component
+class FakeHelper:
+    def __init__(self, log):
+        self.log, self.finished, self.created = log, False, False
+
+    def capture_finished(self):
+        return self.finished
+
+    def graphs_created(self):
+        return self.created
+
+    def create_cudagraphs(self):
+        self.log.append("capture")
+        self.finished = self.created = True
+
+    def cuda_graph_set_manual_hooks(self):
+        self.log.append("manual hooks")
+
+    def delete_cuda_graphs(self):
+        self.log.append("delete")
+        self.created = False
+
+
+class FakeChunk:
+    def __init__(self, log):
+        self.log = log
+
+    def disable_forward_pre_hook(self, param_sync=True):
+        self.log.append(f"hooks off (sync={param_sync})")
+
+    def enable_forward_pre_hook(self):
+        self.log.append("hooks on")
+
+
+def _per_layer(log, overlap=True, warmup=2):
+    helper = FakeHelper(log)
+    component = graphs.CudaGraphs("per_layer", warmup, [FakeChunk(log)], overlap_param_gather=overlap,
+                                  helper_factory=lambda: helper, say=lambda line: log.append(line))
+    return component, helper
+
+
+def test_per_layer_graphs_are_captured_once_after_the_warmup_steps_of_this_process():
+    log = []
+    component, helper = _per_layer(log)
+    eager = object()
+    assert component.training_schedule(eager) is eager  # the layers replay their graphs themselves
+    for _ in range(5):
+        component.before_step()
+        log.append("step")
+        component.after_step()
+    # Two eager steps, then the capture with the all-gather hooks off (no sync), back on, and the manual hooks.
+    assert log == ["step", "step", "hooks off (sync=False)", "capture", "hooks on", "manual hooks",
+                   "CUDA graphs: per-layer graphs captured after 2 eager steps", "step", "step", "step"]
+    component.release()
+    component.release()  # idempotent: the loop's finally may meet graphs already gone
+    assert log[-1] == "delete" and log.count("delete") == 1
+
+
+def test_without_overlapped_param_gather_there_are_no_hooks_to_move():
+    log = []
+    component, _ = _per_layer(log, overlap=False, warmup=1)
+    for _ in range(2):
+        component.before_step()
+        component.after_step()
+    assert "capture" in log and not any("hooks" in line for line in log)
+
+
+def test_full_iteration_wraps_only_the_training_schedule_and_is_reset_before_teardown():
+    log = []
+
+    class Wrapper:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def reset_cuda_graph(self):
+            log.append("reset")
+
+    eager = object()
+    component = graphs.CudaGraphs("full_iteration", 3, [], wrapper_factory=Wrapper, say=log.append)
+    train = component.training_schedule(eager)
+    assert isinstance(train, Wrapper) and train.fn is eager
+    for _ in range(4):
+        component.before_step()
+        component.after_step()
+    assert log == ["CUDA graphs: full-iteration graph captured after 3 eager steps"]
+    component.release()
+    assert log[-1] == "reset"
+
+
+def test_no_graphs_change_nothing():
+    eager = object()
+    component = graphs.CudaGraphs("none", 3, [], helper_factory=lambda: pytest.fail("no helper"),
+                                  wrapper_factory=lambda fn: pytest.fail("no wrapper"))
+    assert component.training_schedule(eager) is eager
+    component.before_step()
+    component.after_step()
+    component.release()
+
+
+def test_evaluation_runs_the_eager_schedule_and_training_the_graphed_one():
+    from recipes.trainer import loop
+
+    calls = []
+    trainer = loop.Trainer.__new__(loop.Trainer)
+    trainer.forward_backward = lambda **kw: calls.append(("eager", kw["forward_only"]))
+    trainer.train_forward_backward = lambda **kw: calls.append(("graphed", kw["forward_only"]))
+    trainer.chunks = [object()]
+    trainer.plan = type("P", (), {"seq_length": 8, "micro_batch_size": 1})()
+    trainer._run_schedule(None, 2, forward_only=True)
+    trainer._run_schedule(None, 2, forward_only=False)
+    assert calls == [("eager", True), ("graphed", False)]

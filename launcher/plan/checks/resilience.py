@@ -29,7 +29,7 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         _restarts(cfg, found)
     if (res["in_job_restarts"] > 0 or res["straggler_detection"]["enabled"]) and cfg["cluster"]["platform"] == "local":
         _nvrx_here(res, found)
-    _straggler(res["straggler_detection"], found)
+    _straggler(cfg, found)
     if res["inject_fault"]["kind"]:
         _fault(cfg, sizes, found)
 
@@ -58,8 +58,14 @@ def _nvrx_here(res: Mapping[str, Any], found: Findings) -> None:
                                      "pip install nvidia-resiliency-ext (or turn it off)")
 
 
-def _straggler(det: Mapping[str, Any], found: Findings) -> None:
-    found.at_least("resilience.straggler_detection.interval_steps", det["interval_steps"], 1)
+def _straggler(cfg: Mapping[str, Any], found: Findings) -> None:
+    det = cfg["resilience"]["straggler_detection"]
+    if not found.at_least("resilience.straggler_detection.interval_steps", det["interval_steps"], 1):
+        return
+    log = cfg["training"]["log_interval"]
+    if det["enabled"] and log > 0 and det["interval_steps"] % log:
+        found.problem(f"resilience.straggler_detection.interval_steps={det['interval_steps']} must be a multiple of "
+                      f"training.log_interval={log} (each report goes into that step's metrics.jsonl record)")
     if not 0 < det["threshold"] <= 1:
         found.problem(f"resilience.straggler_detection.threshold={det['threshold']} must be a share of the fastest "
                       "GPU's speed, above 0 and at most 1 (e.g. 0.7)")

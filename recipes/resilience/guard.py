@@ -65,8 +65,10 @@ class RunGuard:
         run_events.record(self.run_dir, "start", job_id=job_id(), cycle=int(os.environ.get(
             "TORCHELASTIC_RESTART_COUNT", 0)), process_start=round(self.process_start, 3), resumed_step=resumed_step,
             last_step=last, last_step_time=when)
-        if last is not None and when is not None and last > resumed_step:
-            self._catch_up = (last, when)
+        if last is not None and when is not None:
+            # Time lost: from the last step before to that step again (steps were lost), or to the first step after
+            # it (none were: the restart itself, plus one step).
+            self._catch_up = (max(last, resumed_step + 1), when)
 
     def stopped(self, step: int, signum: int | None) -> None:
         if self.records:

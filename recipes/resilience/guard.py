@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from typing import Any, Iterator, Mapping
 
@@ -72,7 +73,8 @@ class RunGuard:
 
     def stopped(self, step: int, signum: int | None) -> None:
         if self.records:
-            name = {10: "SIGUSR1", 15: "SIGTERM"}.get(signum or 0, str(signum))
+            # Ranks agree on a stop any of them saw; one that saw none records it as another rank's.
+            name = signal.Signals(signum).name if signum else "another rank's"
             run_events.record(self.run_dir, "stop", step=step, signal=name)
 
     def ended(self, step: int, finished: bool, reason: str | None = None) -> None:

@@ -28,8 +28,10 @@ def checkpoint_name(step: int) -> str:
     return f"iter_{step:07d}"
 
 
-def partial_path(root: str, step: int) -> str:
-    return os.path.join(root, _PARTIAL_PREFIX + checkpoint_name(step))
+def partial_path(root: str, step: int, attempt: str = "") -> str:
+    """Where a save of `step` writes before it is complete; `attempt` tells apart the saves of different processes
+    (a writer left over from a killed process never writes into a later save)."""
+    return os.path.join(root, _PARTIAL_PREFIX + checkpoint_name(step) + (f".{attempt}" if attempt else ""))
 
 
 def complete_checkpoints(root: str) -> list[tuple[int, str]]:
@@ -55,10 +57,11 @@ def read_train_state(path: str) -> TrainState:
         return TrainState(**json.load(f))
 
 
-def finalize_checkpoint(root: str, state: TrainState) -> str:
-    """Mark the partial checkpoint of state.step complete: state file, rename, tracker. Run on one rank after
-    every rank has written its shards."""
-    partial = partial_path(root, state.step)
+def finalize_checkpoint(root: str, state: TrainState, partial: str | None = None) -> str:
+    """Mark the partial checkpoint of state.step (at `partial`, default its plain partial path) complete: state
+    file, rename, tracker. Run on one rank after every rank has written its shards. Until the rename, nothing
+    looks complete: a crash before it leaves the previous checkpoint the newest."""
+    partial = partial or partial_path(root, state.step)
     atomic_write(os.path.join(partial, STATE_FILE), json.dumps(asdict(state), indent=1))
     final = os.path.join(root, checkpoint_name(state.step))
     if os.path.exists(final):  # the same step saved again (e.g. after a signal at a save step)

@@ -15,12 +15,14 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from common import run_events
 from common.checkpoints import latest_checkpoint
 from common.plan import Plan
 from launcher.autoconf import search
 from launcher.config import sweep
 from launcher.config.compose import compose, to_plain
 from launcher.config.errors import error_lines, every_error_line
+from launcher.jobs.commands import job_restarts
 from launcher.jobs.rundir import record_jobs, run_dir_of, write_run_dir
 from launcher.jobs.stages import StagePlan, plan_stages
 from launcher.jobs.submit import SubmitError, run_here
@@ -105,7 +107,10 @@ def execute(prepared: Prepared, say: Say = print) -> int:
         platform = platform_of(cfg)
         chain = platform.chain_as_shell(stages.jobs, run_dir, cfg)
         if chain:
-            say(f"Submitting runs these, {platform.chain}:" if len(stages.jobs) > 1 else "Submitting runs:")
+            more = job_restarts(cfg) if "training" in cfg["stages"] else 0
+            how = platform.chain + (f"; the training job's {more} more copies each once the one before it ended, "
+                                    "however it ended" if more else "")
+            say(f"Submitting runs these, {how}:" if len(chain) > 1 else "Submitting runs:")
             for line in chain:
                 say(f"  {line}")
         return 0
@@ -120,6 +125,10 @@ def execute(prepared: Prepared, say: Say = print) -> int:
 def _submit(prepared: Prepared, say: Say) -> int:
     run_dir, jobs = prepared.run_dir, prepared.stages.jobs
     platform = platform_of(prepared.cfg)
+    chained = job_restarts(prepared.cfg)
+    if chained and "training" in prepared.cfg["stages"]:
+        # Before the first job can start: each job of the chain counts the jobs since this record.
+        run_events.record(str(run_dir), "chain", jobs=1 + chained)
     try:
         submitted = platform.submit(jobs, run_dir, prepared.cfg, say)
     except SubmitError as err:

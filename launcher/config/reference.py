@@ -35,12 +35,13 @@ SECTIONS: list[tuple[str, list[str], str]] = [
     ("profile", [], "conf/observability.yaml"),
     ("telemetry", [], "conf/observability.yaml"),
     ("preflight", [], "conf/observability.yaml"),
+    ("resilience", [], "conf/resilience/default.yaml"),
     ("mlperf", ["training=mlperf/llama31_8b"], "`training=mlperf/llama31_8b`"),
     ("stack", [], "conf/stack.yaml"),
 ]
 # Sections documented in a table of their own, not as rows of their parent.
 OWN_TABLE = {"parallelism.auto", "cluster", "data_preparation", "logging", "profile", "telemetry", "preflight",
-             "mlperf", "stack", "training", "dtype", "parallelism"}
+             "mlperf", "stack", "resilience", "training", "dtype", "parallelism"}
 
 
 def type_text(kind: Any) -> str:

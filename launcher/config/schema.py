@@ -127,6 +127,17 @@ class WandbMode(Enum):
     offline = "offline"
 
 
+class FaultKind(Enum):
+    hang = "hang"
+    crash = "crash"
+    kill = "kill"
+
+
+class FaultPoint(Enum):
+    step = "step"
+    save = "save"
+
+
 class InputFormat(Enum):
     auto = "auto"
     jsonl = "jsonl"
@@ -611,6 +622,38 @@ class PreflightConfig:
     time_limit: str = key("time limit of the preflight job")
 
 
+# --------------------------------------------------------------------------- long runs
+@dataclass
+class StragglerConfig:
+    enabled: bool = key("rank the GPUs by their relative speed every interval_steps (nvidia-resiliency-ext)")
+    interval_steps: int = key("steps between reports")
+    threshold: float = key("name the GPUs below this share of the fastest one's speed")
+
+
+@dataclass
+class FaultConfig:
+    kind: Optional[FaultKind] = key("null (none), hang, crash (os._exit) or kill (SIGKILL): once, never again "
+                                    "after the restart it causes")
+    rank: int = key("the global rank that fails")
+    step: int = key("the step it fails at")
+    during: FaultPoint = key("step: as the step begins; save: while the step's checkpoint is being written")
+
+
+@dataclass
+class ResilienceConfig:
+    job_restarts: int = key("more jobs queued after the first, each continuing from the newest checkpoint after "
+                            "a time limit or a failure (Slurm, Grid Engine)")
+    in_job_restarts: int = key("restarts of every rank in the same allocation after a hang or a crash "
+                               "(ft_launcher; needs nvidia-resiliency-ext)")
+    hang_timeout_s: float = key("a rank silent this long in a step (or between steps) is hung: every rank "
+                                "restarts")
+    startup_timeout_s: float = key("the same for a rank's start: building, loading, the first step's warm-up")
+    checkpoint_timeout_s: float = key("the same for a checkpoint save (the wait for the previous one included)")
+    straggler_detection: StragglerConfig = group(StragglerConfig, "slow GPUs named in the log, metrics.jsonl "
+                                                                   "and the report")
+    inject_fault: FaultConfig = group(FaultConfig, "make a rank fail on purpose (tests, trying a setup)")
+
+
 # --------------------------------------------------------------------------- the training stack
 @dataclass
 class PythonVersion:
@@ -686,6 +729,7 @@ class Config:
     profile: ProfileConfig = group(ProfileConfig, "profiling window")
     telemetry: TelemetryConfig = group(TelemetryConfig, "GPU telemetry")
     preflight: PreflightConfig = group(PreflightConfig, "network preflight stage")
+    resilience: ResilienceConfig = group(ResilienceConfig, "restarts, hang detection, stragglers (long runs)")
     mlperf: Optional[MLPerfConfig] = key("MLPerf Training benchmark settings (training=mlperf/...)", default=None)
     stages: List[Stage] = key("stages to run, in order: container, data_preparation, preflight, training, export")
     dry_run: bool = key("plan, validate and write everything; submit and run nothing")

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from common.checkpoints import TRACKER
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -67,6 +69,51 @@ def torchrun_command(num_gpus: int, run_dir: Path, entry: list[str] | None = Non
     entry = entry or training_entry(run_dir)
     program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
     return ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(num_gpus), *program]
+
+
+# --------------------------------------------------------------------------- long runs (resilience)
+FT_LAUNCH = ["python", "-m", "recipes.resilience.ft_launch"]
+
+
+def job_restarts(cfg: Mapping[str, Any]) -> int:
+    """resilience.job_restarts: jobs queued after the first, each continuing the run."""
+    return int((cfg.get("resilience") or {}).get("job_restarts") or 0)
+
+
+def in_job_restarts(cfg: Mapping[str, Any]) -> int:
+    """resilience.in_job_restarts: training runs under ft_launcher, which restarts the ranks this many times."""
+    return int((cfg.get("resilience") or {}).get("in_job_restarts") or 0)
+
+
+def ft_launch_command(cfg: Mapping[str, Any], run_dir: Path, entry: list[str], nnodes: int, nproc: int,
+                      rendezvous: tuple[str, str] | None = None) -> str:
+    """nvidia-resiliency-ext's ft_launcher (torchrun with a rank monitor per rank) in place of torchrun, one per
+    node, as shell text. `rendezvous` is (endpoint, id), shell words that may hold variables ("$MASTER_ADDR:..."),
+    or None for one node on a free local port (--standalone). Hang detection works by sections
+    (recipes/resilience/monitor.py): a rank's start up to the end of its first step, every later step, each
+    checkpoint save, and the time outside them, each with its timeout, so neither the warm-up nor a save is taken
+    for a hang. Its own progress check reads the checkpoint tracker: two restarts in a row without a new
+    checkpoint end the job, as two such jobs end a chain (common/job_chain.py)."""
+    res = cfg["resilience"]
+    sections = (f"setup:{res['startup_timeout_s']:g},step:{res['hang_timeout_s']:g},"
+                f"checkpointing:{res['checkpoint_timeout_s']:g}")
+    program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
+    groups = [shlex.join([*FT_LAUNCH, *(["--standalone"] if rendezvous is None else []), "--nnodes", str(nnodes),
+                          "--nproc-per-node", str(nproc)])]
+    if rendezvous is not None:
+        groups += ["--rdzv-backend c10d", f'--rdzv-endpoint "{rendezvous[0]}"', f'--rdzv-id "{rendezvous[1]}"']
+    groups += [shlex.join(pair) for pair in (
+        ["--max-restarts", str(in_job_restarts(cfg))], ["--ft-rank-section-timeouts", sections],
+        ["--ft-rank-out-of-section-timeout", f"{res['hang_timeout_s']:g}"],
+        ["--ft-checkpoint-iteration-file", str(run_dir / "checkpoints" / TRACKER)],
+        ["--ft-max-no-progress-cycles", "2"])]
+    return " \\\n    ".join([*groups, shlex.join(program)])
+
+
+def job_chain_command(run_dir: Path, when: str, job_id: str) -> str:
+    """The chain's question before (begin) and after (end) a job trains (common/job_chain.py); `job_id` is shell
+    text (the scheduler's variable)."""
+    return f'python -m common.job_chain {when} --run-dir {shlex.quote(str(run_dir))} --job-id "{job_id}"'
 
 
 def stack_check_command(run_dir: Path) -> list[str]:

@@ -27,6 +27,9 @@ class Job:
     time_limit: str | None = None   # None: cluster.time_limit
     signal: str | None = None       # e.g. "USR1@300"
     followed: bool = False          # a later job of the chain waits for this one (set by the stage plan)
+    # Submitted this many more times (resilience.job_restarts), each copy queued to start once the one before it
+    # ended, however it ended; each copy asks common/job_chain.py first whether it still has work.
+    restarts: int = 0
 
 
 # tee that outlives Ctrl-C and SIGTERM: the trainer saves a checkpoint after either and its last lines must

@@ -36,16 +36,18 @@ def run_client(cmd: list[str], what: str, cwd: Path | None = None) -> str:
     return proc.stdout
 
 
-def submit_chained(jobs: list[Job], run_dir: Path, submit_one: Callable[[Path, str | None], tuple[str, str | None]],
+def submit_chained(jobs: list[tuple[Job, bool]], run_dir: Path,
+                   submit_one: Callable[[Path, str | None, bool], tuple[str, str | None]],
                    cancel: str, cancelled: str) -> list[Submitted]:
-    """For schedulers whose jobs wait for each other: submit_one(script, previous job id) queues a job waiting for
-    the previous one and returns (job id, its dependency as recorded). If a later submission fails, the jobs
+    """For schedulers whose jobs wait for each other: submit_one(script, previous job id, after_any) queues a job
+    waiting for the previous one (to succeed, or with after_any to end however it ended: the repeats of a chained
+    training job) and returns (job id, its dependency as recorded). If a later submission fails, the jobs
     already queued are removed with `cancel` so no half chain runs."""
     submitted: list[Submitted] = []
-    for job in jobs:
+    for job, after_any in jobs:
         previous = submitted[-1].job_id if submitted else None
         try:
-            job_id, dependency = submit_one(run_dir / job.script, previous)
+            job_id, dependency = submit_one(run_dir / job.script, previous, after_any)
         except SubmitError as err:
             if submitted:
                 ids = [s.job_id for s in submitted]

@@ -12,7 +12,8 @@ from launcher.jobs.rundir import default_run_name
 from launcher.jobs.stages import stage_order
 from launcher.plan.build import build_plan
 from launcher.plan.checks import (batch, cluster, cuda_graphs, data, data_preparation, init_weights, memory, mlperf,
-                                  model, observability, optimizer, parallelism, precision, run, run_dir, stages)
+                                  model, observability, optimizer, parallelism, precision, resilience, run, run_dir,
+                                  stages)
 from launcher.plan.errors import PlanError
 from launcher.plan.findings import Findings
 from launcher.plan.hardware import LocalGpus
@@ -25,7 +26,7 @@ LAYOUT_CHECKS: tuple[Check, ...] = (model.check, parallelism.check, batch.check,
                                     cluster.check)
 CHECKS: tuple[Check, ...] = (
     run.check, *LAYOUT_CHECKS, optimizer.check, data.check, data_preparation.check, init_weights.check,
-    stages.check, observability.check, mlperf.check, run_dir.check,
+    stages.check, observability.check, resilience.check, mlperf.check, run_dir.check,
 )
 
 

@@ -56,6 +56,13 @@ REFUSALS = {
     "preflight": "stages has preflight but cluster={cluster} has no preflight job yet: drop preflight from stages, "
                  "or run it on cluster=local or a Slurm cluster",
     "nsys": "profile.tool=nsys cannot wrap the profiled ranks on cluster={cluster} yet: use profile.tool=torch",
+    "job_restarts": "resilience.job_restarts={job_restarts}: cluster={cluster} has no jobs that wait for the one "
+                    "before them to end however it ended ({why})",
+    "in_job_restarts": "resilience.in_job_restarts={in_job_restarts}: cluster={cluster} cannot start the ranks "
+                       "under ft_launcher yet ({why}); set resilience.in_job_restarts=0",
+    "export_after_chain": "stages has export and resilience.job_restarts={job_restarts}: the export would wait on a "
+                          "chain of training jobs that ends early once training finished; drop export from "
+                          "stages and run stages=[export] with the same run_name when training finished",
 }
 
 
@@ -78,6 +85,13 @@ class Platform(ABC):
     # The variable holding a rank's global number, which the nsys wrapper reads (profile.tool=nsys); None: the
     # platform cannot wrap ranks.
     rank_variable: str | None = None
+    # Long runs (resilience): whether a job can be queued to start once the one before it ended however it ended
+    # (resilience.job_restarts chains the training jobs up front), and whether training can run under
+    # ft_launcher (resilience.in_job_restarts); where not, why not, for the one-line refusal.
+    chains_jobs: bool = False
+    no_job_chain: str = ""
+    runs_ft_launcher: bool = False
+    no_ft_launcher: str = ""
 
     # ----------------------------------------------------------------------- what it can do
     @property
@@ -105,6 +119,19 @@ class Platform(ABC):
 
     def _refusal(self, cfg: Cfg, need: str) -> str:
         return REFUSALS[need].format(cluster=cfg["cluster"]["name"])
+
+    def resilience_refusals(self, cfg: Cfg) -> list[str]:
+        """One line for each resilience setting this platform cannot honour."""
+        chain, in_job = commands.job_restarts(cfg), commands.in_job_restarts(cfg)
+        found = []
+        values = dict(cluster=cfg["cluster"]["name"], job_restarts=chain, in_job_restarts=in_job)
+        if chain and not self.chains_jobs:
+            found.append(REFUSALS["job_restarts"].format(why=self.no_job_chain, **values))
+        elif chain and "export" in cfg["stages"] and "training" in cfg["stages"]:
+            found.append(REFUSALS["export_after_chain"].format(**values))
+        if in_job and not self.runs_ft_launcher:
+            found.append(REFUSALS["in_job_restarts"].format(why=self.no_ft_launcher, **values))
+        return found
 
     # ----------------------------------------------------------------------- checks
     def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
@@ -193,7 +220,9 @@ class Platform(ABC):
             return entry
         if self.rank_variable is None:
             raise PlanError([self._refusal(cfg, "nsys")])
-        return nsys_entry(cfg, run_dir, entry, self.rank_variable) or entry
+        # Under ft_launcher every rank gets torchrun's variables, whatever started ft_launcher.
+        variable = "RANK" if commands.in_job_restarts(cfg) else self.rank_variable
+        return nsys_entry(cfg, run_dir, entry, variable) or entry
 
     def container_job(self, cfg: Cfg, run_dir: Path) -> Job:
         """The image build into cluster.container with its runtime (enroot or apptainer), and the files it
@@ -255,7 +284,7 @@ class Platform(ABC):
     def follow(self, jobs: list[Job], submitted: list[Submitted], run_dir: Path) -> list[str]:
         """Lines printed after submitting: each job, what it waits for and its log; how to follow them."""
         lines = []
-        for job, sub in zip(jobs, submitted):
+        for (job, _), sub in zip(queued(jobs), submitted):
             after = f" ({self.waits_for(sub.dependency)})" if sub.dependency else ""
             log = self.log_of(job, sub.job_id, run_dir)
             lines.append(f"submitted {job.stage}: job {sub.job_id}{after}" + (f"; log {log}" if log else ""))
@@ -274,6 +303,41 @@ class Platform(ABC):
     def follow_command(self, submitted: list[Submitted]) -> str:
         """The command that shows the submitted jobs."""
         raise NotImplementedError(f"cluster.platform={self.name} submits nothing")
+
+
+# --------------------------------------------------------------------------- chains of training jobs
+def queued(jobs: list[Job]) -> list[tuple[Job, bool]]:
+    """The submissions of the stage jobs, in order: (job, whether it waits for the one before to end however it
+    ended rather than to succeed): a training job with restarts is submitted 1 + restarts times."""
+    return [(job, repeat > 0) for job in jobs for repeat in range(1 + job.restarts)]
+
+
+def chain_lines(cfg: Cfg, run_dir: Path, run_here: Callable[[str], str], job_id: str, cancel: str,
+                how: str) -> tuple[list[str], list[str]]:
+    """The lines a chained training job runs before and after training (resilience.job_restarts): it asks
+    common/job_chain.py whether it still has work and cancels the jobs queued behind it once the run is finished
+    or must stop. `run_here(command)` is the command as one line run once in the job's environment (srun, the
+    container), `job_id` the scheduler's job id variable, `cancel` a shell line cancelling this run's jobs still
+    queued, `how` the way each job waits for the one before."""
+    jobs = 1 + commands.job_restarts(cfg)
+    begin = run_here(commands.job_chain_command(run_dir, "begin", job_id))
+    end = run_here(commands.job_chain_command(run_dir, "end", job_id))
+    before = [
+        f"# resilience.job_restarts={jobs - 1}: this job is one of {jobs} queued up front, each starting once the one "
+        f"before it ended ({how}).",
+        "# It trains only while training is not finished and the jobs before it saved new checkpoints "
+        "(common/job_chain.py);",
+        "# when not, it cancels the jobs still queued behind it.",
+        f"cancel_queued() {{ {cancel} || true; }}",
+        "chain=0",
+        f"{begin} || chain=$?",
+        'if [ "$chain" -ne 0 ]; then cancel_queued; exit "$(( chain != 10 ))"; fi',
+    ]
+    after = ["# Once training is finished, the jobs queued behind this one have nothing to do.",
+             "chain=0",
+             f"{end} || chain=$?",
+             'if [ "$chain" -eq 10 ]; then cancel_queued; fi']
+    return before, after
 
 
 # --------------------------------------------------------------------------- job titles

@@ -37,6 +37,9 @@ class Bcp(Platform):
     chain = ("in order: Base Command jobs cannot wait for each other, so main.py submits each job once the previous "
              "one has finished successfully, and waits here")
     builds_images = False
+    no_job_chain = ("a job cannot wait for another to end; submit the run again to continue it from its newest "
+                    "checkpoint, and set resilience.job_restarts=0")
+    no_ft_launcher = "bcprun starts every rank itself, one process per GPU"
 
     # ----------------------------------------------------------------------- checks
     def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:

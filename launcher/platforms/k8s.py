@@ -34,6 +34,10 @@ class K8s(Platform):
     chain = ("in order: Kubernetes jobs cannot wait for each other, so main.py submits each job once the previous "
              "one has completed, and waits here")
     builds_images = False
+    runs_ft_launcher = True
+    no_job_chain = ("a Job cannot wait for another to end; create the run again to continue it from its newest "
+                    "checkpoint, or let resilience.in_job_restarts restart the ranks inside the pods; set "
+                    "resilience.job_restarts=0")
 
     def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
         found = self.image_name_problems(cfg, "<registry>/<image>:<tag>") + _volume_problems(cfg)
@@ -164,6 +168,10 @@ def job_name(cfg: Mapping[str, Any], stage: str, run_dir: Path) -> str:
 
 def _torchrun(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> str:
     master = job_name(cfg, "training", run_dir)
+    if commands.in_job_restarts(cfg):
+        # ft_launcher's c10d rendezvous on pod 0 (it has no static one): it restarts every rank in the pods.
+        return commands.ft_launch_command(cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node,
+                                          (f"{master}-0.{master}:{cfg['cluster']['master_port']}", master))
     program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
     return " ".join([
         shlex.join(["torchrun", "--nnodes", str(plan.num_nodes), "--nproc-per-node", str(plan.gpus_per_node)]),

@@ -20,6 +20,9 @@ class Local(Platform):
     # Jobs here never run in a container; only the container stage reads the runtime, to build with it.
     runtimes = ("pyxis", "apptainer")
     rank_variable = "RANK"  # torchrun's
+    runs_ft_launcher = True
+    no_job_chain = ("nothing here stops a run at a time limit, and a failed run is started again with the same "
+                    "command; resilience.in_job_restarts restarts the ranks after a hang or a crash")
 
     def script_name(self, stage: str) -> str:
         return "launch.sh" if stage == "training" else super().script_name(stage)
@@ -44,8 +47,12 @@ class Local(Platform):
                          path_first=bare_path(cfg["cluster"]))]
 
     def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
-        """The stack check, then torchrun over this machine's GPUs; the job ends with the report."""
-        command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
+        """The stack check, then torchrun over this machine's GPUs (ft_launcher with resilience.in_job_restarts);
+        the job ends with the report."""
+        if commands.in_job_restarts(cfg):
+            command = commands.ft_launch_command(cfg, run_dir, entry, 1, plan.num_gpus)
+        else:
+            command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
         report = shlex.join(commands.report_command(run_dir))
         log = run_dir / "logs" / "training.log"
         lines = ["# The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.",

@@ -13,11 +13,16 @@ from launcher.jobs.commands import REPORT_FALLBACK, bare_path
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_chained
 from launcher.plan.errors import PlanError
-from launcher.platforms.base import Cfg, Platform, Say, export_title, hms, time_seconds, training_title
+from launcher.platforms.base import (Cfg, Platform, Say, chain_lines, export_title, hms, queued, time_seconds,
+                                     training_title)
 
 # A job script that exits with 100 is set into the error state, and Grid Engine never starts the jobs that wait
 # for it (-hold_jid): the afterok of this platform. Only jobs that something waits for use it.
 FAIL_HOLDS_DEPENDENTS = "trap 'exit 100' ERR"
+# This run's jobs still queued (the rest of a chain): pending jobs of the user with this job's full name (qstat -r
+# prints it on a line of its own; the job list truncates names).
+CANCEL_QUEUED = ("qstat -s p -u \"$(id -un)\" -r | awk -v name=\"$JOB_NAME\" '/^ *[0-9]+ /{id=$1} "
+                 "/Full jobname:/{if ($3 == name) print id}' | xargs -r qdel")
 
 
 class Sge(Platform):
@@ -27,6 +32,8 @@ class Sge(Platform):
     client = "qsub"
     chain = "each job waiting for the previous one (-hold_jid)"
     runtimes = ("apptainer", "none")
+    chains_jobs = True
+    runs_ft_launcher = True
 
     # ----------------------------------------------------------------------- jobs
     def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
@@ -64,30 +71,52 @@ class Sge(Platform):
             raise PlanError([f"cluster=sge: the training job needs {plan.num_nodes} nodes but neither "
                              "cluster.node_resource (TSUBAME: node_f) nor cluster.parallel_environment requests "
                              "them"])
+        in_job = commands.in_job_restarts(cfg)
         exported = ["PYTHONPATH", "PATH", *plan.env, "MASTER_ADDR", "MASTER_PORT"]
-        mpirun = [["mpirun", "-np", str(plan.num_gpus), "-npernode", str(plan.gpus_per_node)],
+        # With resilience.in_job_restarts mpirun starts one ft_launcher per node, which starts the node's ranks.
+        processes, per_node = (plan.num_nodes, 1) if in_job else (plan.num_gpus, plan.gpus_per_node)
+        mpirun = [["mpirun", "-np", str(processes), "-npernode", str(per_node)],
                   ["--bind-to", "none"], *[["-x", key] for key in exported],
                   *[shlex.split(str(a)) for a in cluster.get("mpirun_args") or []]]
         container = self.container_wrapper(cfg, plan.env)
         groups = [*mpirun, *([container[:2], *[[a] for a in container[2:]]] if container else [])]
-        program = shlex.join(entry)
+        if in_job:
+            program = commands.ft_launch_command(cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node,
+                                                 ("$MASTER_ADDR:$MASTER_PORT", "$JOB_ID"))
+            ranks = ["# sharing a node never collide. One ft_launcher per node (nvidia-resiliency-ext's torchrun) "
+                     "starts that node's",
+                     "# ranks and restarts every rank of the job after a hang or a crash (resilience.in_job_restarts); "
+                     "ranks come",
+                     "# from the RANK / LOCAL_RANK / WORLD_SIZE it sets, which win over mpirun's variables."]
+        else:
+            program = shlex.join(entry)
+            ranks = ["# sharing a node never collide. Ranks come from mpirun (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / "
+                     "_SIZE)."]
         report = shlex.join(commands.report_command(run_dir))
+        before, after = [], []
+        if commands.job_restarts(cfg):
+            before, after = chain_lines(
+                cfg, run_dir, lambda command: commands.shell_line([], command, self.container_wrapper(cfg)),
+                "$JOB_ID", CANCEL_QUEUED, "-hold_jid")
         lines = [
+            *before,
             "# torch.distributed rendezvous on the job's first host; the port follows the job id so that jobs",
-            "# sharing a node never collide. Ranks come from mpirun (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE).",
+            *ranks,
             'export MASTER_ADDR=$(if [ -n "${PE_HOSTFILE:-}" ]; then head -n 1 "$PE_HOSTFILE" | cut -d " " -f 1; '
             "else hostname; fi)",
             "export MASTER_PORT=$((20000 + JOB_ID % 40000))",
             commands.grouped_line(groups, program),
+            *after,
             "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
             commands.shell_line([], report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
         ]
         margin = cluster.get("signal_before_timeout_s")
-        job = self.job("training", training_title(plan, "mpirun, one rank per GPU"), lines,
+        how = "mpirun, ft_launcher on every node" if in_job else "mpirun, one rank per GPU"
+        job = self.job("training", training_title(plan, how), lines,
                        env=dict(plan.env), path_first=bare_path(cluster), nodes=plan.num_nodes,
                        ntasks_per_node=plan.gpus_per_node, gpus_per_node=plan.gpus_per_node,
-                       signal=f"USR1@{margin}" if margin else None)
-        return job, " ".join(shlex.join(g) for g in [*groups, entry])
+                       signal=f"USR1@{margin}" if margin else None, restarts=commands.job_restarts(cfg))
+        return job, " ".join([*(shlex.join(g) for g in groups), program])
 
     # ----------------------------------------------------------------------- the job script
     def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
@@ -114,7 +143,7 @@ class Sge(Platform):
     def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
         """What submit runs, with the job ids in variables (qsub -terse prints an array job as ID.1-N:1)."""
         lines = []
-        for index, job in enumerate(jobs, start=1):
+        for index, (job, _) in enumerate(queued(jobs), start=1):
             command = shlex.join(qsub_command(run_dir / job.script, None))
             if index > 1:
                 command = command.replace("qsub -terse ", f"qsub -terse -hold_jid $JOB{index - 1} ", 1)
@@ -122,11 +151,12 @@ class Sge(Platform):
         return lines
 
     def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
-        """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_script)."""
-        def submit_one(script: Path, previous: str | None) -> tuple[str, str | None]:
+        """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_script; the
+        repeats of a chained training job never exit 100, so the next one starts however it ended)."""
+        def submit_one(script: Path, previous: str | None, after_any: bool) -> tuple[str, str | None]:
             return qsub(script, previous), f"hold_jid:{previous}" if previous else None
 
-        return submit_chained(jobs, run_dir, submit_one, cancel="qdel", cancelled="deleted")
+        return submit_chained(queued(jobs), run_dir, submit_one, cancel="qdel", cancelled="deleted")
 
     def waits_for(self, dependency: str) -> str:
         return f"-hold_jid {dependency.split(':')[1]}"

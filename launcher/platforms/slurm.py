@@ -11,7 +11,8 @@ from launcher.jobs import commands
 from launcher.jobs.commands import REPORT_FALLBACK, bare_path
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_chained
-from launcher.platforms.base import Cfg, Platform, Say, export_title, preflight_title, training_title
+from launcher.platforms.base import (Cfg, Platform, Say, chain_lines, export_title, preflight_title, queued,
+                                     training_title)
 
 RENDEZVOUS = [
     "# torch.distributed rendezvous on the first node; the port follows the job id so that jobs sharing",
@@ -19,6 +20,20 @@ RENDEZVOUS = [
     'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
     "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))",
 ]
+# resilience.in_job_restarts: one task per node runs ft_launcher, which starts that node's ranks.
+FT_RENDEZVOUS = [
+    "# ft_launcher's rendezvous on the first node; the port follows the job id so that jobs sharing a node",
+    "# never collide. One ft_launcher per node (nvidia-resiliency-ext's torchrun) starts that node's ranks and,",
+    "# after a hang or a crash, restarts every rank of the job in this allocation (resilience.in_job_restarts).",
+    "# Ranks come from the RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT it sets, which win over",
+    "# srun's SLURM_PROCID (here the node's launcher, not a rank).",
+    'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))",
+    "# Each node's launcher task gets every CPU of its node for its ranks, not srun's one per task.",
+    "export SLURM_CPUS_PER_TASK=$SLURM_CPUS_ON_NODE",
+]
+# This run's jobs still queued: the rest of a chain (the running job is not pending).
+CANCEL_QUEUED = 'scancel --state=PENDING --jobname="$SLURM_JOB_NAME" --user="$(id -un)"'
 
 
 class Slurm(Platform):
@@ -29,6 +44,8 @@ class Slurm(Platform):
     chain = "each job waiting for the previous one (afterok)"
     time_format = "a Slurm time"
     rank_variable = "SLURM_PROCID"
+    chains_jobs = True
+    runs_ft_launcher = True
 
     # ----------------------------------------------------------------------- jobs
     def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
@@ -52,22 +69,41 @@ class Slurm(Platform):
         ]
 
     def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
-        """srun starts one task per GPU; ranks come from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS. The job
-        ends with the report."""
-        srun = _every_rank(cfg, plan, mpi=plan.tp_comm_overlap)
+        """srun starts one task per GPU; ranks come from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS. With
+        resilience.in_job_restarts, one task per node runs ft_launcher, which starts the node's ranks. With
+        resilience.job_restarts, the job asks first whether it still has work (chain_lines). The job ends with
+        the report."""
+        in_job = commands.in_job_restarts(cfg)
         container = self.container_wrapper(cfg, plan.env)
-        program = shlex.join(entry)
+        if in_job:
+            srun = commands.srun_prefix(cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"],
+                                        extra=["--kill-on-bad-exit=1"])
+            program = commands.ft_launch_command(cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node,
+                                                 ("$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID"))
+            how = "ft_launcher on every node"
+        else:
+            srun = _every_rank(cfg, plan, mpi=plan.tp_comm_overlap)
+            program = shlex.join(entry)
+            how = "one task per GPU"
         report = shlex.join(commands.report_command(run_dir))
-        report_srun = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
+        one_task = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
+        before, after = [], []
+        if commands.job_restarts(cfg):
+            before, after = chain_lines(
+                cfg, run_dir, lambda command: commands.shell_line(one_task, command, self.container_wrapper(cfg)),
+                "$SLURM_JOB_ID", CANCEL_QUEUED, "afterany")
         lines = [
-            *RENDEZVOUS,
+            *before,
+            *(FT_RENDEZVOUS if in_job else RENDEZVOUS),
             commands.shell_line(srun, program, container),
+            *after,
             "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
-            commands.shell_line(report_srun, report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
+            commands.shell_line(one_task, report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
         ]
         margin = cfg["cluster"].get("signal_before_timeout_s")
-        job = self.job("training", training_title(plan, "one task per GPU"), lines,
-                       signal=f"USR1@{margin}" if margin else None, **_job_shape(cfg["cluster"], plan))
+        job = self.job("training", training_title(plan, how), lines, signal=f"USR1@{margin}" if margin else None,
+                       restarts=commands.job_restarts(cfg),
+                       **_job_shape(cfg["cluster"], plan, tasks_per_node=1 if in_job else None))
         return job, " ".join([shlex.join(srun), *([shlex.join(container)] if container else []), program])
 
     def preflight_job(self, cfg: Cfg, plan: Plan, run_dir: Path) -> Job:
@@ -105,20 +141,21 @@ class Slurm(Platform):
     def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
         """What submit runs, as shell lines with the job ids in variables."""
         lines = []
-        for index, job in enumerate(jobs, start=1):
-            dependency = f"afterok:$JOB{index - 1}" if index > 1 else None
+        for index, (job, after_any) in enumerate(queued(jobs), start=1):
+            dependency = f"{'afterany' if after_any else 'afterok'}:$JOB{index - 1}" if index > 1 else None
             # The script's path is quoted; the dependency stays unquoted so the shell expands $JOB<n>.
             command = sbatch_command(run_dir / job.script, dependency)
             lines.append(f"JOB{index}=$({' '.join(command[:-1])} {shlex.quote(command[-1])})")
         return lines
 
     def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
-        """Each job waits for the previous one with afterok (never singleton: names are not dependencies)."""
-        def submit_one(script: Path, previous: str | None) -> tuple[str, str | None]:
-            dependency = f"afterok:{previous}" if previous else None
+        """Each job waits for the previous one with afterok (never singleton: names are not dependencies); the
+        repeats of a chained training job with afterany."""
+        def submit_one(script: Path, previous: str | None, after_any: bool) -> tuple[str, str | None]:
+            dependency = f"{'afterany' if after_any else 'afterok'}:{previous}" if previous else None
             return sbatch(script, dependency), dependency
 
-        return submit_chained(jobs, run_dir, submit_one, cancel="scancel", cancelled="cancelled")
+        return submit_chained(queued(jobs), run_dir, submit_one, cancel="scancel", cancelled="cancelled")
 
     def waits_for(self, dependency: str) -> str:
         return f"--dependency={dependency}"
@@ -132,10 +169,11 @@ def _every_rank(cfg: Cfg, plan: Plan, mpi: bool) -> list[str]:
                                 extra=["--kill-on-bad-exit=1"])
 
 
-def _job_shape(cluster: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
-    """One task per GPU on the plan's nodes: training and the preflight, which measures the same layout."""
+def _job_shape(cluster: Mapping[str, Any], plan: Plan, tasks_per_node: int | None = None) -> dict[str, Any]:
+    """One task per GPU on the plan's nodes (or tasks_per_node: ft_launcher's one): training and the preflight,
+    which measures the same layout."""
     return dict(env=dict(plan.env), path_first=bare_path(cluster), nodes=plan.num_nodes,
-                ntasks_per_node=plan.gpus_per_node,
+                ntasks_per_node=tasks_per_node or plan.gpus_per_node,
                 gpus_per_node=plan.gpus_per_node if cluster.get("gpus_per_node") else None,
                 exclusive=bool(cluster.get("exclusive")))
 

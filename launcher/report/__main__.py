@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from launcher.report import mlperf, telemetry
+from launcher.report import mlperf, resilience, telemetry
 from launcher.report.throughput import default_plot_path, format_table, load, mfu_warnings, plot, summarize
 
 
@@ -86,9 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"plot: {mlperf.plot(mlperf_runs, out.with_name(out.stem + '_mlperf.png'))}")
     except ImportError:  # a training image without matplotlib still gets the table
         print("plot: skipped, matplotlib is not installed")
-    for path in args.paths:  # GPU telemetry of each run directory that has it
+    for path in args.paths:  # GPU telemetry, restarts and slow GPUs of each run directory that has them
         if path.is_dir():
             telemetry.report(path)
+            resilience.report(path)
     return 0
 
 

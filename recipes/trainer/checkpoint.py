@@ -7,7 +7,9 @@ from dataclasses import asdict
 import os
 import random
 import shutil
+import time
 from typing import Any, Callable
+import uuid
 
 from megatron.core import dist_checkpointing, parallel_state as ps, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -15,11 +17,12 @@ from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQu
 import numpy as np
 import torch
 
+from common import run_events
 from common.checkpoints import (STATE_FILE, TrainState, finalize_checkpoint, latest_checkpoint, partial_path,
                                 prune_checkpoints, read_train_state, remove_partials)
 from recipes.trainer.cadence import SavePolicy, StepEnd
 from recipes.trainer.model import unwrap
-from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+from recipes.trainer.stop_signals import helpers_die_with_the_trainer, helpers_immune_to_stop_signals
 
 try:  # nvidia-resiliency-ext's asynchronous writer, where megatron-core has it
     from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX
@@ -90,10 +93,17 @@ class Checkpointer:
         self._queue = None
         if async_save:
             self._queue = AsyncCallsQueue()
+        # This process's saves write under partial names of their own: a writer that outlived a killed trainer
+        # (an asynchronous save's process on a lost node) can never write into a later process's save of the
+        # same step, and whatever it leaves is a partial that is removed, never loaded.
+        attempt = [uuid.uuid4().hex[:8]]
+        torch.distributed.broadcast_object_list(attempt, src=0)
+        self.attempt = attempt[0]
         if self.rank == 0:
             os.makedirs(root, exist_ok=True)
             remove_partials(root)
         torch.distributed.barrier()
+        helpers_die_with_the_trainer()
 
     def due_before_training(self, step: int) -> bool:
         return self.policy.saves_before_training(step)
@@ -102,9 +112,13 @@ class Checkpointer:
         """After `step`, which ended as `end` (the periodic save, the last one, a stop signal's)."""
         return self.policy.saves_after(step, end)
 
-    def save(self, chunks, optimizer, scheduler, state: TrainState, log: Callable[[str], None]) -> None:
+    def save(self, chunks, optimizer, scheduler, state: TrainState, log: Callable[[str], None],
+             in_flight: Callable[[int], None] | None = None) -> None:
+        """`in_flight(step)` is called once the shards are being written (async) or written, and the checkpoint
+        is not complete yet (resilience.inject_fault.during=save)."""
+        started = time.perf_counter()
         self.wait()  # one save in flight at a time
-        partial = partial_path(self.root, state.step)
+        partial = partial_path(self.root, state.step, self.attempt)
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
@@ -114,10 +128,16 @@ class Checkpointer:
 
         def finalize() -> None:
             if self.rank == 0:
-                path = finalize_checkpoint(self.root, snapshot)
+                path = finalize_checkpoint(self.root, snapshot, partial)
                 prune_checkpoints(self.root, self.keep_last)
                 log(f"saved checkpoint {path}")
+                # What the save cost: the time training was held (blocking_s) and until the checkpoint was complete.
+                run_events.record(os.path.dirname(self.root), "checkpoint", step=snapshot.step,
+                                  blocking_s=round(blocking[0], 3), complete_s=round(time.perf_counter() - started, 3),
+                                  **{"async": self.async_save})
             torch.distributed.barrier()
+
+        blocking = [0.0]
 
         with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
             request = dist_checkpointing.save(sharded_state(chunks, optimizer, scheduler, is_loading=False),
@@ -125,6 +145,9 @@ class Checkpointer:
             if request is not None:
                 request.add_finalize_fn(finalize)
                 self._queue.schedule_async_request(request)
+        if in_flight is not None:
+            in_flight(state.step)
+        blocking[0] = time.perf_counter() - started
         if request is None:
             finalize()
 

@@ -23,6 +23,7 @@ from common.checkpoints import latest_checkpoint
 from common.plan import Plan, PlanFileError, load_plan
 from recipes.hf import importer
 from recipes.observability.observers import Observers
+from recipes.resilience.guard import RunGuard, record_failure
 from recipes.trainer import cadence, checkpoint, data, distributed, graphs, metrics, settings, wgrad_fallback
 from recipes.trainer.model import build_model_chunks, count_parameters, init_userbuffers, unwrap, wrap_data_parallel
 from recipes.trainer.ranks import rank_info
@@ -76,6 +77,9 @@ class Trainer:
         self.run_dir = run_dir
         self.cfg, self.plan = _load_run(run_dir)
         cfg, plan = self.cfg, self.plan
+        # Hang detection (under ft_launcher), the injected fault, straggler reports, the run's events; first, so
+        # that a rank hanging while it starts is found too.
+        self.guard = RunGuard(run_dir, cfg, rank_info().rank, rank_info().world_size)
         self.train_cfg = cfg["training"]
         # Hugging Face weights to start from: located (a hub id downloaded once, by rank 0) and checked against
         # training.model on every rank before CUDA or NCCL start.
@@ -127,6 +131,7 @@ class Trainer:
         if state.step:
             self.say(f"resumed at step {state.step} ({state.consumed_samples} samples consumed)")
         self.observers.training_starts(self.config, state.step)
+        self.guard.training_starts(state.step, self.info.local_rank)  # before the metrics writer drops later steps
 
         # Data: read on TP rank 0 of the stages that need it, broadcast to the rest of the TP group.
         needs_data = [unwrap(c).pre_process or unwrap(c).post_process for c in self.chunks]
@@ -253,8 +258,9 @@ class Trainer:
         return reduce_loss(losses)
 
     def save(self) -> None:
-        with self._synced_params(), self.observers.range("checkpoint"):
-            self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state, self.say)
+        with self._synced_params(), self.observers.range("checkpoint"), self.guard.checkpointing():
+            self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state, self.say,
+                                   in_flight=self.guard.save_in_flight)
 
     def _last_good_checkpoint(self) -> str:
         latest = latest_checkpoint(self.checkpointer.root)
@@ -269,23 +275,27 @@ class Trainer:
             self.save()
         self.observers.run_starts(state.consumed_samples, resume_step=state.step)
         last_time = time.perf_counter()
+        stopped = False
         while state.step < train_steps:
             self.observers.step_begins(state.step + 1)
-            loss, grad_norm = self.train_step()
+            with self.guard.step(state.step + 1):
+                loss, grad_norm = self.train_step()
             state.step += 1
             state.consumed_samples += self.plan.global_batch_size
             now = time.perf_counter()
             step_time, last_time = now - last_time, now
             self.observers.step_ended(state.step)
             self.checkpointer.poll()
+            gpu_perf = self.guard.after_step(state.step)
 
             diverged = cadence.divergence(loss, grad_norm)
             if diverged:
                 self._stop_diverged(diverged)
+                self.guard.ended(state.step, finished=False, reason=f"diverged: {diverged}")
                 return 3
             evaluated = self.evaluation.due(state.step)
             val_loss = self._validate() if evaluated else None
-            self._log_step(loss, grad_norm, step_time, val_loss, evaluated)
+            self._log_step(loss, grad_norm, step_time, val_loss, evaluated, gpu_perf)
             reached = self._target_reached(val_loss)
             self.gc_policy.after_step(state.step)
 
@@ -298,7 +308,10 @@ class Trainer:
             if self.checkpointer.due(state.step, end):
                 self.save()
             if end.stopping:
-                self.checkpointer.wait()
+                with self.guard.checkpointing():
+                    self.checkpointer.wait()
+                self.guard.stopped(state.step, stop.received)
+                stopped = True
                 self.say(f"stopped by signal at step {state.step}; checkpoint saved. Run the same command again "
                          "to continue.")
                 break
@@ -307,7 +320,10 @@ class Trainer:
                          f"{state.step}")
                 break
             last_time = time.perf_counter()  # checkpoint and eval time stays out of the next step's timing
-        self.checkpointer.close()
+        with self.guard.checkpointing():
+            self.checkpointer.close()
+        if not stopped:  # train_steps or the target: the chain of jobs ends here (common/job_chain.py)
+            self.guard.ended(state.step, finished=True)
         if self.metrics_writer:
             self.metrics_writer.close()
         return 0
@@ -325,7 +341,7 @@ class Trainer:
             return self.evaluate()
 
     def _log_step(self, loss: float | None, grad_norm: float, step_time: float, val_loss: float | None,
-                  evaluated: bool) -> None:
+                  evaluated: bool, gpu_perf: list | None = None) -> None:
         """The progress line, metrics.jsonl and the trackers (last rank); every rank joins the peak-memory
         reduction of a logged step."""
         state = self.state
@@ -334,7 +350,8 @@ class Trainer:
         if self.is_last_rank and log_now:
             record = metrics.step_metrics(self.plan, step=state.step, loss=loss, lr=self.scheduler.get_lr(
                 self.optimizer.param_groups[0]), grad_norm=grad_norm, step_time_s=step_time,
-                consumed_samples=state.consumed_samples, val_loss=val_loss, peak_memory_gib=peak_memory)
+                consumed_samples=state.consumed_samples, val_loss=val_loss, peak_memory_gib=peak_memory,
+                gpu_relative_perf=gpu_perf)
             print(metrics.progress_line(record, self.train_cfg["train_steps"]), flush=True)
             self.metrics_writer.write(record)
             self.observers.log(record)
@@ -355,8 +372,12 @@ def run(run_dir: str) -> int:
     try:
         trainer = Trainer(run_dir)
         return trainer.train()
+    except Exception as err:
+        record_failure(run_dir, rank_info().rank, err)  # the report tells a crash with a message from a silent one
+        raise
     finally:
         if trainer is not None:
             trainer.graphs.release()  # graphs hold NCCL communicators: gone before the process groups are
             trainer.observers.close()  # the profile, the tracker's last events, the telemetry thread
+            trainer.guard.close()
         distributed.shutdown()

@@ -7,8 +7,12 @@ exit with the trainer; the trainer itself only records the signal and stops at t
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from multiprocessing import resource_tracker
+import os
 import signal
+import sys
+import threading
 from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -39,3 +43,32 @@ def helpers_immune_to_stop_signals() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+_forked_from_main_thread = False
+
+
+def _note_forking_thread() -> None:
+    global _forked_from_main_thread
+    _forked_from_main_thread = threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:
+    if _forked_from_main_thread:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def helpers_die_with_the_trainer() -> None:
+    """Processes the trainer forks from now on (an asynchronous save's writer, data-loader workers) are killed
+    when it dies. A trainer killed hard (a hang's SIGKILL from ft_launcher, the OOM killer, kill -9) would
+    otherwise leave its writer running on, writing a save nobody will complete into the run directory while the
+    restarted trainer saves. Only children of the main thread: the kernel's signal follows the forking thread,
+    and a child forked by a short-lived helper thread would die with that thread. Linux only; once per process."""
+    global _registered
+    if not sys.platform.startswith("linux") or _registered:
+        return
+    os.register_at_fork(before=_note_forking_thread, after_in_child=_die_with_parent)
+    _registered = True
+
+
+_registered = False

@@ -8,6 +8,7 @@ import contextlib
 import gc
 import json
 import signal
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +22,7 @@ from recipes.observability.mlperf import MLPerfLog
 from recipes.observability.observers import Observers
 from recipes.trainer import checkpoint, loop
 from recipes.trainer.cadence import (EvalPolicy, GCPolicy, SavePolicy, StepEnd, divergence, logs_step, step_end)
+from recipes.resilience.guard import RunGuard
 from recipes.trainer.ranks import RankInfo
 
 
@@ -162,6 +164,8 @@ def fake_trainer(monkeypatch, events, overrides, *, losses=None, val_losses=(), 
     trainer.state = TrainState(step=0, consumed_samples=0)
     trainer.info, trainer.is_last_rank = RankInfo(0, 0, 1, "127.0.0.1", 0), True
     trainer.observers = observers or RecordingObservers(events)
+    # The real guard, in a run directory of its own: no monitor (not under ft_launcher), no fault, no detector.
+    trainer.guard = RunGuard(tempfile.mkdtemp(), cfg, 0, 1)
     trainer.checkpointer = RecordingCheckpointer(SavePolicy.from_config(trainer.train_cfg["checkpoint"]), events)
     trainer.evaluation = EvalPolicy.from_config(trainer.train_cfg)
     trainer.gc_policy = GCPolicy()

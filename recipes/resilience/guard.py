@@ -1,0 +1,132 @@
+"""What the training loop asks and tells for a long run (README: Long runs), in one component: the rank monitor
+that detects hangs under ft_launcher (monitor.py), the fault injected on purpose (faults.py), the straggler
+reports (straggler.py), and the run's events (common/run_events.py) from which the report tells each restart's
+time, cause, steps lost and time lost. Every call is cheap and does nothing where its feature is off."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from typing import Any, Iterator, Mapping
+
+from common import run_events
+from recipes.resilience import straggler as straggler_reports
+from recipes.resilience.faults import FaultInjector
+from recipes.resilience.monitor import HangMonitor
+
+# The scheduler's job id, for the events: Slurm, Grid Engine, Base Command.
+JOB_ID_VARIABLES = ("SLURM_JOB_ID", "JOB_ID", "NGC_JOB_ID")
+
+
+def job_id(env: Mapping[str, str] = os.environ) -> str:
+    return next((env[k] for k in JOB_ID_VARIABLES if env.get(k)), "local")
+
+
+def last_logged_step(metrics_path: str) -> tuple[int | None, float | None]:
+    """The newest step metrics.jsonl holds and when it was written (the file's time): where the process before
+    this one got to. Read before this process's metrics writer drops the steps past its checkpoint."""
+    if not os.path.exists(metrics_path):
+        return None, None
+    last = None
+    with open(metrics_path) as f:
+        for line in f:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                last = max(last or 0, int(json.loads(line)["step"]))
+    return last, os.path.getmtime(metrics_path)
+
+
+def _say_from_any_rank(message: str) -> None:
+    print(f"[recipes] {message}", flush=True)
+
+
+class RunGuard:
+    def __init__(self, run_dir: str, cfg: Mapping[str, Any], rank: int, world_size: int):
+        self.process_start = time.time()
+        self.run_dir, self.rank = run_dir, rank
+        self.cfg = cfg.get("resilience") or {}
+        self.records = rank == world_size - 1  # the logging rank: it has the metrics
+        events = run_events.read(run_dir)
+        # First thing: a rank that hangs while it builds the model is a hang too.
+        self.monitor = HangMonitor.connect()
+        self.faults = FaultInjector(run_dir, self.cfg.get("inject_fault") or {}, rank, events, _say_from_any_rank)
+        self.straggler: straggler_reports.StragglerReports | None = None
+        self._catch_up: tuple[int, float] | None = None
+
+    # ------------------------------------------------------------------ the run's events
+    def training_starts(self, resumed_step: int, local_rank: int) -> None:
+        """The state is loaded (resumed_step: its step); called before the metrics writer opens metrics.jsonl."""
+        if (self.cfg.get("straggler_detection") or {}).get("enabled"):
+            self.straggler = straggler_reports.StragglerReports(self.cfg["straggler_detection"], self.rank,
+                                                                local_rank)
+        if not self.records:
+            return
+        last, when = last_logged_step(os.path.join(self.run_dir, "metrics.jsonl"))
+        run_events.record(self.run_dir, "start", job_id=job_id(), cycle=int(os.environ.get(
+            "TORCHELASTIC_RESTART_COUNT", 0)), process_start=round(self.process_start, 3), resumed_step=resumed_step,
+            last_step=last, last_step_time=when)
+        if last is not None and when is not None:
+            # Time lost: from the last step before to that step again (steps were lost), or to the first step after
+            # it (none were: the restart itself, plus one step).
+            self._catch_up = (max(last, resumed_step + 1), when)
+
+    def stopped(self, step: int, signum: int | None) -> None:
+        if self.records:
+            # Ranks agree on a stop any of them saw; one that saw none records it as another rank's.
+            name = signal.Signals(signum).name if signum else "another rank's"
+            run_events.record(self.run_dir, "stop", step=step, signal=name)
+
+    def ended(self, step: int, finished: bool, reason: str | None = None) -> None:
+        if self.records:
+            run_events.record(self.run_dir, "end", step=step, finished=finished,
+                              **({"reason": reason} if reason else {}))
+
+    # ------------------------------------------------------------------ steps and saves
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        """Around one training step: the monitor's section, the injected fault, the straggler timing."""
+        if self.monitor:
+            self.monitor.step_begins()
+        self.faults.at(step, "step")
+        with (self.straggler.step() if self.straggler else contextlib.nullcontext()):
+            yield
+        if self.monitor:
+            self.monitor.step_ended()
+
+    def after_step(self, step: int) -> list[list[Any]] | None:
+        """After every step, on every rank: the step a restarted process catches up with, and every
+        interval_steps the straggler report (a collective), which it returns for the step's record."""
+        if self._catch_up and step == self._catch_up[0]:
+            run_events.record(self.run_dir, "recovered", step=step,
+                              time_lost_s=round(time.time() - self._catch_up[1], 1))
+            self._catch_up = None
+        if not (self.straggler and self.straggler.due(step)):
+            return None
+        scores = self.straggler.report()
+        if self.records:
+            print(f"[recipes] {straggler_reports.summary(step, scores, self.straggler.threshold)}", flush=True)
+            slow = self.straggler.slow(scores)
+            if slow:
+                run_events.record(self.run_dir, "straggler", step=step, ranks=slow)
+        return scores
+
+    def checkpointing(self):
+        """Around a save or the wait for one (the monitor's checkpointing section)."""
+        return self.monitor.checkpointing() if self.monitor else contextlib.nullcontext()
+
+    def save_in_flight(self, step: int) -> None:
+        """The checkpoint of `step` is being written and not yet complete (inject_fault.during=save)."""
+        self.faults.at(step, "save")
+
+    def close(self) -> None:
+        if self.monitor:
+            self.monitor.close()
+        if self.straggler:
+            self.straggler.close()
+
+
+def record_failure(run_dir: str, rank: int, error: BaseException) -> None:
+    """A rank raised: one `error` event, so the report can tell a crash with a message from a silent one."""
+    with contextlib.suppress(OSError):
+        run_events.record(run_dir, "error", rank=rank, message=f"{type(error).__name__}: {error}"[:500])

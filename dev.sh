@@ -13,9 +13,35 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 VENV=$(realpath -m "${VENV:-.venv}")  # absolute: the jobs and shims below run from other directories
 PY=${PYTHON:-python3}
-TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-MCORE_VERSION=0.19.2
-stamp="$VENV/.installed-$(cat pyproject.toml dev.sh | sha256sum | cut -c1-12)"
+# conf/stack.yaml names the versions (the stack the recipes are tested with); a change there prepares .venv again.
+stamp="$VENV/.installed-$(cat pyproject.toml dev.sh conf/stack.yaml | sha256sum | cut -c1-12)"
+
+# A version conf/stack.yaml declares: `stack_version torch cpu_build`, `stack_version megatron_core tested`. Read
+# with the venv's python once pyyaml is there (the system python may not have it).
+stack_version() {
+    "$VENV/bin/python" - "$1" "$2" <<'EOF'
+import sys, yaml
+print(yaml.safe_load(open("conf/stack.yaml"))["stack"][sys.argv[1]][sys.argv[2]])
+EOF
+}
+
+# The project's console scripts (pyproject.toml [project.scripts]) in the venv's bin, as an editable install
+# makes them, for the venv that adds the repository by a .pth file.
+write_console_scripts() {
+    "$VENV/bin/python" - "$VENV/bin" <<'EOF'
+import os, sys
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+for name, target in tomllib.load(open("pyproject.toml", "rb"))["project"]["scripts"].items():
+    module, function = target.split(":")
+    path = os.path.join(sys.argv[1], name)
+    with open(path, "w") as f:
+        f.write(f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n")
+    os.chmod(path, 0o755)
+EOF
+}
 
 has_training_stack() {
     "$PY" - <<'EOF'
@@ -67,6 +93,7 @@ prepare_over_training_stack() {
         printf '#!/bin/sh\nexec "%s" -m %s "$@"\n' "$VENV/bin/python" "$module" > "$VENV/bin/$tool"
         chmod +x "$VENV/bin/$tool"
     done
+    write_console_scripts
     missing=$(unmet_requirements dataprep)
     if [ -n "$missing" ]; then
         echo "dev.sh: installing what the training stack here lacks: $(echo $missing)" >&2
@@ -89,11 +116,12 @@ prepare_over_training_stack() {
 prepare_self_contained() {
     [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
     pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
-    # torch first and pinned, so nothing below pulls a CUDA build.
-    "${pip[@]}" "torch==$TORCH_VERSION"
+    "${pip[@]}" pyyaml
+    # torch first and pinned, so nothing below pulls a CUDA build (TORCH_VERSION=... picks another CPU build).
+    "${pip[@]}" "torch==${TORCH_VERSION:-$(stack_version torch cpu_build)}"
     # megatron-core declares Python>=3.12 but its datasets and checkpoint code run on 3.10+;
     # import megatron.core needs triton.
-    "${pip[@]}" --no-deps --ignore-requires-python "megatron-core==$MCORE_VERSION"
+    "${pip[@]}" --no-deps --ignore-requires-python "megatron-core==$(stack_version megatron_core tested)"
     "${pip[@]}" triton numpy "packaging>=24.2"
     "${pip[@]}" -e ".[dataprep,mlperf,test]"
 }

@@ -1,4 +1,5 @@
 """Plan, validate, render and submit Llama 3.1 pretraining jobs: `python main.py training=llama31/405b cluster=bcm`."""
+
 import sys
 
 import hydra

@@ -9,6 +9,7 @@ cases: paste each printed row over the pending entry of the same name, in `rows`
     bash bench/gpu_autoconf_cases.sh OUTDIR --cases all --shard 1/4   # every case (~28 min) in four runs: 1/4 .. 4/4
     python bench/autoconf_cases.py --pending                 # the pending entries for measured.yaml (no GPU)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,23 +31,34 @@ GPU, GPUS_PER_NODE, GBS = "h200", 1, 8
 RECOMPUTE = {
     "none": [],
     "selective": ["parallelism.recompute_granularity=selective"],
-    "full": ["parallelism.recompute_granularity=full", "parallelism.recompute_method=uniform",
-             "parallelism.recompute_num_layers=1"],
+    "full": [
+        "parallelism.recompute_granularity=full",
+        "parallelism.recompute_method=uniform",
+        "parallelism.recompute_num_layers=1",
+    ],
 }
 # (model, layers): the shapes of NVIDIA's 8B and 70B layers, as many as one GPU holds with room for MBS 2.
 PROXIES = (("8b", 16), ("70b", 2))
 # Our estimate of one run's wall time on one H200 (startup ~30 s + 12 steps), by model, for the time budget.
 ESTIMATE_S = {"8b": 70, "70b": 52, "405b": 60}
-DEFAULT = ("8b-bf16-mbs1-none", "8b-fp8-mbs1-none", "8b-bf16-mbs2-none", "8b-fp8-mbs2-none", "8b-bf16-mbs1-selective",
-           "8b-bf16-mbs1-full", "70b-bf16-mbs1-none", "70b-fp8-mbs1-none")
+DEFAULT = (
+    "8b-bf16-mbs1-none",
+    "8b-fp8-mbs1-none",
+    "8b-bf16-mbs2-none",
+    "8b-fp8-mbs2-none",
+    "8b-bf16-mbs1-selective",
+    "8b-bf16-mbs1-full",
+    "70b-bf16-mbs1-none",
+    "70b-fp8-mbs1-none",
+)
 
 
 @dataclass(frozen=True)
 class Case:
-    key: str               # short name for --cases
-    name: str              # measured.yaml's row name
+    key: str  # short name for --cases
+    name: str  # measured.yaml's row name
     model: str
-    overrides: list[str]   # measured.yaml's row overrides (what main.py is given, besides the batch and cluster)
+    overrides: list[str]  # measured.yaml's row overrides (what main.py is given, besides the batch and cluster)
 
     @property
     def estimate_s(self) -> int:
@@ -55,8 +67,15 @@ class Case:
 
 
 def _case(model: str, layers: int, dtype: str, mbs: int, recompute: str) -> Case:
-    overrides = [f"training=llama31/{model}", f"training.model.num_layers={layers}", "parallelism=tp1",
-                 "parallelism.num_gpus=1", f"dtype={dtype}", f"training.micro_batch_size={mbs}", *RECOMPUTE[recompute]]
+    overrides = [
+        f"training=llama31/{model}",
+        f"training.model.num_layers={layers}",
+        "parallelism=tp1",
+        "parallelism.num_gpus=1",
+        f"dtype={dtype}",
+        f"training.micro_batch_size={mbs}",
+        *RECOMPUTE[recompute],
+    ]
     label = "" if recompute == "none" else f" {recompute} recompute"
     name = f"{model} {layers}-layer {dtype} mbs{mbs}{label} (1 H200)"
     return Case(f"{model}-{dtype}-mbs{mbs}-{recompute}", name, model, overrides)
@@ -73,13 +92,22 @@ def fits_one_gpu(overrides: list[str]) -> bool:
 
 
 def _cluster() -> list[str]:
-    return ["cluster=bcm", f"cluster.gpu_type={GPU}", f"cluster.gpus_per_node={GPUS_PER_NODE}",
-            f"training.global_batch_size={GBS}"]
+    return [
+        "cluster=bcm",
+        f"cluster.gpu_type={GPU}",
+        f"cluster.gpus_per_node={GPUS_PER_NODE}",
+        f"training.global_batch_size={GBS}",
+    ]
 
 
 def cases() -> list[Case]:
-    out = [_case(model, layers, dtype, mbs, recompute)
-           for model, layers in PROXIES for dtype in ("bf16", "fp8") for mbs in (1, 2) for recompute in RECOMPUTE]
+    out = [
+        _case(model, layers, dtype, mbs, recompute)
+        for model, layers in PROXIES
+        for dtype in ("bf16", "fp8")
+        for mbs in (1, 2)
+        for recompute in RECOMPUTE
+    ]
     # The 405B shape only where one layer of it fits one GPU by the plan's estimate (bf16 does not: 140.7 GiB of
     # 139.8 on an H200; fp8, with FP8 weights, does).
     out += [c for c in (_case("405b", 1, dtype, 1, "none") for dtype in ("bf16", "fp8")) if fits_one_gpu(c.overrides)]
@@ -88,14 +116,29 @@ def cases() -> list[Case]:
 
 def measured_row(case: Case, result: dict) -> dict:
     """A row of conf/perf/measured.yaml from bench_train's result."""
-    return {"name": case.name, "overrides": case.overrides, "gpu": GPU, "gpus_per_node": GPUS_PER_NODE,
-            "global_batch_size": GBS, "tokens_per_s_per_gpu": round(result["tokens_per_s_per_gpu"]),
-            "step_time_s": round(result["step_time_s"], 3), "peak_memory_gib": round(result["peak_memory_gib"], 1)}
+    return {
+        "name": case.name,
+        "overrides": case.overrides,
+        "gpu": GPU,
+        "gpus_per_node": GPUS_PER_NODE,
+        "global_batch_size": GBS,
+        "tokens_per_s_per_gpu": round(result["tokens_per_s_per_gpu"]),
+        "step_time_s": round(result["step_time_s"], 3),
+        "peak_memory_gib": round(result["peak_memory_gib"], 1),
+    }
 
 
 def pending_entry(case: Case) -> dict:
-    return {"name": case.name, "overrides": case.overrides, "gpu": GPU, "gpus_per_node": GPUS_PER_NODE,
-            "global_batch_size": GBS, "tokens_per_s_per_gpu": None, "step_time_s": None, "peak_memory_gib": None}
+    return {
+        "name": case.name,
+        "overrides": case.overrides,
+        "gpu": GPU,
+        "gpus_per_node": GPUS_PER_NODE,
+        "global_batch_size": GBS,
+        "tokens_per_s_per_gpu": None,
+        "step_time_s": None,
+        "peak_memory_gib": None,
+    }
 
 
 def to_yaml(rows: list[dict]) -> str:
@@ -115,7 +158,7 @@ def pick(all_cases: list[Case], which: str, shard: str | None) -> list[Case]:
         chosen = [c for c in all_cases if c.key in keys]
     if shard:
         index, count = (int(x) for x in shard.split("/"))
-        chosen = chosen[index - 1::count]
+        chosen = chosen[index - 1 :: count]
     return chosen
 
 
@@ -154,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() - start + case.estimate_s > args.budget_s:
             skipped.append(case.key)
             continue
-        bench_args = SimpleNamespace(model=f"llama31/{case.model}", gpus=1, gbs=GBS, steps=args.steps,
-                                     window=args.window)
+        bench_args = SimpleNamespace(
+            model=f"llama31/{case.model}", gpus=1, gbs=GBS, steps=args.steps, window=args.window
+        )
         # The model is given by bench_train itself; the case's other overrides follow it.
         result = bench_train.run_case(case.key, case.overrides[1:], bench_args, runs, timeout=args.timeout_s)
         if "error" in result:

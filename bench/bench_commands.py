@@ -18,6 +18,7 @@ Rounds are interleaved (every command once per round) so that a busy spell of th
 one untimed warm-up round first (--warmup). The load average before and after is printed: on a shared machine,
 compare medians taken under similar load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,13 @@ from typing import Sequence
 HERE = Path(__file__).resolve().parent.parent
 SWEEP = "training.global_batch_size=" + ",".join(str(16 * k) for k in range(1, 11))
 # What cmd_run does before its pipeline starts (data_prep/cli.py), nothing more.
-CHECKS = ("import sys\n"
-          "from data_prep.cli import _check_stack, _load, build_parser\n"
-          "args = build_parser().parse_args(['run', '--config', sys.argv[1]])\n"
-          "_check_stack(args.config)\n"
-          "_load(args, settings=True)\n")
+CHECKS = (
+    "import sys\n"
+    "from data_prep.cli import _check_stack, _load, build_parser\n"
+    "args = build_parser().parse_args(['run', '--config', sys.argv[1]])\n"
+    "_check_stack(args.config)\n"
+    "_load(args, settings=True)\n"
+)
 
 
 @dataclass
@@ -53,11 +56,23 @@ def commands(python: str, work: Path, config: Path) -> list[Command]:
     return [
         Command("stack", [python, "-m", "recipes.stack"], ok=(0, 1)),
         Command("dataprep-checks", [python, "-c", CHECKS, str(config)]),
-        Command("dataprep-run", [python, "-m", "data_prep", "run", "--config", str(config), "--force",
-                                 "--no-progress"]),
+        Command(
+            "dataprep-run", [python, "-m", "data_prep", "run", "--config", str(config), "--force", "--no-progress"]
+        ),
         Command("dry-run", [python, "main.py", "dry_run=true", f"results_dir={work / 'dry'}"]),
-        Command("sweep", [python, "main.py", "-m", "training=llama31/8b", "cluster=bcm", SWEEP, "dry_run=true",
-                          f"results_dir={work / 'sweep'}"]),
+        Command(
+            "sweep",
+            [
+                python,
+                "main.py",
+                "-m",
+                "training=llama31/8b",
+                "cluster=bcm",
+                SWEEP,
+                "dry_run=true",
+                f"results_dir={work / 'sweep'}",
+            ],
+        ),
     ]
 
 
@@ -68,8 +83,10 @@ def run(argv: Sequence[str], repo: Path, ok: Sequence[int] = (0,)) -> float:
     result = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if result.returncode not in ok:
-        sys.exit(f"bench_commands: {' '.join(argv)} failed with exit status {result.returncode}:\n"
-                 f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        sys.exit(
+            f"bench_commands: {' '.join(argv)} failed with exit status {result.returncode}:\n"
+            f"{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
     return seconds
 
 
@@ -78,15 +95,45 @@ def tiny_config(python: str, repo: Path, work: Path) -> Path:
     trained on them, made by the checkout under test."""
     corpus = work / "corpus.jsonl"
     words = [f"{stem}{k}" for stem in ("model", "token", "data", "layer", "batch", "step") for k in range(40)]
-    corpus.write_text("".join(json.dumps({"text": " ".join(words[(7 * i + 13 * k) % len(words)] for k in range(60))})
-                              + "\n" for i in range(200)))
+    corpus.write_text(
+        "".join(
+            json.dumps({"text": " ".join(words[(7 * i + 13 * k) % len(words)] for k in range(60))}) + "\n"
+            for i in range(200)
+        )
+    )
     # byte fallback alone takes 256 pieces
-    run([python, "-m", "data_prep", "train-tokenizer", "--input", str(corpus), "--output", str(work / "tok" / "sp"),
-         "--vocab-size", "400"], repo)
-    run([python, "main.py", "stages=[data_preparation]", "data_preparation=files", f"data_preparation.inputs=[{corpus}]",
-         f"data_preparation.output_dir={work / 'out'}", "data_preparation.workers=1",
-         "training.tokenizer.type=sentencepiece", f"training.tokenizer.path={work / 'tok' / 'sp.model'}",
-         "dry_run=true", f"results_dir={work / 'runs'}", "run_name=tiny"], repo)
+    run(
+        [
+            python,
+            "-m",
+            "data_prep",
+            "train-tokenizer",
+            "--input",
+            str(corpus),
+            "--output",
+            str(work / "tok" / "sp"),
+            "--vocab-size",
+            "400",
+        ],
+        repo,
+    )
+    run(
+        [
+            python,
+            "main.py",
+            "stages=[data_preparation]",
+            "data_preparation=files",
+            f"data_preparation.inputs=[{corpus}]",
+            f"data_preparation.output_dir={work / 'out'}",
+            "data_preparation.workers=1",
+            "training.tokenizer.type=sentencepiece",
+            f"training.tokenizer.path={work / 'tok' / 'sp.model'}",
+            "dry_run=true",
+            f"results_dir={work / 'runs'}",
+            "run_name=tiny",
+        ],
+        repo,
+    )
     return work / "runs" / "tiny" / "config.yaml"
 
 
@@ -119,8 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-commands-") as tmp:
         work = Path(tmp)
         chosen = [c for c in commands(args.python, work, tiny_config(args.python, repo, work)) if c.name in wanted]
-        print(f"repo: {repo} ({describe(repo)}); python: {args.python}; load average before: "
-              f"{os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"repo: {repo} ({describe(repo)}); python: {args.python}; load average before: {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         seconds: dict[str, list[float]] = {c.name: [] for c in chosen}
         for round_ in range(args.warmup + args.runs):
             for c in chosen:

@@ -15,6 +15,7 @@ column shows how busy the rest of the machine was during that round (other proce
 Below the table, the same speedups round by round (median and range): on machines whose speed drifts (shared
 VMs), the modes of one round ran under the most similar conditions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,7 +105,7 @@ def split_corpus(corpus: str, parts: int) -> list[str]:
     for k in range(parts):
         path = f"{corpus}.part{k}"
         with open(path, "wb") as f:
-            f.writelines(lines[k * len(lines) // parts:(k + 1) * len(lines) // parts])
+            f.writelines(lines[k * len(lines) // parts : (k + 1) * len(lines) // parts])
         paths.append(path)
     return paths
 
@@ -113,15 +114,18 @@ def pipeline_settings(out_dir: str, tok_type: str, tok_path: str, workers: int) 
     """files.yaml's settings through Settings.from_config, as `python -m data_prep run` builds them: a setting
     added to the pipeline reaches the benchmark with its default instead of breaking it."""
     dp = OmegaConf.to_container(OmegaConf.load(FILES_YAML))  # unresolved: the keys below replace what is not
-    dp.update(output_dir=out_dir, download_dir=out_dir, workers=workers,
-              tokenizer={"type": tok_type, "path": tok_path})
+    dp.update(output_dir=out_dir, download_dir=out_dir, workers=workers, tokenizer={"type": tok_type, "path": tok_path})
     return Settings.from_config(dp)
 
 
 def pipeline(corpus: str, out_dir: str, tok_type: str, tok_path: str, workers: int) -> tuple[int, int]:
     settings = pipeline_settings(out_dir, tok_type, tok_path, workers)
-    shard = Shard(0, "bench", os.path.join(out_dir, f"bench_{tok_type}_{workers}_text_document"),
-                  (Source(corpus, corpus, "none", "jsonl"),))
+    shard = Shard(
+        0,
+        "bench",
+        os.path.join(out_dir, f"bench_{tok_type}_{workers}_text_document"),
+        (Source(corpus, corpus, "none", "jsonl"),),
+    )
     (result,) = Pipeline(settings, log=lambda _: None).run([shard], force=True, progress=False)
     if result.status != "done":
         raise SystemExit(f"pipeline failed: {result.reason}")
@@ -173,11 +177,15 @@ def main() -> None:
         size = make_corpus(corpus, args.docs, args.seed)
         halves = split_corpus(corpus, 2)
         kinds = ["huggingface", "sentencepiece"] if args.tokenizer == "both" else [args.tokenizer]
-        print(f"corpus: {args.docs:,} documents, {size / 1e6:.1f} MB (seed {args.seed}); chunk_bytes {CHUNK_BYTES}; "
-              f"CPUs: {len(os.sched_getaffinity(0))}; best of {args.repeat} interleaved rounds; load average "
-              f"{os.getloadavg()[0]:.2f}")
-        header = f"{'tokenizer':<14} {'mode':<20} {'seconds':>8} {'docs/s':>9} {'tokens/s':>11} {'MB/s':>6} " \
-                 f"{'vs loop':>8} {'vs 1 worker':>11} {'other load':>10}"
+        print(
+            f"corpus: {args.docs:,} documents, {size / 1e6:.1f} MB (seed {args.seed}); chunk_bytes {CHUNK_BYTES}; "
+            f"CPUs: {len(os.sched_getaffinity(0))}; best of {args.repeat} interleaved rounds; load average "
+            f"{os.getloadavg()[0]:.2f}"
+        )
+        header = (
+            f"{'tokenizer':<14} {'mode':<20} {'seconds':>8} {'docs/s':>9} {'tokens/s':>11} {'MB/s':>6} "
+            f"{'vs loop':>8} {'vs 1 worker':>11} {'other load':>10}"
+        )
         rows, paired = [], []
         for kind in kinds:
             path = args.tokenizer_path
@@ -185,14 +193,18 @@ def main() -> None:
                 if kind == "huggingface":
                     path = train_bpe([corpus], os.path.join(work, "bpe"), args.vocab_size, max_documents=2000)
                 else:
-                    path = train_sentencepiece([corpus], os.path.join(work, "sp", "sp"), args.vocab_size,
-                                               max_documents=2000)
+                    path = train_sentencepiece(
+                        [corpus], os.path.join(work, "sp", "sp"), args.vocab_size, max_documents=2000
+                    )
             # Rounds interleave the modes, so a burst of other load on the machine hits them alike; the table
             # shows each mode's fastest round.
-            modes = [("plain loop", plain_loop, (corpus, kind, path)),
-                     ("2 loops in parallel", parallel_loops, (halves, kind, path))]
-            modes += [(f"pipeline {w} worker{'s' if w > 1 else ''}", pipeline, (corpus, work, kind, path, w))
-                      for w in workers]
+            modes = [
+                ("plain loop", plain_loop, (corpus, kind, path)),
+                ("2 loops in parallel", parallel_loops, (halves, kind, path)),
+            ]
+            modes += [
+                (f"pipeline {w} worker{'s' if w > 1 else ''}", pipeline, (corpus, work, kind, path, w)) for w in workers
+            ]
             runs: dict[str, list[tuple[float, int, int, float]]] = {mode: [] for mode, _, _ in modes}
             for _ in range(args.repeat):
                 for mode, fn, fn_args in modes:
@@ -206,11 +218,14 @@ def main() -> None:
             rows += [(kind, mode, r, one if mode.startswith("pipeline") else None) for mode, r in best.items()]
             # Speedups round by round (the modes of a round ran back to back, under the same conditions).
             for slow, fast in [("plain loop", "pipeline 1 worker")] + [
-                    ("pipeline 1 worker", f"pipeline {w} workers") for w in workers if w > 1]:
+                ("pipeline 1 worker", f"pipeline {w} workers") for w in workers if w > 1
+            ]:
                 if slow in runs and fast in runs:
                     ratios = sorted(a[0] / b[0] for a, b in zip(runs[slow], runs[fast]))
-                    paired.append(f"{kind}: {fast} vs {slow}: median {statistics.median(ratios):.2f}x over "
-                                  f"{len(ratios)} rounds (range {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
+                    paired.append(
+                        f"{kind}: {fast} vs {slow}: median {statistics.median(ratios):.2f}x over "
+                        f"{len(ratios)} rounds (range {ratios[0]:.2f}-{ratios[-1]:.2f}x)"
+                    )
             name = os.path.basename(os.path.normpath(path))
             print(f"{kind}: {name}, vocab {load_tokenizer(kind, path).vocab_size}")
         print()
@@ -221,11 +236,15 @@ def main() -> None:
             if mode == "plain loop":
                 loop_time[kind] = seconds
             vs_one = f"{one[0] / seconds:.2f}x" if one is not None else "-"
-            print(f"{kind:<14} {mode:<20} {seconds:>8.2f} {docs / seconds:>9,.0f} {tokens / seconds:>11,.0f} "
-                  f"{size / seconds / 1e6:>6.2f} {loop_time[kind] / seconds:>7.2f}x {vs_one:>11} {other:>9.0%}")
-        print("\n2 loops in parallel: the plain loop on each half of the corpus in two independent processes at "
-              "once: what\nthis machine gives two busy processes (the ceiling for 2 workers). other load: the share "
-              "of the machine's\nCPUs other processes used during the row's fastest round.\n")
+            print(
+                f"{kind:<14} {mode:<20} {seconds:>8.2f} {docs / seconds:>9,.0f} {tokens / seconds:>11,.0f} "
+                f"{size / seconds / 1e6:>6.2f} {loop_time[kind] / seconds:>7.2f}x {vs_one:>11} {other:>9.0%}"
+            )
+        print(
+            "\n2 loops in parallel: the plain loop on each half of the corpus in two independent processes at "
+            "once: what\nthis machine gives two busy processes (the ceiling for 2 workers). other load: the share "
+            "of the machine's\nCPUs other processes used during the row's fastest round.\n"
+        )
         print("\n".join(paired))
 
 

@@ -6,6 +6,7 @@ recomputed with the same FLOPs formula), and peak memory.
     python bench/bench_train.py --model llama31/8b --gpus 2 --gbs 32 --steps 12 --window 6 \\
         --case dp2-bf16 "parallelism=tp1 dtype=bf16" --case dp2-fp8 "parallelism=tp1 dtype=fp8"
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,26 @@ from launcher.report.throughput import RunInfo, read_metrics, summarize  # noqa:
 def run_case(name: str, overrides: list[str], args, results: Path, timeout: float | None = None) -> dict:
     """One case as its own main.py run; `timeout` seconds: the run's whole process group is killed after it (a
     hung rank otherwise holds the GPU for the cases after it)."""
-    cmd = [sys.executable, str(REPO / "main.py"), f"training={args.model}", "cluster=local",
-           f"parallelism.num_gpus={args.gpus}", f"training.global_batch_size={args.gbs}",
-           f"training.train_steps={args.steps}", "training.val_interval=0", "training.checkpoint.interval=0",
-           "training.checkpoint.save_at_end=false", "training.data.mock=true", f"results_dir={results}",
-           f"run_name={name}", *overrides]
+    cmd = [
+        sys.executable,
+        str(REPO / "main.py"),
+        f"training={args.model}",
+        "cluster=local",
+        f"parallelism.num_gpus={args.gpus}",
+        f"training.global_batch_size={args.gbs}",
+        f"training.train_steps={args.steps}",
+        "training.val_interval=0",
+        "training.checkpoint.interval=0",
+        "training.checkpoint.save_at_end=false",
+        "training.data.mock=true",
+        f"results_dir={results}",
+        f"run_name={name}",
+        *overrides,
+    ]
     print("$", " ".join(shlex.quote(c) for c in cmd), flush=True)
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
         status = f"exit {proc.returncode}"
@@ -63,14 +76,26 @@ def table_row(name: str, run_dir: Path, window: int) -> dict:
     records = read_metrics(metrics_file)
     gpu = gpu_spec(plan.gpu_type or "h100")
     # MFU against the bf16 peak whatever the dtype, so bf16 and fp8 rows compare.
-    info = RunInfo(name, plan.global_batch_size, plan.seq_length, plan.num_gpus, plan.model_flops_per_sample,
-                   gpu.bf16_peak_flops, f"{gpu.name} bf16")
+    info = RunInfo(
+        name,
+        plan.global_batch_size,
+        plan.seq_length,
+        plan.num_gpus,
+        plan.model_flops_per_sample,
+        gpu.bf16_peak_flops,
+        f"{gpu.name} bf16",
+    )
     report = summarize(info, records, window=(max(0, len(records) - window), len(records)))
     reference = nvidia_reference(plan.model, plan.dtype)
     return {
-        "case": name, "model": plan.model, "layout": f"{layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp)} MBS{plan.micro_batch_size}",
-        "dtype": plan.dtype, "gpus": plan.num_gpus, "gbs": plan.global_batch_size,
-        "step_time_s": report.step_time_s, "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu,
+        "case": name,
+        "model": plan.model,
+        "layout": f"{layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp)} MBS{plan.micro_batch_size}",
+        "dtype": plan.dtype,
+        "gpus": plan.num_gpus,
+        "gbs": plan.global_batch_size,
+        "step_time_s": report.step_time_s,
+        "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu,
         "mfu_bf16": report.mfu,
         "mfu_fp8": report.mfu * gpu.bf16_peak_flops / gpu.fp8_peak_flops if gpu.fp8_peak_flops else None,
         **_versus(report.mfu, reference),
@@ -86,8 +111,10 @@ def _versus(mfu_bf16: float, reference: Reference | None) -> dict:
     if reference is None:
         return {"nvidia": None, "nvidia_mfu_bf16": None, "vs_nvidia": None}
     theirs = reference.mfu(training_model(reference.model))
-    label = (f"{reference.model} {reference.dtype}: {reference.tokens_per_s_per_gpu:,.0f} tokens/s/GPU on "
-             f"{reference.gpus} {reference.gpu.upper()}, {reference.layout} ({reference.source})")
+    label = (
+        f"{reference.model} {reference.dtype}: {reference.tokens_per_s_per_gpu:,.0f} tokens/s/GPU on "
+        f"{reference.gpus} {reference.gpu.upper()}, {reference.layout} ({reference.source})"
+    )
     return {"nvidia": label, "nvidia_mfu_bf16": theirs, "vs_nvidia": mfu_bf16 / theirs}
 
 
@@ -96,8 +123,10 @@ def _pct(value: float | None) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    header = f"{'case':<22} {'model':<13} {'layout':<28} {'dtype':<5} {'GPUs':>4} {'GBS':>4} {'step s':>8} " \
-             f"{'tok/s/GPU':>10} {'MFU(bf16)':>9} {'MFU(fp8)':>8} {'vs NVIDIA':>9} {'mem GiB':>8}"
+    header = (
+        f"{'case':<22} {'model':<13} {'layout':<28} {'dtype':<5} {'GPUs':>4} {'GBS':>4} {'step s':>8} "
+        f"{'tok/s/GPU':>10} {'MFU(bf16)':>9} {'MFU(fp8)':>8} {'vs NVIDIA':>9} {'mem GiB':>8}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -105,17 +134,21 @@ def print_table(rows: list[dict]) -> None:
             print(f"{r['case']:<22} {r['error']}")
             continue
         versus = "-" if r["vs_nvidia"] is None else f"{r['vs_nvidia']:.2f}x"
-        print(f"{r['case']:<22} {r['model']:<13} {r['layout']:<28} {r['dtype']:<5} {r['gpus']:>4} {r['gbs']:>4} "
-              f"{r['step_time_s']:>8.3f} {r['tokens_per_s_per_gpu']:>10,.0f} {_pct(r['mfu_bf16']):>9} "
-              f"{_pct(r['mfu_fp8']):>8} {versus:>9} {r['peak_memory_gib']:>8.1f}")
+        print(
+            f"{r['case']:<22} {r['model']:<13} {r['layout']:<28} {r['dtype']:<5} {r['gpus']:>4} {r['gbs']:>4} "
+            f"{r['step_time_s']:>8.3f} {r['tokens_per_s_per_gpu']:>10,.0f} {_pct(r['mfu_bf16']):>9} "
+            f"{_pct(r['mfu_fp8']):>8} {versus:>9} {r['peak_memory_gib']:>8.1f}"
+        )
 
 
 def print_references(rows: list[dict]) -> None:
     """The published rows the ratios divide by, each once."""
     seen = dict.fromkeys((r["nvidia"], r["nvidia_mfu_bf16"]) for r in rows if r.get("nvidia"))
     if seen:
-        print("vs NVIDIA = MFU / the MFU of NVIDIA's published H100 row for the model and dtype, both against the "
-              "bf16 peak and the full model's FLOPs (conf/perf/nvidia_h100.yaml):")
+        print(
+            "vs NVIDIA = MFU / the MFU of NVIDIA's published H100 row for the model and dtype, both against the "
+            "bf16 peak and the full model's FLOPs (conf/perf/nvidia_h100.yaml):"
+        )
     for label, mfu in seen:
         print(f"  {label}: {mfu * 100:.1f}% MFU (bf16 peak)")
 
@@ -127,8 +160,14 @@ def main() -> None:
     parser.add_argument("--gbs", type=int, default=32)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--window", type=int, default=6, help="average the step time over the last N steps")
-    parser.add_argument("--case", nargs=2, action="append", metavar=("NAME", "OVERRIDES"), required=True,
-                        help="a name and space-separated Hydra overrides; repeat for more cases")
+    parser.add_argument(
+        "--case",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "OVERRIDES"),
+        required=True,
+        help="a name and space-separated Hydra overrides; repeat for more cases",
+    )
     parser.add_argument("--results", default=None, help="where run directories go (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()

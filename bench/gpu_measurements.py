@@ -8,6 +8,7 @@ the new defaults. Two parts, each within about 9 minutes of wall time (the estim
 
 OUTDIR gets table_part<N>.txt (bench_train's table), rows_part<N>.json, profile_breakdown.txt (part 1), runs/
 (every run directory and its log). A case that would end past --budget-s is skipped and named at the end."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,11 +39,11 @@ class Case:
     name: str
     model: str
     overrides: list[str]
-    estimate_s: int        # wall time of the whole run on one H200, startup included (our estimate)
+    estimate_s: int  # wall time of the whole run on one H200, startup included (our estimate)
     part: int
     steps: int = 12
     window: int = 6
-    profile: str | None = None   # "before" / "after": its trace goes into the breakdown
+    profile: str | None = None  # "before" / "after": its trace goes into the breakdown
     tags: tuple[str, ...] = field(default=())
 
 
@@ -56,19 +57,37 @@ CASES: list[Case] = [
     Case("70b2-bf16", "llama31/70b", [*PROXY_70B, "dtype=bf16"], 55, 1),
     Case("70b2-fp8", "llama31/70b", [*PROXY_70B, "dtype=fp8"], 50, 1),
     Case("tiny-graphs-none", "llama31/tiny", [*TINY, "training.cuda_graphs=none"], 35, 1, steps=40, window=20),
-    Case("tiny-graphs-per-layer", "llama31/tiny", [*TINY, "training.cuda_graphs=per_layer"], 40, 1, steps=40,
-         window=20),
-    Case("tiny-graphs-full-iter", "llama31/tiny", [*TINY, "training.cuda_graphs=full_iteration"], 40, 1, steps=40,
-         window=20),
+    Case(
+        "tiny-graphs-per-layer", "llama31/tiny", [*TINY, "training.cuda_graphs=per_layer"], 40, 1, steps=40, window=20
+    ),
+    Case(
+        "tiny-graphs-full-iter",
+        "llama31/tiny",
+        [*TINY, "training.cuda_graphs=full_iteration"],
+        40,
+        1,
+        steps=40,
+        window=20,
+    ),
     # Part 2 (~360 s): CUDA graphs on the 8B proxy (graphs off is part 1's 8b16-fp8), the other cast changes, the
     # block-scaled recipe Hopper has.
     Case("8b16-fp8-graphs-per-layer", "llama31/8b", [*PROXY_8B, "dtype=fp8", "training.cuda_graphs=per_layer"], 75, 2),
-    Case("8b16-fp8-graphs-full-iter", "llama31/8b", [*PROXY_8B, "dtype=fp8", "training.cuda_graphs=full_iteration"],
-         75, 2),
+    Case(
+        "8b16-fp8-graphs-full-iter",
+        "llama31/8b",
+        [*PROXY_8B, "dtype=fp8", "training.cuda_graphs=full_iteration"],
+        75,
+        2,
+    ),
     Case("8b16-fp8-te-act", "llama31/8b", [*PROXY_8B, "dtype=fp8", "dtype.te_activation_func=true"], 70, 2),
     # The op fuser casts weights every microbatch unless they are FP8 already: with FP8 weights it may win.
-    Case("8b16-fp8-op-fuser-fp8w", "llama31/8b",
-         [*PROXY_8B, "dtype=fp8", "dtype.te_op_fuser=true", "dtype.fp8_param_gather=true"], 70, 2),
+    Case(
+        "8b16-fp8-op-fuser-fp8w",
+        "llama31/8b",
+        [*PROXY_8B, "dtype=fp8", "dtype.te_op_fuser=true", "dtype.fp8_param_gather=true"],
+        70,
+        2,
+    ),
     Case("8b16-fp8-blockwise", "llama31/8b", [*PROXY_8B, "dtype=fp8", "dtype.fp8_recipe=blockwise"], 70, 2),
 ]
 
@@ -100,8 +119,11 @@ def run(cases: list[Case], out: Path, budget_s: float, timeout_s: float, label: 
         row["estimate_s"] = case.estimate_s
         row["overrides"] = case.overrides
         rows.append(row)
-        print(f"[{time.monotonic() - start:6.0f} s] {case.name}: {row.get('error') or 'ok'} in {row['wall_s']} s "
-              f"(estimated {case.estimate_s} s)", flush=True)
+        print(
+            f"[{time.monotonic() - start:6.0f} s] {case.name}: {row.get('error') or 'ok'} in {row['wall_s']} s "
+            f"(estimated {case.estimate_s} s)",
+            flush=True,
+        )
     with open(out / f"table_{label}.txt", "w") as f:
         stdout, sys.stdout = sys.stdout, f
         try:
@@ -131,9 +153,11 @@ def write_breakdown(cases: list[Case], rows: list[dict], out: Path) -> None:
             sources.append(f"{label}: {case.name} ({traces[0]})")
     if not named:
         return
-    text = ("One FP8 step of the 8B proxy (16 layers, seq 8192, GBS 8 = 8 microbatches), GPU kernel time by group.\n"
-            "before: dtype=fp8 as it was (FP8 weights gathered in FP8, Transformer Engine's loss); after: the new "
-            "defaults.\n" + "\n".join(sources) + "\n\n" + profile_breakdown.format_breakdowns(named, top=5))
+    text = (
+        "One FP8 step of the 8B proxy (16 layers, seq 8192, GBS 8 = 8 microbatches), GPU kernel time by group.\n"
+        "before: dtype=fp8 as it was (FP8 weights gathered in FP8, Transformer Engine's loss); after: the new "
+        "defaults.\n" + "\n".join(sources) + "\n\n" + profile_breakdown.format_breakdowns(named, top=5)
+    )
     (out / "profile_breakdown.txt").write_text(text + "\n")
     print(text)
 

@@ -5,6 +5,7 @@ a change compare side by side.
     python bench/profile_breakdown.py before=RUN_A/profile/rank0_steps6-6.pt.trace.json.gz \\
         after=RUN_B/profile/rank0_steps6-6.pt.trace.json.gz
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,10 +23,18 @@ import sys
 GROUPS: tuple[tuple[str, re.Pattern], ...] = (
     ("attention", re.compile(r"flash|fmha|sdpa|fused_attn|attn|cudnn", re.I)),
     ("GEMM", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|gemv|splitk", re.I)),
-    ("norm/RoPE/SwiGLU", re.compile(r"rmsnorm|layernorm|layer_norm|ln_fwd|ln_bwd|rope|rotary|swiglu|silu|gated|geglu",
-                                    re.I)),
-    ("FP8 cast/transpose/amax", re.compile(r"cast|transpose|amax|quantiz|compute_scale|scale_update|fp8|float8|fp4|"
-                                           r"e4m3|e5m2", re.I)),
+    (
+        "norm/RoPE/SwiGLU",
+        re.compile(r"rmsnorm|layernorm|layer_norm|ln_fwd|ln_bwd|rope|rotary|swiglu|silu|gated|geglu", re.I),
+    ),
+    (
+        "FP8 cast/transpose/amax",
+        re.compile(
+            r"cast|transpose|amax|quantiz|compute_scale|scale_update|fp8|float8|fp4|"
+            r"e4m3|e5m2",
+            re.I,
+        ),
+    ),
 )
 OTHER = "other"
 ORDER = [name for name, _ in GROUPS] + [OTHER]
@@ -41,6 +50,7 @@ def group_of(kernel: str) -> str:
 @dataclass
 class Breakdown:
     """GPU time per group (ms) of one trace, the kernels behind it, and the span from first to last kernel."""
+
     ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     kernels: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     span_ms: float = 0.0

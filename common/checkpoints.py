@@ -1,6 +1,7 @@
 """The checkpoints directory of a run, as files: which `iter_NNNNNNN` checkpoints are complete, the state file beside
 the tensors, and the partial names saves write under. Plain Python: the launcher reads it to check a run directory
 before resuming into it, the trainer and the export to find the newest checkpoint."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -20,6 +21,7 @@ _PARTIAL_PREFIX = ".partial_"
 @dataclass
 class TrainState:
     """What, beside the tensors, a resumed run needs to continue exactly where it stopped."""
+
     step: int
     consumed_samples: int
 

@@ -2,6 +2,7 @@
 renamed over the final name. A reader (a job starting, a resumed run, a second launcher) sees the old file or the
 new one, never half of one, also after a crash or a kill. The temporary name is unique per writer (mkstemp), so
 two writers never share one, and a failed write leaves nothing behind."""
+
 from __future__ import annotations
 
 import os

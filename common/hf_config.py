@@ -3,6 +3,7 @@ json only (no torch): the launcher's plan checks an `init_from_hf` directory wit
 training rank checks it again before anything is built.
 
 Also where a hub id's files are found in the Hugging Face cache without importing huggingface_hub."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,7 @@ class HFConfigError(ValueError):
 # --------------------------------------------------------------------------- where the files are
 def is_hub_id(value: str) -> bool:
     """`org/name` that is not a path on this machine."""
-    return (not value.startswith(("/", "./", "../", "~")) and not os.path.exists(value)
-            and bool(_HUB_ID.match(value)))
+    return not value.startswith(("/", "./", "../", "~")) and not os.path.exists(value) and bool(_HUB_ID.match(value))
 
 
 def hub_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -62,8 +62,10 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise HFConfigError(f"{KEY}={directory} has no config.json: point it at a Hugging Face model directory "
-                            "(config.json + *.safetensors)") from None
+        raise HFConfigError(
+            f"{KEY}={directory} has no config.json: point it at a Hugging Face model directory "
+            "(config.json + *.safetensors)"
+        ) from None
     except json.JSONDecodeError as err:
         raise HFConfigError(f"{KEY}: {path} is not valid JSON ({err}); download it again") from None
 
@@ -116,14 +118,17 @@ def differences(config: Mapping[str, Any], model: Mapping[str, Any]) -> list[str
         if model["rope_scaling"]:
             diffs.append("rope_scaling=null vs training.model.rope_scaling=true")
     elif scaling.get("rope_type", scaling.get("type")) != "llama3":
-        diffs.append(f"rope_scaling.rope_type={scaling.get('rope_type', scaling.get('type'))} (only llama3 is "
-                     "supported)")
+        diffs.append(
+            f"rope_scaling.rope_type={scaling.get('rope_type', scaling.get('type'))} (only llama3 is supported)"
+        )
     elif not model["rope_scaling"]:
         diffs.append("rope_scaling.rope_type=llama3 vs training.model.rope_scaling=false")
     else:
         if not _same(scaling.get("factor"), model["rope_scaling_factor"]):
-            diffs.append(f"rope_scaling.factor={scaling.get('factor')} vs training.model.rope_scaling_factor="
-                         f"{model['rope_scaling_factor']}")
+            diffs.append(
+                f"rope_scaling.factor={scaling.get('factor')} vs training.model.rope_scaling_factor="
+                f"{model['rope_scaling_factor']}"
+            )
         for key, fixed in MEGATRON_ROPE_FIXED.items():
             if key in scaling and not _same(scaling[key], fixed):
                 diffs.append(f"rope_scaling.{key}={scaling[key]} (megatron-core fixes {fixed})")
@@ -141,12 +146,16 @@ def check(config: Mapping[str, Any], model: Mapping[str, Any], source: str) -> N
     """Raise HFConfigError (one line naming the differing keys) unless `config` fits training.model."""
     architectures = config.get("architectures") or []
     if config.get("model_type") not in (None, "llama") or (architectures and "LlamaForCausalLM" not in architectures):
-        raise HFConfigError(f"{KEY}={source} is not a Llama checkpoint (model_type={config.get('model_type')}, "
-                            f"architectures={architectures}); use a LlamaForCausalLM model")
+        raise HFConfigError(
+            f"{KEY}={source} is not a Llama checkpoint (model_type={config.get('model_type')}, "
+            f"architectures={architectures}); use a LlamaForCausalLM model"
+        )
     diffs = differences(config, model)
     if diffs:
-        raise HFConfigError(f"{KEY}={source}: config.json does not match training.model: {'; '.join(diffs)}; "
-                            "pick the training=llama31/<size> of that checkpoint or set the training.model keys")
+        raise HFConfigError(
+            f"{KEY}={source}: config.json does not match training.model: {'; '.join(diffs)}; "
+            "pick the training=llama31/<size> of that checkpoint or set the training.model keys"
+        )
 
 
 def check_directory(directory: str | os.PathLike, model: Mapping[str, Any], source: str | None = None) -> None:
@@ -154,8 +163,9 @@ def check_directory(directory: str | os.PathLike, model: Mapping[str, Any], sour
 
 
 # --------------------------------------------------------------------------- what an export writes
-def llama_config(model: Mapping[str, Any], *, torch_dtype: str, bos_token_id: int | None,
-                 eos_token_id: int | list[int] | None) -> dict[str, Any]:
+def llama_config(
+    model: Mapping[str, Any], *, torch_dtype: str, bos_token_id: int | None, eos_token_id: int | list[int] | None
+) -> dict[str, Any]:
     """`config.json` of LlamaForCausalLM for training.model, in the layout of Meta's Llama 3.1 releases (which
     transformers, vLLM and lm-eval read)."""
     scaling = None

@@ -9,6 +9,7 @@ the chain must stop: training diverged, or two jobs in a row ended without a new
 without progress may be bad luck (a node failed before the first save): it gets one retry; a second one means
 the same failure would repeat forever. The job script cancels the jobs still queued when the answer is not 0.
 Plain Python, no third-party package: it runs in the job's environment before anything is built."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ TRAIN, FINISHED, STOP = 0, 10, 11
 
 @dataclass(frozen=True)
 class Decision:
-    code: int          # TRAIN, FINISHED or STOP: the exit status of the command
-    line: str          # what the job's log says
+    code: int  # TRAIN, FINISHED or STOP: the exit status of the command
+    line: str  # what the job's log says
 
 
 def _checkpoints(run_dir: str) -> str:
@@ -66,18 +67,27 @@ def decide(events: list[dict[str, Any]], job_id: str, newest: int) -> Decision:
     position = f"{len(jobs) + 1} of {total}" if total else f"{len(jobs) + 1}"
     outcome = training_outcome(events)
     if outcome and outcome.get("finished"):
-        return Decision(FINISHED, f"chain: training finished at step {outcome.get('step')}: job {job_id} "
-                                  f"({position}) has nothing to do; the jobs queued after it are cancelled")
+        return Decision(
+            FINISHED,
+            f"chain: training finished at step {outcome.get('step')}: job {job_id} "
+            f"({position}) has nothing to do; the jobs queued after it are cancelled",
+        )
     if outcome:
-        return Decision(STOP, f"chain: stopped: training ended at step {outcome.get('step')} ("
-                              f"{outcome.get('reason') or 'not finished'}) and would end the same way again; "
-                              f"job {job_id} ({position}) does not train (see the training log)")
+        return Decision(
+            STOP,
+            f"chain: stopped: training ended at step {outcome.get('step')} ("
+            f"{outcome.get('reason') or 'not finished'}) and would end the same way again; "
+            f"job {job_id} ({position}) does not train (see the training log)",
+        )
     trained = [j for j in jobs if j.get("decision") == "train"]
     if len(trained) >= 2 and all(j.get("checkpoint_step") == newest for j in trained[-2:]):
         a, b = (j.get("job_id") for j in trained[-2:])
-        return Decision(STOP, f"chain: stopped: jobs {a} and {b} both ended without a new checkpoint (the newest "
-                              f"is still {_step_text(newest)}), so the same failure would repeat; job {job_id} "
-                              f"({position}) does not train: fix what their logs show and submit the run again")
+        return Decision(
+            STOP,
+            f"chain: stopped: jobs {a} and {b} both ended without a new checkpoint (the newest "
+            f"is still {_step_text(newest)}), so the same failure would repeat; job {job_id} "
+            f"({position}) does not train: fix what their logs show and submit the run again",
+        )
     return Decision(TRAIN, f"chain: job {job_id} ({position}) trains from checkpoint {_step_text(newest)}")
 
 
@@ -97,13 +107,19 @@ def end(run_dir: str, job_id: str) -> Decision:
     events = run_events.read(run_dir)
     outcome = training_outcome(events)
     if outcome and outcome.get("finished"):
-        return Decision(FINISHED, f"chain: training finished at step {outcome.get('step')} in job {job_id}; the "
-                                  "jobs queued after it are cancelled")
+        return Decision(
+            FINISHED,
+            f"chain: training finished at step {outcome.get('step')} in job {job_id}; the "
+            "jobs queued after it are cancelled",
+        )
     total, jobs = _this_chain(events)
     if total and len(jobs) >= total:
-        return Decision(TRAIN, f"chain: job {job_id} was the last of the chain's {total} jobs and training is not "
-                               f"finished (newest checkpoint {_step_text(newest_step(run_dir))}); submit the run "
-                               "again to continue it (or raise resilience.job_restarts)")
+        return Decision(
+            TRAIN,
+            f"chain: job {job_id} was the last of the chain's {total} jobs and training is not "
+            f"finished (newest checkpoint {_step_text(newest_step(run_dir))}); submit the run "
+            "again to continue it (or raise resilience.job_restarts)",
+        )
     return Decision(TRAIN, "")
 
 

@@ -1,5 +1,6 @@
 """The plan's record: every size the job needs, as the launcher derived it (launcher/plan/build.py) and wrote it
 to the run directory's plan.json; the training side reads it back with load_plan."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -60,16 +61,20 @@ class Plan:
         """The Plan that to_json_dict gave. Every key must be there and no other: a plan.json with others was
         written by another version of the launcher, and a size read wrongly would train something else."""
         if not isinstance(data, dict):
-            raise PlanFileError(f"{source} does not hold a plan (a JSON object); write the run directory again "
-                                "with python main.py")
+            raise PlanFileError(
+                f"{source} does not hold a plan (a JSON object); write the run directory again with python main.py"
+            )
         names = [f.name for f in fields(cls)]
         missing = [n for n in names if n not in data]
         unknown = sorted(k for k in data if k not in names)
         if missing or unknown:
-            found = ([f"missing {', '.join(missing)}"] if missing else []) + \
-                ([f"unknown {', '.join(unknown)}"] if unknown else [])
-            raise PlanFileError(f"{source} was written by another version of the launcher ({'; '.join(found)}); "
-                                "write the run directory again with this version's python main.py")
+            found = ([f"missing {', '.join(missing)}"] if missing else []) + (
+                [f"unknown {', '.join(unknown)}"] if unknown else []
+            )
+            raise PlanFileError(
+                f"{source} was written by another version of the launcher ({'; '.join(found)}); "
+                "write the run directory again with this version's python main.py"
+            )
         return cls(**data)
 
 
@@ -80,9 +85,7 @@ def load_plan(run_dir: str | os.PathLike) -> Plan:
         with open(path) as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise PlanFileError(f"{path} does not exist: is {run_dir} a run directory written by python main.py?") \
-            from None
+        raise PlanFileError(f"{path} does not exist: is {run_dir} a run directory written by python main.py?") from None
     except json.JSONDecodeError as err:
-        raise PlanFileError(f"{path} is not JSON ({err}); write the run directory again with python main.py") \
-            from None
+        raise PlanFileError(f"{path} is not JSON ({err}); write the run directory again with python main.py") from None
     return Plan.from_json_dict(data, source=path)

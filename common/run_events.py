@@ -21,6 +21,7 @@ Every record has `event` and `time` (seconds since the epoch); the events and th
     fault      an injected fault (resilience.inject_fault): `kind`, `rank`, `step`
     straggler  a straggler report named ranks below the threshold: `step`, `ranks` [[rank, node, gpu, score]]
 """
+
 from __future__ import annotations
 
 import json

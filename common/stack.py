@@ -10,6 +10,7 @@ AttributeError deep inside the trainer: every training rank runs the check befor
 data preparation before it starts. Imports only the standard library and yaml at module level; versions come from
 the installed packages' metadata, so the table and data preparation's check import neither torch nor megatron-core
 (seconds each): only a training rank's check imports the components, which it would import next anyway."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 STACK_FILE = REPO / "conf" / "stack.yaml"
 # The declared components, in the order they import (each needs the one before).
 COMPONENTS = ("torch", "megatron_core", "transformer_engine")
-FIX = ("build the training image (python main.py stages=[container], or the Dockerfile; README: The training "
-       "stack), install it here with `python -m recipes.stack install`, or set stack_check=false to accept the risk")
+FIX = (
+    "build the training image (python main.py stages=[container], or the Dockerfile; README: The training "
+    "stack), install it here with `python -m recipes.stack install`, or set stack_check=false to accept the risk"
+)
 
 
 def load_declared(cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -48,15 +51,15 @@ def load_declared(cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
 # --------------------------------------------------------------------------- what is here
 @dataclass(frozen=True)
 class Found:
-    version: str | None      # None: not importable
+    version: str | None  # None: not importable
     error: str | None = None  # why it did not import (first line)
 
 
 @dataclass(frozen=True)
 class GpuFound:
-    name: str | None                       # None: no CUDA GPU visible
+    name: str | None  # None: no CUDA GPU visible
     capability: tuple[int, int] | None
-    nccl: str | None                       # NCCL version torch was built with; None: no NCCL
+    nccl: str | None  # NCCL version torch was built with; None: no NCCL
 
 
 def _version_of(module_name: str, distribution: str) -> str | None:
@@ -123,8 +126,9 @@ def discover(component: Mapping[str, Any], imports: bool = False) -> Found:
     return Found(_version_of(component["module"], component["distribution"]) or "unknown")
 
 
-def discover_all(declared: Mapping[str, Any], names: Iterable[str] = COMPONENTS, imports: bool = False
-                 ) -> dict[str, Found]:
+def discover_all(
+    declared: Mapping[str, Any], names: Iterable[str] = COMPONENTS, imports: bool = False
+) -> dict[str, Found]:
     found: dict[str, Found] = {}
     for name in names:
         if name != "torch" and found.get("torch", Found("-")).version is None:
@@ -200,8 +204,13 @@ def _capability(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def problems(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFound | None = None,
-             precision: str = "bf16", python: str | None = None) -> list[str]:
+def problems(
+    declared: Mapping[str, Any],
+    found: Mapping[str, Found],
+    gpu: GpuFound | None = None,
+    precision: str = "bf16",
+    python: str | None = None,
+) -> list[str]:
     """Each mismatch as a short phrase; empty when the stack is as declared. `gpu=None` skips the GPU and NCCL
     checks (data preparation needs neither)."""
     out = []
@@ -212,8 +221,9 @@ def problems(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFo
         component = declared[name]
         label = component["distribution"]
         if what.version is None:
-            out.append(f"{label} not importable ({what.error}), {component['supported']} needed "
-                       f"(tested {component['tested']})")
+            out.append(
+                f"{label} not importable ({what.error}), {component['supported']} needed (tested {component['tested']})"
+            )
         elif what.version == "unknown" or not in_range(what.version, component["supported"]):
             out.append(f"{label} {what.version} found, {component['supported']} needed (tested {component['tested']})")
     if gpu is not None:
@@ -222,9 +232,10 @@ def problems(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFo
             out.append("no CUDA GPU visible to this process")
         elif gpu.capability < need:
             have = ".".join(map(str, gpu.capability))
-            out.append(f"{precision} needs compute capability {need[0]}.{need[1]} or newer, {gpu.name} has {have}"
-                       + ("; use dtype=bf16" if precision == "fp8" else "; use dtype=fp8" if precision != "bf16"
-                          else ""))
+            out.append(
+                f"{precision} needs compute capability {need[0]}.{need[1]} or newer, {gpu.name} has {have}"
+                + ("; use dtype=bf16" if precision == "fp8" else "; use dtype=fp8" if precision != "bf16" else "")
+            )
         if gpu.nccl is None:
             out.append("torch has no NCCL (torch.distributed.is_nccl_available() is false)")
     return out
@@ -235,8 +246,14 @@ def error_line(found_problems: Sequence[str]) -> str:
 
 
 # --------------------------------------------------------------------------- the check every rank runs
-def check_or_exit(cfg: Mapping[str, Any], precision: str | None, rank: int = 0, local_rank: int = 0,
-                  components: Sequence[str] = COMPONENTS, say: Callable[[str], None] | None = None) -> None:
+def check_or_exit(
+    cfg: Mapping[str, Any],
+    precision: str | None,
+    rank: int = 0,
+    local_rank: int = 0,
+    components: Sequence[str] = COMPONENTS,
+    say: Callable[[str], None] | None = None,
+) -> None:
     """Exit with status 2 (one line, printed on rank 0 only) when the stack does not match. `precision=None`:
     no GPU needed (data preparation)."""
     if not cfg.get("stack_check", True):
@@ -293,9 +310,12 @@ def requirement(component: Mapping[str, Any], cuda_major: Callable[[], str] = _c
     return f"{component['distribution']}{'[' + ','.join(extras) + ']' if extras else ''}=={component['tested']}"
 
 
-def missing_requirements(declared: Mapping[str, Any], found: Mapping[str, Found],
-                         installed: Callable[[str], str | None] | None = None,
-                         cuda_major: Callable[[], str] | None = None) -> list[str]:
+def missing_requirements(
+    declared: Mapping[str, Any],
+    found: Mapping[str, Found],
+    installed: Callable[[str], str | None] | None = None,
+    cuda_major: Callable[[], str] | None = None,
+) -> list[str]:
     """Pip requirements for what is missing or outside its range; components first (pinned to the tested
     version), then the project's own requirements."""
     from packaging.requirements import Requirement
@@ -308,10 +328,12 @@ def missing_requirements(declared: Mapping[str, Any], found: Mapping[str, Found]
         if what.version is not None and in_range(what.version, component["supported"]):
             continue
         if not component.get("install"):
-            raise SystemExit(f"stack: {component['distribution']} {what.version or 'missing'} does not satisfy "
-                             f"{component['supported']}, and it comes with the base image: start from a base with "
-                             f"{component['distribution']} {component['supported']} "
-                             f"(tested {component['tested']})")
+            raise SystemExit(
+                f"stack: {component['distribution']} {what.version or 'missing'} does not satisfy "
+                f"{component['supported']}, and it comes with the base image: start from a base with "
+                f"{component['distribution']} {component['supported']} "
+                f"(tested {component['tested']})"
+            )
         out.append(requirement(component, cuda_major))
     for text in declared.get("requirements") or []:
         req = Requirement(text)
@@ -340,8 +362,9 @@ def _to_install(declared: Mapping[str, Any], say: Callable[[str], None]) -> tupl
     return found, missing_requirements(declared, found)
 
 
-def install(declared: Mapping[str, Any], wheel_dir: str | None = None, dry_run: bool = False,
-            say: Callable[[str], None] = print) -> int:
+def install(
+    declared: Mapping[str, Any], wheel_dir: str | None = None, dry_run: bool = False, say: Callable[[str], None] = print
+) -> int:
     wanted = _to_install(declared, say)
     if wanted is None:
         return 2
@@ -359,10 +382,15 @@ def install(declared: Mapping[str, Any], wheel_dir: str | None = None, dry_run: 
     finally:
         os.unlink(constraints)
     if code:
-        say(f"stack: pip failed (exit status {code})" + ("; the wheel directory lacks what pip names above: fill it "
-            "with python -m recipes.stack wheels DIR on a machine with the same image and a package index"
-            if wheel_dir else "; without a package index, pass --wheel-dir (python -m recipes.stack wheels DIR makes "
-            "one)"))
+        say(
+            f"stack: pip failed (exit status {code})"
+            + (
+                "; the wheel directory lacks what pip names above: fill it "
+                "with python -m recipes.stack wheels DIR on a machine with the same image and a package index"
+                if wheel_dir
+                else "; without a package index, pass --wheel-dir (python -m recipes.stack wheels DIR makes one)"
+            )
+        )
         return code
     remaining = problems(declared, discover_installed(declared))
     if remaining:
@@ -390,8 +418,9 @@ def fetch_commands(report: Mapping[str, Any], dest: str) -> list[list[str]]:
         if url.endswith(".whl"):
             commands.append([sys.executable, "-m", "pip", "download", "--no-deps", "-d", dest, url])
         else:
-            commands.append([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dest,
-                             url])
+            commands.append(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dest, url]
+            )
     return commands
 
 
@@ -410,8 +439,20 @@ def wheels(declared: Mapping[str, Any], dest: str, say: Callable[[str], None] = 
     constraints = _torch_constraint(found)
     report_path = constraints + ".report.json"
     try:
-        resolve = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-build-isolation",
-                   "--constraint", constraints, "--report", report_path, *todo]
+        resolve = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--no-build-isolation",
+            "--constraint",
+            constraints,
+            "--report",
+            report_path,
+            *todo,
+        ]
         if subprocess.run(resolve).returncode:
             say("stack: pip could not resolve " + " ".join(todo))
             return 1
@@ -427,8 +468,10 @@ def wheels(declared: Mapping[str, Any], dest: str, say: Callable[[str], None] = 
         if subprocess.run([*command[:-1], "--quiet", command[-1]]).returncode:
             say(f"stack: fetching {command[-1]} failed")
             return 1
-    say(f"stack: {len(commands)} wheels in {dest}; on the air-gapped machine: python -m recipes.stack install "
-        f"--wheel-dir {dest}")
+    say(
+        f"stack: {len(commands)} wheels in {dest}; on the air-gapped machine: python -m recipes.stack install "
+        f"--wheel-dir {dest}"
+    )
     return 0
 
 
@@ -436,34 +479,58 @@ def wheels(declared: Mapping[str, Any], dest: str, say: Callable[[str], None] = 
 def table(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFound | None) -> str:
     rows = [("component", "found", "supported", "tested", "")]
     python = ".".join(map(str, sys.version_info[:3]))
-    rows.append(("python", python, declared["python"]["supported"], declared["python"]["tested"],
-                 "ok" if in_range(python, declared["python"]["supported"]) else "MISMATCH"))
+    rows.append(
+        (
+            "python",
+            python,
+            declared["python"]["supported"],
+            declared["python"]["tested"],
+            "ok" if in_range(python, declared["python"]["supported"]) else "MISMATCH",
+        )
+    )
     for name, what in found.items():
         component = declared[name]
         ok = what.version not in (None, "unknown") and in_range(what.version, component["supported"])
-        rows.append((component["distribution"], what.version or f"missing ({what.error})", component["supported"],
-                     str(component["tested"]), "ok" if ok else "MISMATCH"))
+        rows.append(
+            (
+                component["distribution"],
+                what.version or f"missing ({what.error})",
+                component["supported"],
+                str(component["tested"]),
+                "ok" if ok else "MISMATCH",
+            )
+        )
     if gpu is not None:
         capability = ".".join(map(str, gpu.capability)) if gpu.capability else "-"
-        rows.append(("GPU", f"{gpu.name or 'none'} (sm {capability})",
-                     f">= {declared['min_compute_capability']['bf16']} (fp8: "
-                     f"{declared['min_compute_capability']['fp8']})", "", "ok" if gpu.capability else "MISSING"))
+        rows.append(
+            (
+                "GPU",
+                f"{gpu.name or 'none'} (sm {capability})",
+                f">= {declared['min_compute_capability']['bf16']} (fp8: {declared['min_compute_capability']['fp8']})",
+                "",
+                "ok" if gpu.capability else "MISSING",
+            )
+        )
         rows.append(("NCCL", gpu.nccl or "missing", "", "", "ok" if gpu.nccl else "MISSING"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recipes.stack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m recipes.stack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command")
     check = sub.add_parser("check", help="exit 2 with one line when the stack does not match")
     check.add_argument("--run-dir", help="check for this run (its config.yaml and precision)")
     inst = sub.add_parser("install", help="pip-install what is missing or outside the declared range")
     inst.add_argument("--wheel-dir", help="install only from this directory of wheels (no package index)")
     inst.add_argument("--dry-run", action="store_true", help="print the pip command, install nothing")
-    fetch = sub.add_parser("wheels", help="download (and build) every wheel install would need here, dependencies "
-                                          "included, into DIR: for air-gapped machines running the same image")
+    fetch = sub.add_parser(
+        "wheels",
+        help="download (and build) every wheel install would need here, dependencies "
+        "included, into DIR: for air-gapped machines running the same image",
+    )
     fetch.add_argument("dest", metavar="DIR")
     args = parser.parse_args(argv)
     if args.command == "check":

@@ -1,4 +1,5 @@
 """`python -m data_prep ...`: see `python -m data_prep --help`."""
+
 import sys
 
 from data_prep.cli import main

@@ -6,6 +6,7 @@ fast: a few stat calls and a few header bytes per prefix, never a whole file. St
 (the launcher has no torch); a tokenizer is loaded only to compare it with the one data was made with, and
 only when the two are not plainly the same setting.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,17 @@ from data_prep.tokenizer import TOKENIZER_TYPES, TokenizerError, is_hub_id, load
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_HEADER = struct.Struct("<9sQBQQ")
 # megatron-core's DType codes -> (numpy name, bytes per token).
-INDEX_DTYPES = {1: ("uint8", 1), 2: ("int8", 1), 3: ("int16", 2), 4: ("int32", 4), 5: ("int64", 8),
-                6: ("float64", 8), 7: ("float32", 4), 8: ("uint16", 2)}
-_REDO = ("prepare it again (the data_preparation stage; python -m data_prep run --force if it says already "
-         "done)")
+INDEX_DTYPES = {
+    1: ("uint8", 1),
+    2: ("int8", 1),
+    3: ("int16", 2),
+    4: ("int32", 4),
+    5: ("int64", 8),
+    6: ("float64", 8),
+    7: ("float32", 4),
+    8: ("uint16", 2),
+}
+_REDO = "prepare it again (the data_preparation stage; python -m data_prep run --force if it says already done)"
 _Ids = Optional[tuple[int, int]]  # a tokenizer's (vocab size, eod id), None where it cannot be loaded here
 
 
@@ -42,6 +50,7 @@ class IndexHeader:
 
 
 # -- the data_preparation section ----------------------------------------------------------------------------
+
 
 def preparation_problems(dp: Mapping[str, Any]) -> list[str]:
     """Every problem with a data_preparation section that would stop its jobs: settings (tokenizer, workers,
@@ -67,8 +76,10 @@ def _missing_sources(dp: Mapping[str, Any], shards: Sequence[Shard]) -> list[str
     if not missing:
         return []
     key = "inputs" if dp.get("name") == "files" else "base_url"
-    return [f"data_preparation.{key}={dp.get(key)}: {len(missing)} of the {total} local input files do not exist "
-            f"(first: {missing[0]}); fix data_preparation.{key} or put the files there"]
+    return [
+        f"data_preparation.{key}={dp.get(key)}: {len(missing)} of the {total} local input files do not exist "
+        f"(first: {missing[0]}); fix data_preparation.{key} or put the files there"
+    ]
 
 
 def _plain(dp: Any) -> tuple[Optional[Mapping[str, Any]], Optional[str]]:
@@ -89,6 +100,7 @@ def _unique(lines: list[str]) -> list[str]:
 
 
 # -- prepared data -----------------------------------------------------------------------------------------
+
 
 def prepared_data_problems(key: str, prefixes: Sequence[str], tokenizer: Mapping[str, Any]) -> list[str]:
     """One line per prefix (of `key`, e.g. training.data.blend) whose .bin/.idx pair training could not use:
@@ -112,8 +124,10 @@ def pair_problem(prefix: str) -> Optional[str]:
     sizes = {ext: os.path.getsize(prefix + ext) for ext in (".idx", ".bin") if os.path.isfile(prefix + ext)}
     if len(sizes) < 2:
         missing = "/".join(e for e in (".bin", ".idx") if e not in sizes)
-        return (f"no {prefix}{missing}; run the data_preparation stage first (stages=[data_preparation,training]) "
-                "or fix the prefix")
+        return (
+            f"no {prefix}{missing}; run the data_preparation stage first (stages=[data_preparation,training]) "
+            "or fix the prefix"
+        )
     try:
         with open(prefix + ".idx", "rb") as f:
             header = read_index_header(f, sizes[".idx"])
@@ -124,8 +138,9 @@ def pair_problem(prefix: str) -> Optional[str]:
         return f"{prefix}.idx cannot be read ({e.strerror})"
     if sizes[".bin"] != needed:
         state = "is empty" if sizes[".bin"] == 0 else f"has {sizes['.bin']:,} bytes"
-        return (f"{prefix}.bin {state}, its .idx says {needed:,} (truncated, or the two come from different "
-                f"runs); {_REDO}")
+        return (
+            f"{prefix}.bin {state}, its .idx says {needed:,} (truncated, or the two come from different runs); {_REDO}"
+        )
     return None
 
 
@@ -148,8 +163,10 @@ def read_index_header(f, size: int) -> IndexHeader:
     # The sequence modes (one byte per sequence) follow only in multimodal indexes; both layouts are megatron's.
     plain = INDEX_HEADER.size + 12 * sequences + 8 * documents
     if size not in (plain, plain + sequences):
-        raise IndexFormatError(f"has {size:,} bytes, its header ({sequences:,} sequences, {documents:,} document "
-                          f"entries) needs {plain:,} (truncated or damaged)")
+        raise IndexFormatError(
+            f"has {size:,} bytes, its header ({sequences:,} sequences, {documents:,} document "
+            f"entries) needs {plain:,} (truncated or damaged)"
+        )
     if sequences == 0 or documents < 2:
         raise IndexFormatError("holds no documents (prepared from empty inputs?)")
     return IndexHeader(INDEX_DTYPES[code][0], INDEX_DTYPES[code][1], sequences, documents)
@@ -178,6 +195,7 @@ def _read(f, offset: int, fmt: str) -> int:
 
 # -- the tokenizer the data was made with ------------------------------------------------------------------
 
+
 def _tokenizer_mismatch(key: str, prefix: str, tokenizer: Mapping[str, Any], cache: dict) -> Optional[str]:
     """A line when `<prefix>.done.json` records a tokenizer whose vocabulary size or EOD id differ from the
     training tokenizer's. Data without a marker (made elsewhere) is not compared."""
@@ -191,10 +209,12 @@ def _tokenizer_mismatch(key: str, prefix: str, tokenizer: Mapping[str, Any], cac
         return ids  # cannot be loaded here (skipped), or one line about training.tokenizer itself
     if ids == (made["vocab_size"], made["eod"]):
         return None
-    return (f"{key}: {prefix} was tokenized with another tokenizer: {made['type']}:{made['path']} (vocab "
-            f"{made['vocab_size']}, eod {made['eod']}), training.tokenizer is {tokenizer.get('type')}:"
-            f"{tokenizer.get('path')} (vocab {ids[0]}, eod {ids[1]}); prepare the data with training's tokenizer "
-            "or set training.tokenizer to the one the data was made with")
+    return (
+        f"{key}: {prefix} was tokenized with another tokenizer: {made['type']}:{made['path']} (vocab "
+        f"{made['vocab_size']}, eod {made['eod']}), training.tokenizer is {tokenizer.get('type')}:"
+        f"{tokenizer.get('path')} (vocab {ids[0]}, eod {ids[1]}); prepare the data with training's tokenizer "
+        "or set training.tokenizer to the one the data was made with"
+    )
 
 
 def _recorded_tokenizer(prefix: str) -> Optional[dict]:

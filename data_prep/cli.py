@@ -1,4 +1,5 @@
 """Command line: `python -m data_prep {run,download,list,verify,train-tokenizer} ...` (see --help)."""
+
 from __future__ import annotations
 
 import argparse
@@ -43,20 +44,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m data_prep", description="Download, extract and tokenize corpora into megatron .bin/.idx "
-        "files, one output pair per shard.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="python -m data_prep",
+        description="Download, extract and tokenize corpora into megatron .bin/.idx files, one output pair per shard.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(p: argparse.ArgumentParser, shard: bool = True) -> None:
-        p.add_argument("--config", required=True, metavar="PATH",
-                       help="the resolved config.yaml of a run directory (its data_preparation section is used), "
-                            "or a file with just that section")
+        p.add_argument(
+            "--config",
+            required=True,
+            metavar="PATH",
+            help="the resolved config.yaml of a run directory (its data_preparation section is used), "
+            "or a file with just that section",
+        )
         if shard:
-            p.add_argument("--shard", metavar="K",
-                           help="shard indices to process: 3, 0-2, 0,4 or all (default: $SLURM_ARRAY_TASK_ID when "
-                                "set, else all)")
-        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                       help="config overrides by dotted path, e.g. data_preparation.workers=8")
+            p.add_argument(
+                "--shard",
+                metavar="K",
+                help="shard indices to process: 3, 0-2, 0,4 or all (default: $SLURM_ARRAY_TASK_ID when set, else all)",
+            )
+        p.add_argument(
+            "overrides",
+            nargs="*",
+            metavar="KEY=VALUE",
+            help="config overrides by dotted path, e.g. data_preparation.workers=8",
+        )
 
     p = sub.add_parser("run", help="prepare shards: download, tokenize, write .bin/.idx (finished shards are skipped)")
     with_config(p)
@@ -77,17 +91,26 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--json", action="store_true", help="print the shards as JSON")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("verify", help="check finished outputs: readable by megatron, counts match, EOD after "
-                                      "every document")
+    p = sub.add_parser(
+        "verify", help="check finished outputs: readable by megatron, counts match, EOD after every document"
+    )
     with_config(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("train-tokenizer", help="train a tokenizer on local files (offline use and tests)")
-    p.add_argument("--type", choices=["sentencepiece", "huggingface"], default="sentencepiece",
-                   help="sentencepiece: writes OUTPUT.model; huggingface: a byte-level BPE, writes "
-                        "OUTPUT/tokenizer.json")
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE",
-                   help=".jsonl/.json[.zst|.gz] (text under --text-key) or plain-text files")
+    p.add_argument(
+        "--type",
+        choices=["sentencepiece", "huggingface"],
+        default="sentencepiece",
+        help="sentencepiece: writes OUTPUT.model; huggingface: a byte-level BPE, writes OUTPUT/tokenizer.json",
+    )
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help=".jsonl/.json[.zst|.gz] (text under --text-key) or plain-text files",
+    )
     p.add_argument("--output", required=True, help="sentencepiece: model prefix; huggingface: directory")
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--text-key", default="text")
@@ -99,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- commands ----------------------------------------------------------------------------------------------
 
+
 def _check_stack(config_path: str) -> None:
     """Exit 2 with one line when this interpreter lacks the declared torch or megatron-core (conf/stack.yaml,
     or the run's resolved copy), before any shard starts."""
@@ -108,8 +132,13 @@ def _check_stack(config_path: str) -> None:
 
     try:
         raw = OmegaConf.load(config_path)
-        cfg = {key: OmegaConf.to_container(raw[key], resolve=True, enum_to_str=True) if OmegaConf.is_config(raw[key]) else raw[key]
-               for key in ("stack", "stack_check") if key in raw}
+        cfg = {
+            key: OmegaConf.to_container(raw[key], resolve=True, enum_to_str=True)
+            if OmegaConf.is_config(raw[key])
+            else raw[key]
+            for key in ("stack", "stack_check")
+            if key in raw
+        }
     except Exception:  # _load reports an unreadable config with its own message
         cfg = {}
     check_or_exit(cfg, precision=None, components=("torch", "megatron_core"))
@@ -123,9 +152,12 @@ def cmd_run(args) -> int:
     settings = Settings.from_config(dp)
     pipeline = Pipeline(settings)
     tok = pipeline.tokenizer  # once, up front: a tokenizer problem is one error, not one per shard
-    print(f"data_prep: {dp['name']}: {len(shards)} shard(s), {settings.workers} worker(s), tokenizer "
-          f"{settings.tokenizer_type}:{settings.tokenizer_path} (vocab {tok.vocab_size}, eod {tok.eod}), output "
-          f"{os.path.dirname(shards[0].output_prefix)}", flush=True)
+    print(
+        f"data_prep: {dp['name']}: {len(shards)} shard(s), {settings.workers} worker(s), tokenizer "
+        f"{settings.tokenizer_type}:{settings.tokenizer_path} (vocab {tok.vocab_size}, eod {tok.eod}), output "
+        f"{os.path.dirname(shards[0].output_prefix)}",
+        flush=True,
+    )
     return _report(pipeline.run(shards, force=args.force, progress=not args.no_progress))
 
 
@@ -148,12 +180,25 @@ def cmd_list(args) -> int:
     rows = []
     for s in shards:
         marker = read_marker(s.output_prefix)
-        state = ("done" if marker else "incomplete" if any(os.path.exists(s.output_prefix + e) for e in
-                 (".bin.tmp", ".bin", MARKER_SUFFIX)) else "pending")
-        rows.append({"index": s.index, "name": s.name, "output_prefix": s.output_prefix, "state": state,
-                     "sources": [src.uri for src in s.sources], "max_documents": s.max_documents,
-                     "documents": marker.get("documents") if marker else None,
-                     "tokens": marker.get("tokens") if marker else None})
+        state = (
+            "done"
+            if marker
+            else "incomplete"
+            if any(os.path.exists(s.output_prefix + e) for e in (".bin.tmp", ".bin", MARKER_SUFFIX))
+            else "pending"
+        )
+        rows.append(
+            {
+                "index": s.index,
+                "name": s.name,
+                "output_prefix": s.output_prefix,
+                "state": state,
+                "sources": [src.uri for src in s.sources],
+                "max_documents": s.max_documents,
+                "documents": marker.get("documents") if marker else None,
+                "tokens": marker.get("tokens") if marker else None,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -181,16 +226,24 @@ def cmd_train_tokenizer(args) -> int:
     from data_prep.train_tokenizer import train_bpe, train_sentencepiece
 
     if args.type == "sentencepiece":
-        path = train_sentencepiece(args.input, args.output, args.vocab_size, text_key=args.text_key,
-                                   model_type=args.model_type, max_documents=args.max_documents)
+        path = train_sentencepiece(
+            args.input,
+            args.output,
+            args.vocab_size,
+            text_key=args.text_key,
+            model_type=args.model_type,
+            max_documents=args.max_documents,
+        )
     else:
-        path = train_bpe(args.input, args.output, args.vocab_size, text_key=args.text_key,
-                         max_documents=args.max_documents)
+        path = train_bpe(
+            args.input, args.output, args.vocab_size, text_key=args.text_key, max_documents=args.max_documents
+        )
     print(path)
     return 0
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
+
 
 def _load(args, select: bool = True, settings: bool = False) -> tuple[dict, list[Shard]]:
     """The config's section and its shards (those --shard selects). With `settings`, every problem of the
@@ -226,8 +279,10 @@ def select_shards(shards: list[Shard], spec: Optional[str]) -> list[Shard]:
         raise ConfigError(f"{source}={spec!r}: expected shard indices like 3, 0-2, 0,4 or all") from None
     missing = [k for k in wanted if k >= len(shards)]
     if missing:
-        raise ConfigError(f"{source}={spec}: shard {missing[0]} does not exist (this config has {len(shards)} "
-                          f"shards, 0-{len(shards) - 1})")
+        raise ConfigError(
+            f"{source}={spec}: shard {missing[0]} does not exist (this config has {len(shards)} "
+            f"shards, 0-{len(shards) - 1})"
+        )
     return [shards[k] for k in wanted]
 
 
@@ -237,8 +292,12 @@ def _report(results) -> int:
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     words = {"done": "done", "skipped": "already done", "downloaded": "downloaded", "failed": "failed"}
-    print("data_prep: " + ", ".join(f"{n} {words[s]}" for s, n in counts.items()) +
-          f" ({len(results)} shard{'s' if len(results) != 1 else ''})", flush=True)
+    print(
+        "data_prep: "
+        + ", ".join(f"{n} {words[s]}" for s, n in counts.items())
+        + f" ({len(results)} shard{'s' if len(results) != 1 else ''})",
+        flush=True,
+    )
     for r in failed:
         print(f"data_prep: shard {r.index} ({r.name}) failed: {r.reason}", file=sys.stderr, flush=True)
     return 1 if failed else 0

@@ -4,6 +4,7 @@ The launcher writes the fully resolved config into the run directory; `--config`
 holding just the data_preparation section). Interpolations still present are resolved, so a hand-written
 section may use `${.output_dir}` and alike.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,10 @@ def load_section(path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
         return OmegaConf.to_container(section, resolve=True, enum_to_str=True)
     except OmegaConfBaseException as e:
         msg = str(e).splitlines()[0]
-        raise ConfigError(f"config {path}: cannot resolve data_preparation ({msg}); pass the resolved config.yaml "
-                          "the launcher writes into the run directory") from None
+        raise ConfigError(
+            f"config {path}: cannot resolve data_preparation ({msg}); pass the resolved config.yaml "
+            "the launcher writes into the run directory"
+        ) from None
 
 
 # -- settings ----------------------------------------------------------------------------------------------
@@ -63,11 +66,21 @@ def settings_problems(dp: Mapping[str, Any]) -> list[str]:
     one line each naming the key and the fix; empty when they are sound. Standard library only: the launcher
     runs it while planning."""
     problems: list[str] = []
-    for key in ("text_key", *_CHOICES, *_BOOLEANS, "workers", "chunk_bytes", "checksums_file", "download_dir",
-                "download", "tokenizer"):
+    for key in (
+        "text_key",
+        *_CHOICES,
+        *_BOOLEANS,
+        "workers",
+        "chunk_bytes",
+        "checksums_file",
+        "download_dir",
+        "download",
+        "tokenizer",
+    ):
         if key not in dp:
-            problems.append(f"data_preparation.{key} is missing; every key has its default in "
-                            "conf/data_preparation/<name>.yaml")
+            problems.append(
+                f"data_preparation.{key} is missing; every key has its default in conf/data_preparation/<name>.yaml"
+            )
             continue
         problem = _setting_problem(key, dp[key])
         if problem:
@@ -127,8 +140,10 @@ def resolve_workers(value: Any) -> int:
 def chunk_bytes_problem(value: Any) -> Optional[str]:
     if _is_int(value) and MIN_CHUNK_BYTES <= int(value) <= MAX_CHUNK_BYTES:
         return None
-    return (f"data_preparation.chunk_bytes={value!r}: expected a number of bytes from {MIN_CHUNK_BYTES} to "
-            f"{MAX_CHUNK_BYTES} (default 262144; it only tunes speed)")
+    return (
+        f"data_preparation.chunk_bytes={value!r}: expected a number of bytes from {MIN_CHUNK_BYTES} to "
+        f"{MAX_CHUNK_BYTES} (default 262144; it only tunes speed)"
+    )
 
 
 def _checksums_problem(value: Any) -> Optional[str]:
@@ -141,8 +156,12 @@ def _checksums_problem(value: Any) -> Optional[str]:
 
 def _download_problems(download: Mapping[str, Any]) -> list[str]:
     problems = []
-    for key, least, kind in (("retries", 0, "a whole number"), ("backoff_s", 0, "seconds"),
-                             ("max_backoff_s", 0, "seconds"), ("timeout_s", 1e-9, "seconds")):
+    for key, least, kind in (
+        ("retries", 0, "a whole number"),
+        ("backoff_s", 0, "seconds"),
+        ("max_backoff_s", 0, "seconds"),
+        ("timeout_s", 1e-9, "seconds"),
+    ):
         value = download.get(key)
         number = _is_int(value) if kind == "a whole number" else _is_number(value)
         if not number or float(value) < least:

@@ -7,6 +7,7 @@
 - Retries with exponential backoff on network errors, timeouts, 429 and 5xx; 401/403/404 fail at once.
 Standard library only (plus tqdm for the progress bar).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,8 +55,7 @@ class DownloadOptions:
         return cls(int(cfg["retries"]), float(cfg["backoff_s"]), float(cfg["max_backoff_s"]), float(cfg["timeout_s"]))
 
 
-def download(url: str, dest: str, options: DownloadOptions, sha256: Optional[str] = None,
-             progress: bool = True) -> str:
+def download(url: str, dest: str, options: DownloadOptions, sha256: Optional[str] = None, progress: bool = True) -> str:
     """Fetch `url` to `dest` (skipped when `dest` exists: it only ever appears complete and verified)."""
     if os.path.exists(dest):
         return dest
@@ -66,8 +66,11 @@ def download(url: str, dest: str, options: DownloadOptions, sha256: Optional[str
     for attempt in range(options.retries + 1):
         if attempt:
             delay = min(options.max_backoff_s, options.backoff_s * 2 ** (attempt - 1))
-            print(f"download {os.path.basename(dest)}: {last}; retry {attempt}/{options.retries} in {delay:.0f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"download {os.path.basename(dest)}: {last}; retry {attempt}/{options.retries} in {delay:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             time.sleep(delay)
         try:
             published = _fetch(url, part, options.timeout_s, progress)
@@ -140,21 +143,36 @@ def _fetch(url: str, part: str, timeout: float, progress: bool) -> Optional[str]
             m = re.match(r"bytes (\d+)-\d+/(\d+|\*)", resp.headers.get("Content-Range", ""))
             if not m or int(m.group(1)) != offset:
                 os.remove(part)
-                raise _Retry(f"server answered the range request with {resp.headers.get('Content-Range')!r}; "
-                             "restarting from zero")
+                raise _Retry(
+                    f"server answered the range request with {resp.headers.get('Content-Range')!r}; "
+                    "restarting from zero"
+                )
             total = int(m.group(2)) if m.group(2) != "*" else None
             mode = "ab"
         else:
             if offset:
-                print(f"download {os.path.basename(part[:-5])}: the server ignores range requests; restarting "
-                      "from zero", file=sys.stderr, flush=True)
+                print(
+                    f"download {os.path.basename(part[:-5])}: the server ignores range requests; restarting from zero",
+                    file=sys.stderr,
+                    flush=True,
+                )
             offset, mode = 0, "wb"
             length = resp.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
         total = total or redirect.linked_size
         name = os.path.basename(part[:-5])
-        with open(part, mode) as out, progress_bar(total=total, initial=offset, desc=f"download {name}", unit="B",
-                                                   unit_scale=True, unit_divisor=1024, disable=not progress) as bar:
+        with (
+            open(part, mode) as out,
+            progress_bar(
+                total=total,
+                initial=offset,
+                desc=f"download {name}",
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                disable=not progress,
+            ) as bar,
+        ):
             try:
                 for block in iter(lambda: resp.read(_BLOCK), b""):
                     out.write(block)
@@ -180,8 +198,11 @@ def _verify(part: str, url: str, sha256: Optional[str]) -> None:
 
 def _http_error(url: str, code: int, reason: str) -> Exception:
     if code in (401, 403):
-        hint = ("export HF_TOKEN=<your token> (and accept the dataset's terms on huggingface.co)"
-                if _is_hf(url) and not os.environ.get("HF_TOKEN") else "check the credentials and the URL")
+        hint = (
+            "export HF_TOKEN=<your token> (and accept the dataset's terms on huggingface.co)"
+            if _is_hf(url) and not os.environ.get("HF_TOKEN")
+            else "check the credentials and the URL"
+        )
         return DownloadError(f"HTTP {code} {reason} for {url}: access denied; {hint}")
     if code == 404:
         return DownloadError(f"HTTP 404 Not Found: {url} (check data_preparation.base_url and the file numbers)")

@@ -7,6 +7,7 @@ JSON object), missing_text_key, text_not_string, empty_document (the text is emp
 tokenizer_error. The first few line numbers of each reason travel with the counts, so the shard summary can point
 at them.
 """
+
 from __future__ import annotations
 
 import json
@@ -157,8 +158,9 @@ def set_encoder(encoder: ChunkEncoder) -> None:
     _ENCODER = encoder
 
 
-def init_worker(tokenizer_type: str, tokenizer_path: str, eod: int, dtype: str, text_key: str,
-                append_eod: bool) -> None:
+def init_worker(
+    tokenizer_type: str, tokenizer_path: str, eod: int, dtype: str, text_key: str, append_eod: bool
+) -> None:
     """Worker initializer under spawn: load the tokenizer from its resolved local file."""
     global _ENCODER
     _worker_setup()

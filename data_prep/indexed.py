@@ -6,6 +6,7 @@ writes (one sequence per document, no multimodal modes) is a few arrays. The byt
 compares them with its output, and `python -m data_prep verify` reads every shard back with megatron-core's
 IndexedDataset, as training will.
 """
+
 from __future__ import annotations
 
 from typing import Union

@@ -6,6 +6,7 @@ counts as finished when the marker exists, matches the outputs' sizes and was ma
 settings; anything else is redone from scratch. Document order follows the input whatever the number of
 workers, so a rerun after an interruption gives byte-identical files.
 """
+
 from __future__ import annotations
 
 import errno
@@ -87,12 +88,19 @@ class Settings:
             raise ConfigError("\n".join(problems))
         tok = dp["tokenizer"]
         return cls(
-            text_key=dp["text_key"], format=dp["format"], text_document=dp["text_document"],
-            append_eod=dp["append_eod"], workers=resolve_workers(dp["workers"]),
-            chunk_bytes=int(dp["chunk_bytes"]), keep_downloads=dp["keep_downloads"],
-            checksums_file=dp["checksums_file"], download_dir=os.path.abspath(os.path.expanduser(dp["download_dir"])),
+            text_key=dp["text_key"],
+            format=dp["format"],
+            text_document=dp["text_document"],
+            append_eod=dp["append_eod"],
+            workers=resolve_workers(dp["workers"]),
+            chunk_bytes=int(dp["chunk_bytes"]),
+            keep_downloads=dp["keep_downloads"],
+            checksums_file=dp["checksums_file"],
+            download_dir=os.path.abspath(os.path.expanduser(dp["download_dir"])),
             download=DownloadOptions.from_config(dp["download"]),
-            tokenizer_type=str(tok["type"]), tokenizer_path=str(tok["path"]))
+            tokenizer_type=str(tok["type"]),
+            tokenizer_path=str(tok["path"]),
+        )
 
 
 class Pipeline:
@@ -156,8 +164,13 @@ class Pipeline:
                 if marker is not None:
                     return _result_from_marker(shard, marker, "skipped")
             # Nothing of an earlier attempt may survive: the marker first, so the outputs never look finished.
-            for path in (prefix + MARKER_SUFFIX, prefix + ".bin", prefix + ".idx", prefix + ".bin.tmp",
-                         prefix + ".idx.tmp"):
+            for path in (
+                prefix + MARKER_SUFFIX,
+                prefix + ".bin",
+                prefix + ".idx",
+                prefix + ".bin.tmp",
+                prefix + ".idx.tmp",
+            ):
                 _remove(path)
             t0 = time.time()
             self._ensure_sources(shard, progress)
@@ -202,8 +215,14 @@ class Pipeline:
         t0 = time.time()
         limited = shard.max_documents is not None
         total = shard.max_documents if limited else sum(os.path.getsize(s.local_path) for s in shard.sources)
-        bar = progress_bar(total=total, desc=shard.name, unit="line" if limited else "B", unit_scale=True,
-                           unit_divisor=1000 if limited else 1024, disable=not progress)
+        bar = progress_bar(
+            total=total,
+            desc=shard.name,
+            unit="line" if limited else "B",
+            unit_scale=True,
+            unit_divisor=1000 if limited else 1024,
+            disable=not progress,
+        )
         builder = IndexWriter(prefix + ".bin.tmp", self.dtype)
         done_pos = 0
         try:
@@ -216,13 +235,16 @@ class Pipeline:
                 skipped.update(enc.skipped)
                 for reason, where in enc.examples.items():
                     have = examples.setdefault(reason, [])
-                    have.extend(where[:EXAMPLES_PER_REASON - len(have)])
+                    have.extend(where[: EXAMPLES_PER_REASON - len(have)])
                 step = enc.lines if limited else chunk.raw_pos - done_pos
                 done_pos = chunk.raw_pos
                 elapsed = max(time.time() - t0, 1e-9)
-                bar.set_postfix_str(f"docs {human(result.documents)} ({human(result.documents / elapsed)}/s), "
-                                    f"tokens {human(result.tokens)} ({human(result.tokens / elapsed)}/s), "
-                                    f"skipped {sum(skipped.values())}", refresh=False)
+                bar.set_postfix_str(
+                    f"docs {human(result.documents)} ({human(result.documents / elapsed)}/s), "
+                    f"tokens {human(result.tokens)} ({human(result.tokens / elapsed)}/s), "
+                    f"skipped {sum(skipped.values())}",
+                    refresh=False,
+                )
                 bar.update(step)
         except BaseException:
             builder.data_file.close()
@@ -233,8 +255,9 @@ class Pipeline:
         if result.documents == 0:
             # An empty .bin/.idx would only fail later, inside training; most often the text key is wrong.
             why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "the sources are empty"
-            raise SourceError(f"no documents in {result.lines} input lines ({why}); check data_preparation.text_key "
-                              "and the inputs")
+            raise SourceError(
+                f"no documents in {result.lines} input lines ({why}); check data_preparation.text_key and the inputs"
+            )
         result.skipped, result.examples = dict(sorted(skipped.items())), examples
         result.seconds = time.time() - t0
         return result
@@ -289,8 +312,12 @@ class Pipeline:
             "idx_bytes": os.path.getsize(prefix + ".idx"),
             "dtype": self.dtype.__name__,
             "append_eod": self.s.append_eod,
-            "tokenizer": {"type": self.tokenizer.type, "path": self.s.tokenizer_path,
-                          "vocab_size": self.tokenizer.vocab_size, "eod": self.tokenizer.eod},
+            "tokenizer": {
+                "type": self.tokenizer.type,
+                "path": self.s.tokenizer_path,
+                "vocab_size": self.tokenizer.vocab_size,
+                "eod": self.tokenizer.eod,
+            },
             "sources": [s.uri for s in shard.sources],
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "fingerprint": fingerprint,
@@ -303,8 +330,9 @@ class Pipeline:
     @property
     def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.s.tokenizer_type, self.s.tokenizer_path,
-                                             key="data_preparation.tokenizer")
+            self._tokenizer = load_tokenizer(
+                self.s.tokenizer_type, self.s.tokenizer_path, key="data_preparation.tokenizer"
+            )
         return self._tokenizer
 
     @property
@@ -315,10 +343,15 @@ class Pipeline:
 
     def fingerprint(self, shard: Shard) -> str:
         """What the outputs depend on; a finished shard with another fingerprint is redone."""
-        key = {"v": FORMAT_VERSION, "tokenizer": self.tokenizer.unique_identifiers["sha256"], "text_key": self.s.text_key,
-               "format": self.s.format, "text_document": self.s.text_document,
-               "max_documents": shard.max_documents,
-               "sources": [(os.path.basename(s.local_path), s.compression, s.kind) for s in shard.sources]}
+        key = {
+            "v": FORMAT_VERSION,
+            "tokenizer": self.tokenizer.unique_identifiers["sha256"],
+            "text_key": self.s.text_key,
+            "format": self.s.format,
+            "text_document": self.s.text_document,
+            "max_documents": shard.max_documents,
+            "sources": [(os.path.basename(s.local_path), s.compression, s.kind) for s in shard.sources],
+        }
         if not self.s.append_eod:  # only then: shards made before the key existed keep their fingerprint
             key["append_eod"] = False
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -334,19 +367,29 @@ class Pipeline:
                 # fork: workers start in milliseconds with the tokenizer already loaded (a Llama 3 tokenizer.json
                 # takes a while to parse). Safe here: the parent has used neither the tokenizer nor torch, and
                 # tqdm's monitor thread is off (see progress.py), so no thread holds a lock across the fork.
-                ctx, init, args = multiprocessing.get_context("fork"), set_encoder, (
-                    ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod),)
+                ctx, init, args = (
+                    multiprocessing.get_context("fork"),
+                    set_encoder,
+                    (ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod),),
+                )
             else:
-                ctx, init, args = multiprocessing.get_context("spawn"), init_worker, (
-                    tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key, self.s.append_eod)
-            self._pool = ProcessPoolExecutor(max_workers=self.s.workers, mp_context=ctx, initializer=init,
-                                             initargs=args)
+                ctx, init, args = (
+                    multiprocessing.get_context("spawn"),
+                    init_worker,
+                    (tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key, self.s.append_eod),
+                )
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.s.workers, mp_context=ctx, initializer=init, initargs=args
+            )
         return self._pool
 
     def _load_checksums(self) -> dict[str, str]:
         if self._checksums is None:
-            self._checksums = (read_checksums(str(self.s.checksums_file), self.s.download_dir, self.s.download)
-                               if self.s.checksums_file else {})
+            self._checksums = (
+                read_checksums(str(self.s.checksums_file), self.s.download_dir, self.s.download)
+                if self.s.checksums_file
+                else {}
+            )
         return self._checksums
 
     def _guarded(self, shard: Shard, fn) -> ShardResult:
@@ -376,14 +419,17 @@ def megatron_indexed_dataset():
 
 # -- markers, locks, files ---------------------------------------------------------------------------------
 
+
 def read_marker(prefix: str, fingerprint: Optional[str] = None) -> Optional[dict]:
     """The done marker when it proves `prefix.bin/.idx` complete (and made with `fingerprint`), else None."""
     marker = _read_json(prefix + MARKER_SUFFIX)
     if not isinstance(marker, dict):
         return None
     try:
-        complete = (os.path.getsize(prefix + ".bin") == marker["bin_bytes"]
-                    and os.path.getsize(prefix + ".idx") == marker["idx_bytes"])
+        complete = (
+            os.path.getsize(prefix + ".bin") == marker["bin_bytes"]
+            and os.path.getsize(prefix + ".idx") == marker["idx_bytes"]
+        )
     except (OSError, KeyError):
         return None
     if not complete or (fingerprint is not None and marker.get("fingerprint") != fingerprint):
@@ -457,10 +503,18 @@ def format_result(r: ShardResult) -> str:
 
 
 def _result_from_marker(shard: Shard, marker: dict, status: str) -> ShardResult:
-    return ShardResult(shard.index, shard.name, shard.output_prefix, status, documents=marker.get("documents", 0),
-                       tokens=marker.get("tokens", 0), lines=marker.get("lines", 0),
-                       skipped=marker.get("skipped", {}), examples=marker.get("skipped_examples", {}),
-                       seconds=marker.get("seconds", 0.0))
+    return ShardResult(
+        shard.index,
+        shard.name,
+        shard.output_prefix,
+        status,
+        documents=marker.get("documents", 0),
+        tokens=marker.get("tokens", 0),
+        lines=marker.get("lines", 0),
+        skipped=marker.get("skipped", {}),
+        examples=marker.get("skipped_examples", {}),
+        seconds=marker.get("seconds", 0.0),
+    )
 
 
 def _read_json(path: str) -> Optional[Any]:

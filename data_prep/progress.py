@@ -1,4 +1,5 @@
 """tqdm bars that suit both a terminal and a Slurm log file."""
+
 from __future__ import annotations
 
 import sys

@@ -5,6 +5,7 @@ corrupt compressed file raises SourceError instead of silently ending early, so 
 half its input. The main process only decompresses and splits at newlines; decoding, JSON parsing and
 tokenization happen in the workers.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,9 @@ class Chunk:
     raw_pos: int  # compressed bytes of the shard's sources consumed once this chunk is done (progress)
 
 
-def iter_chunks(sources: Sequence[Source], chunk_bytes: int, text_document: str,
-                max_documents: Optional[int] = None) -> Iterator[Chunk]:
+def iter_chunks(
+    sources: Sequence[Source], chunk_bytes: int, text_document: str, max_documents: Optional[int] = None
+) -> Iterator[Chunk]:
     """Chunks of at least `chunk_bytes` (except at the end of a file) ending at a line boundary."""
     # Every cut must move forward: with chunk_bytes < 1 the cut below would stay where it is and the loop would
     # yield empty chunks forever.
@@ -126,11 +128,15 @@ def _blocks(src: Source) -> Iterator[tuple[bytes, int]]:
         try:
             yield from _decompress(f, src.compression)
         except _Truncated as e:
-            raise SourceError(f"cannot read {path}: {src.compression} data ends in the middle of a frame after "
-                              f"{e.args[0]} bytes (the file is truncated); {_fix(src)}") from None
+            raise SourceError(
+                f"cannot read {path}: {src.compression} data ends in the middle of a frame after "
+                f"{e.args[0]} bytes (the file is truncated); {_fix(src)}"
+            ) from None
         except Exception as e:  # zstd/zlib errors: corrupt data
-            raise SourceError(f"cannot read {path}: corrupt {src.compression} data near byte {f.tell()} "
-                              f"({type(e).__name__}: {e}); {_fix(src)}") from None
+            raise SourceError(
+                f"cannot read {path}: corrupt {src.compression} data near byte {f.tell()} "
+                f"({type(e).__name__}: {e}); {_fix(src)}"
+            ) from None
 
 
 def _fix(src: Source) -> str:
@@ -147,9 +153,10 @@ def _decompress(f, compression: str) -> Iterator[tuple[bytes, int]]:
         import zstandard
 
         # Files compressed with --long need windows beyond the default limit.
-        dctx = zstandard.ZstdDecompressor(max_window_size=2 ** 31)
+        dctx = zstandard.ZstdDecompressor(max_window_size=2**31)
         new = dctx.decompressobj
     elif compression == "gzip":
+
         def new():
             return zlib.decompressobj(wbits=31)
     else:

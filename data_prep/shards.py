@@ -3,6 +3,7 @@
 Standard library only, on purpose: the launcher imports this module (without torch, megatron or tokenizer
 libraries) to size the Slurm array, one task per shard.
 """
+
 from __future__ import annotations
 
 import glob
@@ -66,8 +67,10 @@ def list_shards(dp_cfg: Mapping[str, Any]) -> list[Shard]:
     prefixes = [s.output_prefix for s in shards]
     dupes = sorted({p for p in prefixes if prefixes.count(p) > 1})
     if dupes:
-        raise ConfigError(f"data_preparation: several inputs would write {dupes[0]}.bin; rename the inputs or "
-                          "set data_preparation.merge=true")
+        raise ConfigError(
+            f"data_preparation: several inputs would write {dupes[0]}.bin; rename the inputs or "
+            "set data_preparation.merge=true"
+        )
     return shards
 
 
@@ -134,18 +137,23 @@ def strip_extensions(name: str) -> str:
 
 # -- per dataset -------------------------------------------------------------------------------------------
 
+
 def _pile_shards(cfg: Mapping[str, Any]) -> list[Shard]:
     numbers = parse_numbers(required(cfg, "file_numbers"), "file_numbers")
     num_files = required(cfg, "num_files")
     bad = [n for n in numbers if not 0 <= n < num_files]
     if bad:
-        raise ConfigError(f"data_preparation.file_numbers: {bad} outside 0-{num_files - 1} "
-                          f"(the source has {num_files} shards)")
+        raise ConfigError(
+            f"data_preparation.file_numbers: {bad} outside 0-{num_files - 1} (the source has {num_files} shards)"
+        )
     out_dir, template = _output_dir(cfg), required(cfg, "output_template")
     return [
-        Shard(index=i, name=_fmt(template, n, "output_template"),
-              output_prefix=os.path.join(out_dir, _fmt(template, n, "output_template") + OUTPUT_SUFFIX),
-              sources=(_source_at(cfg, _fmt(required(cfg, "file_template"), n, "file_template")),))
+        Shard(
+            index=i,
+            name=_fmt(template, n, "output_template"),
+            output_prefix=os.path.join(out_dir, _fmt(template, n, "output_template") + OUTPUT_SUFFIX),
+            sources=(_source_at(cfg, _fmt(required(cfg, "file_template"), n, "file_template")),),
+        )
         for i, n in enumerate(numbers)
     ]
 
@@ -160,26 +168,31 @@ def _c4_shards(cfg: Mapping[str, Any]) -> list[Shard]:
     shards: list[Shard] = []
     for k in parse_numbers(required(train, "tokenize", "train."), "train.tokenize"):
         if k >= merged:
-            raise ConfigError(f"data_preparation.train.tokenize: merged file {k} does not exist "
-                              f"(there are {merged}, numbered 0-{merged - 1})")
+            raise ConfigError(
+                f"data_preparation.train.tokenize: merged file {k} does not exist "
+                f"(there are {merged}, numbered 0-{merged - 1})"
+            )
         name = _fmt(required(train, "output_template", "train."), k, "train.output_template")
         template = required(train, "file_template", "train.")
-        sources = tuple(_source_at(cfg, _fmt(template, i, "train.file_template"))
-                        for i in range(k * per, (k + 1) * per))
+        sources = tuple(
+            _source_at(cfg, _fmt(template, i, "train.file_template")) for i in range(k * per, (k + 1) * per)
+        )
         shards.append(Shard(len(shards), name, os.path.join(out_dir, name + OUTPUT_SUFFIX), sources))
     if required(val, "enabled", "validation."):
         name = str(required(val, "output_name", "validation."))
         template = required(val, "file_template", "validation.")
-        sources = tuple(_source_at(cfg, _fmt(template, i, "validation.file_template"))
-                        for i in range(required(val, "num_files", "validation.")))
+        sources = tuple(
+            _source_at(cfg, _fmt(template, i, "validation.file_template"))
+            for i in range(required(val, "num_files", "validation."))
+        )
         limit = required(val, "max_documents", "validation.")
         if limit is not None and (not isinstance(limit, int) or limit <= 0):
-            raise ConfigError(f"data_preparation.validation.max_documents={limit!r}: expected a positive integer "
-                              "or null")
+            raise ConfigError(
+                f"data_preparation.validation.max_documents={limit!r}: expected a positive integer or null"
+            )
         shards.append(Shard(len(shards), name, os.path.join(out_dir, name + OUTPUT_SUFFIX), sources, limit))
     if not shards:
-        raise ConfigError("data_preparation: nothing to do (train.tokenize selects no file and validation is "
-                          "disabled)")
+        raise ConfigError("data_preparation: nothing to do (train.tokenize selects no file and validation is disabled)")
     return shards
 
 
@@ -188,8 +201,10 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
     if isinstance(inputs, str):
         inputs = [inputs]
     if not inputs:
-        raise ConfigError("data_preparation.inputs is empty: list files, globs or URLs, e.g. "
-                          "'data_preparation.inputs=[/data/corpus/*.jsonl.zst]'")
+        raise ConfigError(
+            "data_preparation.inputs is empty: list files, globs or URLs, e.g. "
+            "'data_preparation.inputs=[/data/corpus/*.jsonl.zst]'"
+        )
     uris: list[str] = []
     unmatched: list[str] = []  # all of them in one line: fixing one at a time would take a run each
     for entry in inputs:
@@ -220,6 +235,7 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
 
 # -- helpers -----------------------------------------------------------------------------------------------
 
+
 def is_url(uri: str) -> bool:
     """An input to download; anything else is a local path."""
     return uri.startswith(("http://", "https://"))
@@ -228,8 +244,9 @@ def is_url(uri: str) -> bool:
 def required(cfg: Mapping[str, Any], key: str, parent: str = "") -> Any:
     """cfg[key], or a ConfigError naming data_preparation.<parent><key>."""
     if key not in cfg:
-        raise ConfigError(f"data_preparation.{parent}{key} is missing; every key has its default in "
-                          "conf/data_preparation/<name>.yaml")
+        raise ConfigError(
+            f"data_preparation.{parent}{key} is missing; every key has its default in conf/data_preparation/<name>.yaml"
+        )
     return cfg[key]
 
 
@@ -247,8 +264,10 @@ def _local_path(path: str, key: str) -> str:
         path = unquote(urlparse(path).path)
     path = os.path.expanduser(path)
     if not os.path.isabs(path):
-        raise ConfigError(f"data_preparation.{key}: {path!r} is relative; give an absolute path (jobs do not run "
-                          "in the directory you launch from)")
+        raise ConfigError(
+            f"data_preparation.{key}: {path!r} is relative; give an absolute path (jobs do not run "
+            "in the directory you launch from)"
+        )
     return os.path.normpath(path)
 
 

@@ -9,6 +9,7 @@ Documents are encoded without BOS; data preparation appends `eod` after each one
 out of the loss, and every id a tokenizer owns can occur in real data, so megatron's own sentinel (-1) is the
 safe choice. Imports only the tokenizer libraries (lazily), never torch or Hydra.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -37,13 +38,19 @@ class _Identified:
     @property
     def unique_identifiers(self) -> dict:
         if getattr(self, "_unique", None) is None:
-            self._unique = {"class": type(self).__name__, "name": self.name, "vocab_size": self.vocab_size,
-                            "eod": self.eod, "sha256": tokenizer_digest(self)}
+            self._unique = {
+                "class": type(self).__name__,
+                "name": self.name,
+                "vocab_size": self.vocab_size,
+                "eod": self.eod,
+                "sha256": tokenizer_digest(self),
+            }
         return self._unique
 
 
-def _pick_eod(name: str, eod: Union[int, str, None], declared_eos: list, token_id: Callable[[str], Optional[int]],
-              hint: str = "") -> int:
+def _pick_eod(
+    name: str, eod: Union[int, str, None], declared_eos: list, token_id: Callable[[str], Optional[int]], hint: str = ""
+) -> int:
     """The end-of-document id: `eod` itself when an id, its id when a token, else the first known end token
     the vocabulary has (Llama 3's, then what the tokenizer declares as EOS, then common ones)."""
     if isinstance(eod, int):
@@ -69,11 +76,17 @@ class HFTokenizer(_Identified):
         try:
             self._tok = Tokenizer.from_file(self.path)
         except Exception as e:  # the tokenizers library raises plain Exceptions for unreadable files
-            raise TokenizerError(f"tokenizer {self.name}: {self.path} cannot be read as a Hugging Face tokenizer.json "
-                                 f"({_first_line(e)})") from None
+            raise TokenizerError(
+                f"tokenizer {self.name}: {self.path} cannot be read as a Hugging Face tokenizer.json ({_first_line(e)})"
+            ) from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eod = _pick_eod(self.name, eod, _declared_eos(os.path.dirname(self.path)), self._tok.token_to_id,
-                             "; add eos_token to tokenizer_config.json next to tokenizer.json")
+        self.eod = _pick_eod(
+            self.name,
+            eod,
+            _declared_eos(os.path.dirname(self.path)),
+            self._tok.token_to_id,
+            "; add eos_token to tokenizer_config.json next to tokenizer.json",
+        )
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -103,8 +116,9 @@ class SentencePieceTokenizer(_Identified):
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_file=self.path)
         except (RuntimeError, OSError) as e:
-            raise TokenizerError(f"tokenizer {self.name}: {self.path} cannot be read as a sentencepiece model "
-                                 f"({_first_line(e)})") from None
+            raise TokenizerError(
+                f"tokenizer {self.name}: {self.path} cannot be read as a sentencepiece model ({_first_line(e)})"
+            ) from None
         self.vocab_size = self._sp.get_piece_size()
         self._numpy_batches = True
         if isinstance(eod, int):
@@ -116,8 +130,10 @@ class SentencePieceTokenizer(_Identified):
         else:
             self.eod = self._sp.eos_id()
             if self.eod < 0:
-                raise TokenizerError(f"tokenizer {self.name}: the model has no EOS piece to end documents with "
-                                     "(train it with eos_id >= 0)")
+                raise TokenizerError(
+                    f"tokenizer {self.name}: the model has no EOS piece to end documents with "
+                    "(train it with eos_id >= 0)"
+                )
 
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text)
@@ -153,8 +169,10 @@ class TransformersTokenizer(_Identified):
         try:
             self._tok = AutoTokenizer.from_pretrained(self.path)
         except Exception as e:  # OSError, ValueError, ImportError ... depending on what the directory lacks
-            raise TokenizerError(f"tokenizer directory {self.name} has no tokenizer.json and transformers cannot "
-                                 f"load it either ({_first_line(e)})") from None
+            raise TokenizerError(
+                f"tokenizer directory {self.name} has no tokenizer.json and transformers cannot "
+                f"load it either ({_first_line(e)})"
+            ) from None
         self.vocab_size = len(self._tok)
         self.eod = _pick_eod(self.name, eod, [self._tok.eos_token], self._tok.get_vocab().get)
 
@@ -169,8 +187,9 @@ class TransformersTokenizer(_Identified):
 
     @property
     def files(self) -> list[str]:
-        return sorted(os.path.join(self.path, f) for f in os.listdir(self.path)
-                      if os.path.isfile(os.path.join(self.path, f)))
+        return sorted(
+            os.path.join(self.path, f) for f in os.listdir(self.path) if os.path.isfile(os.path.join(self.path, f))
+        )
 
 
 Tokenizer = Union[HFTokenizer, SentencePieceTokenizer, TransformersTokenizer]
@@ -180,8 +199,9 @@ def load_tokenizer(type: str, path: str, eod: Union[int, str, None] = None, key:
     """Load a tokenizer: type huggingface|sentencepiece; path a hub id, a local directory or file. `key` is the
     config section the two came from, for the messages (e.g. training.tokenizer)."""
     if not path:
-        raise TokenizerError("tokenizer path is empty: set training.tokenizer.path "
-                             "(or data_preparation.tokenizer.path)")
+        raise TokenizerError(
+            "tokenizer path is empty: set training.tokenizer.path (or data_preparation.tokenizer.path)"
+        )
     path = str(path)
     local = os.path.abspath(os.path.expanduser(path))
     if os.path.exists(local):
@@ -209,14 +229,21 @@ def load_tokenizer(type: str, path: str, eod: Union[int, str, None] = None, key:
 
 # -- telling what a tokenizer path holds, without loading it -----------------------------------------------
 
-_KINDS = {"sentencepiece": "a sentencepiece model", "tokenizer.json": "a Hugging Face tokenizer.json",
-          "json lines": "a JSON lines file (a corpus?)", "json": "a JSON file", "text": "a text file",
-          "binary": "a binary file"}
+_KINDS = {
+    "sentencepiece": "a sentencepiece model",
+    "tokenizer.json": "a Hugging Face tokenizer.json",
+    "json lines": "a JSON lines file (a corpus?)",
+    "json": "a JSON file",
+    "text": "a text file",
+    "binary": "a binary file",
+}
 # What each type accepts: "json" and "binary" where the first bytes cannot tell (the loader still checks).
 _ACCEPTS = {"huggingface": ("tokenizer.json", "json"), "sentencepiece": ("sentencepiece", "binary")}
 _OTHER = {"huggingface": ("sentencepiece", "sentencepiece"), "sentencepiece": ("tokenizer.json", "huggingface")}
-_WANTED = {"huggingface": ("a Hugging Face tokenizer", "a tokenizer.json or the directory holding it"),
-           "sentencepiece": ("a sentencepiece model", "a .model file or the directory holding tokenizer.model")}
+_WANTED = {
+    "huggingface": ("a Hugging Face tokenizer", "a tokenizer.json or the directory holding it"),
+    "sentencepiece": ("a sentencepiece model", "a .model file or the directory holding tokenizer.model"),
+}
 _SNIFF_BYTES = 1 << 16
 
 
@@ -268,13 +295,19 @@ def _directory_problem(type: str, names: set, path: str, key: str) -> Optional[s
         # tokenizer_config.json alone: the loader falls back to transformers' AutoTokenizer.
         if {"tokenizer.json", "tokenizer_config.json"} & names:
             return None
-        fix = (f"it holds a sentencepiece tokenizer.model: set {key}.type=sentencepiece" if "tokenizer.model" in names
-               else f"point {key}.path at a directory holding tokenizer.json, or at the file")
+        fix = (
+            f"it holds a sentencepiece tokenizer.model: set {key}.type=sentencepiece"
+            if "tokenizer.model" in names
+            else f"point {key}.path at a directory holding tokenizer.json, or at the file"
+        )
         return f"{key}.path={path} is a directory without tokenizer.json; {fix}"
     if "tokenizer.model" in names:
         return None
-    fix = (f"it holds a Hugging Face tokenizer.json: set {key}.type=huggingface" if "tokenizer.json" in names
-           else f"point {key}.path at the .model file, or at a directory holding tokenizer.model")
+    fix = (
+        f"it holds a Hugging Face tokenizer.json: set {key}.type=huggingface"
+        if "tokenizer.json" in names
+        else f"point {key}.path at the .model file, or at a directory holding tokenizer.model"
+    )
     return f"{key}.path={path} is a directory without tokenizer.model; {fix}"
 
 
@@ -293,10 +326,10 @@ def _looks_like_sentencepiece(head: bytes) -> bool:
     if head[:1] != b"\x0a":
         return False
     _, pos = _varint(head, 1)
-    if pos is None or head[pos:pos + 1] != b"\x0a":
+    if pos is None or head[pos : pos + 1] != b"\x0a":
         return False
     length, pos = _varint(head, pos + 1)
-    return pos is not None and head[pos + length:pos + length + 1] in (b"\x15", b"\x18")
+    return pos is not None and head[pos + length : pos + length + 1] in (b"\x15", b"\x18")
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, Optional[int]]:
@@ -352,10 +385,14 @@ def _transformers_or_fail(directory: str, eod, name: str) -> Tokenizer:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        hint = (f"; or use tokenizer type=sentencepiece with {directory}/tokenizer.model"
-                if os.path.isfile(os.path.join(directory, "tokenizer.model")) else "")
-        raise TokenizerError(f"tokenizer directory {name} has no tokenizer.json and transformers is not "
-                             f"installed{hint}")
+        hint = (
+            f"; or use tokenizer type=sentencepiece with {directory}/tokenizer.model"
+            if os.path.isfile(os.path.join(directory, "tokenizer.model"))
+            else ""
+        )
+        raise TokenizerError(
+            f"tokenizer directory {name} has no tokenizer.json and transformers is not installed{hint}"
+        )
     return TransformersTokenizer(directory, eod, name=name)
 
 
@@ -370,34 +407,51 @@ def _hub_file(repo_id: str, filename: str, also: Sequence[str] = ()) -> str:
         raise TokenizerError(f"tokenizer path {repo_id} does not exist (and is not a hub id like org/name)")
     try:
         from huggingface_hub import hf_hub_download
+
         try:
-            from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
-                                                LocalEntryNotFoundError, RepositoryNotFoundError)
+            from huggingface_hub.errors import (
+                EntryNotFoundError,
+                GatedRepoError,
+                HfHubHTTPError,
+                LocalEntryNotFoundError,
+                RepositoryNotFoundError,
+            )
         except ImportError:  # older huggingface_hub
-            from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
-                                               LocalEntryNotFoundError, RepositoryNotFoundError)
+            from huggingface_hub.utils import (
+                EntryNotFoundError,
+                GatedRepoError,
+                HfHubHTTPError,
+                LocalEntryNotFoundError,
+                RepositoryNotFoundError,
+            )
     except ImportError:
         raise TokenizerError(f"tokenizer {repo_id} is not a local path and huggingface_hub is not installed")
     token = os.environ.get("HF_TOKEN") or None
     try:
         path = hf_hub_download(repo_id, filename, token=token)
     except GatedRepoError:
-        fix = ("export HF_TOKEN=<your token>" if token is None else "HF_TOKEN was rejected: check it")
-        raise TokenizerError(f"tokenizer {repo_id} is gated on the Hugging Face hub: accept its license at "
-                             f"https://huggingface.co/{repo_id} and {fix}, or point the tokenizer path at a local copy")
+        fix = "export HF_TOKEN=<your token>" if token is None else "HF_TOKEN was rejected: check it"
+        raise TokenizerError(
+            f"tokenizer {repo_id} is gated on the Hugging Face hub: accept its license at "
+            f"https://huggingface.co/{repo_id} and {fix}, or point the tokenizer path at a local copy"
+        )
     except RepositoryNotFoundError:
         fix = "export HF_TOKEN=<your token> if it is private" if token is None else "check the name and HF_TOKEN"
         raise TokenizerError(f"tokenizer {repo_id}: no such repository on the Hugging Face hub ({fix})")
     except LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError: test it first)
-        raise TokenizerError(f"tokenizer {repo_id}: the hub cannot be reached and no cached copy exists; fetch "
-                             "it where there is network (python -m data_prep download ...) or use a local path")
+        raise TokenizerError(
+            f"tokenizer {repo_id}: the hub cannot be reached and no cached copy exists; fetch "
+            "it where there is network (python -m data_prep download ...) or use a local path"
+        )
     except EntryNotFoundError:
-        raise TokenizerError(f"tokenizer {repo_id} has no {filename} on the hub: use the other tokenizer type "
-                             "or a local directory")
+        raise TokenizerError(
+            f"tokenizer {repo_id} has no {filename} on the hub: use the other tokenizer type or a local directory"
+        )
     except HfHubHTTPError as e:
         fix = "; export HF_TOKEN=<your token>" if token is None else ""
-        raise TokenizerError(f"tokenizer {repo_id}: the Hugging Face hub refused {filename}: "
-                             f"{str(e).splitlines()[0]}{fix}")
+        raise TokenizerError(
+            f"tokenizer {repo_id}: the Hugging Face hub refused {filename}: {str(e).splitlines()[0]}{fix}"
+        )
     for extra in also:
         try:
             hf_hub_download(repo_id, extra, token=token)

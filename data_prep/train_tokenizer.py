@@ -4,6 +4,7 @@ sentencepiece: a BPE (or unigram) model in the Llama 2 / Mixtral style: byte fal
 identity normalization and kept whitespace, so decode(encode(text)) == text. huggingface: a byte-level BPE
 like Llama 3's, with <|begin_of_text|> / <|end_of_text|> special tokens. Both end documents with their EOS.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,14 @@ def iter_texts(paths: Sequence[str], text_key: str = "text", max_documents: Opti
                     return
 
 
-def train_sentencepiece(inputs: Sequence[str], model_prefix: str, vocab_size: int, text_key: str = "text",
-                        model_type: str = "bpe", max_documents: Optional[int] = None) -> str:
+def train_sentencepiece(
+    inputs: Sequence[str],
+    model_prefix: str,
+    vocab_size: int,
+    text_key: str = "text",
+    model_type: str = "bpe",
+    max_documents: Optional[int] = None,
+) -> str:
     """Writes `<model_prefix>.model` (and .vocab); returns the .model path."""
     import sentencepiece as spm
 
@@ -56,25 +63,42 @@ def train_sentencepiece(inputs: Sequence[str], model_prefix: str, vocab_size: in
 
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=sentences(), model_prefix=model_prefix, vocab_size=vocab_size, model_type=model_type,
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, allow_whitespace_only_pieces=True, character_coverage=0.9995,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        sentence_iterator=sentences(),
+        model_prefix=model_prefix,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        character_coverage=0.9995,
+        hard_vocab_limit=False,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
         num_threads=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1,
-        minloglevel=2)
+        minloglevel=2,
+    )
     return model_prefix + ".model"
 
 
-def train_bpe(inputs: Sequence[str], directory: str, vocab_size: int, text_key: str = "text",
-              max_documents: Optional[int] = None) -> str:
+def train_bpe(
+    inputs: Sequence[str], directory: str, vocab_size: int, text_key: str = "text", max_documents: Optional[int] = None
+) -> str:
     """Writes `<directory>/tokenizer.json` (+ tokenizer_config.json naming the EOS); returns the directory."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS_TOKEN, EOD_TOKEN],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS_TOKEN, EOD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(iter_texts(inputs, text_key, max_documents), trainer)
     os.makedirs(directory, exist_ok=True)
     tok.save(os.path.join(directory, "tokenizer.json"))

@@ -1,4 +1,5 @@
 """Check finished outputs the way training will read them (megatron-core's IndexedDataset)."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """What `python main.py ...` does: plan and validate (nothing written on error), write the run directory, then
 submit (a cluster platform), run here (cluster=local), or stop there (dry_run=true)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -60,9 +61,13 @@ def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prep
     plan.command = stages.command
     client = platform.client
     if client and not cfg.get("dry_run") and stages.jobs and shutil.which(client) is None:
-        raise PlanError([f"cluster={cfg['cluster']['name']} submits with {client}, which is not on this machine's "
-                         "PATH: run where its client is installed and configured, or add dry_run=true to only "
-                         "write the jobs"])
+        raise PlanError(
+            [
+                f"cluster={cfg['cluster']['name']} submits with {client}, which is not on this machine's "
+                "PATH: run where its client is installed and configured, or add dry_run=true to only "
+                "write the jobs"
+            ]
+        )
     return Prepared(cfg, plan, run_dir, stages, validated.warnings)
 
 
@@ -84,8 +89,10 @@ def execute(prepared: Prepared, say: Say = print) -> int:
     try:
         scripts = write_run_dir(run_dir, cfg, plan, stages.jobs)
     except OSError as err:
-        _err(f"error: cannot write the run directory {run_dir}: {err.strerror or err}; set results_dir to a "
-             "writable directory")
+        _err(
+            f"error: cannot write the run directory {run_dir}: {err.strerror or err}; set results_dir to a "
+            "writable directory"
+        )
         return 2
 
     if "training" in cfg["stages"]:
@@ -108,8 +115,11 @@ def execute(prepared: Prepared, say: Say = print) -> int:
         chain = platform.chain_as_shell(stages.jobs, run_dir, cfg)
         if chain:
             more = job_restarts(cfg) if "training" in cfg["stages"] else 0
-            how = platform.chain + (f"; the training job's {more} more copies each once the one before it ended, "
-                                    "however it ended" if more else "")
+            how = platform.chain + (
+                f"; the training job's {more} more copies each once the one before it ended, however it ended"
+                if more
+                else ""
+            )
             say(f"Submitting runs these, {how}:" if len(chain) > 1 else "Submitting runs:")
             for line in chain:
                 say(f"  {line}")
@@ -146,18 +156,21 @@ def _run_here(prepared: Prepared, say: Say) -> int:
     plan, run_dir = prepared.plan, prepared.run_dir
     jobs = prepared.stages.jobs
     if plan.cannot_train_reason:  # the stages that need this machine's GPUs, and the export of what they train
-        skipped = {"preflight", "training", "export"} if "training" in prepared.cfg["stages"] else {"preflight",
-                                                                                                    "training"}
+        skipped = (
+            {"preflight", "training", "export"} if "training" in prepared.cfg["stages"] else {"preflight", "training"}
+        )
         jobs = [j for j in jobs if j.stage not in skipped]
     code = run_here(jobs, run_dir, say)
     if code:
         return code
     if plan.cannot_train_reason and any(j.stage == "training" for j in prepared.stages.jobs):
         say(f"did not train: {plan.cannot_train_reason}.")
-        say("  The plan and the launch script are in the run directory above. To train on a Slurm cluster: "
+        say(
+            "  The plan and the launch script are in the run directory above. To train on a Slurm cluster: "
             "python main.py cluster=bcm cluster.partition=... cluster.account=... (add dry_run=true to write the "
             "sbatch script without submitting it; cluster=sge, cluster=bcp and cluster=k8s are the other "
-            "platforms).")
+            "platforms)."
+        )
         return 0
     if any(j.stage == "training" for j in jobs):
         say(f"done: log {run_dir / 'logs' / 'training.log'}, report {run_dir / 'logs' / 'report.txt'}")
@@ -191,8 +204,10 @@ def one_line_errors():
         if not _raised_in_omegaconf(err):
             raise
         # OmegaConf asserts when an override reaches into a section that is null in this config.
-        _err("error: an override sets a key inside a section this config does not have (parallelism.auto.* needs "
-             "parallelism=auto, mlperf.* needs training=mlperf/...)")
+        _err(
+            "error: an override sets a key inside a section this config does not have (parallelism.auto.* needs "
+            "parallelism=auto, mlperf.* needs training=mlperf/...)"
+        )
         sys.exit(2)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -222,8 +237,10 @@ def plan_sweep(overrides: Sequence[str]) -> tuple[list[Prepared], list[str]]:
             problems += [f"sweep point {label}: {p}" for p in err.problems]
             continue
         if prepared.run_dir in seen:
-            problems.append(f"sweep points {seen[prepared.run_dir]} and {label} share the run directory "
-                            f"{prepared.run_dir}; set run_name per point")
+            problems.append(
+                f"sweep points {seen[prepared.run_dir]} and {label} share the run directory "
+                f"{prepared.run_dir}; set run_name per point"
+            )
         seen[prepared.run_dir] = label
         points.append(prepared)
     return points, problems

@@ -1,4 +1,5 @@
 """`python -m recipes.stack [check|install|wheels]`: the entry of the training stack check (common/stack.py)."""
+
 import sys
 
 from common.stack import main

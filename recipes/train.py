@@ -3,6 +3,7 @@
 Reads RUN_DIR/config.yaml and RUN_DIR/plan.json (written by the launcher), trains, and writes
 RUN_DIR/metrics.jsonl and RUN_DIR/checkpoints/. Resumes from the newest complete checkpoint; checkpoints and
 exits cleanly on SIGTERM/SIGUSR1 (Slurm's warning before the time limit)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,7 @@
 """Shared by the tests that submit real jobs to a one-node scheduler (tests/slurm, tests/sge): the scheduler itself,
 started once per session by its script (start | status | stop | wait), and a small JSON-lines corpus with a
 sentencepiece tokenizer trained on it, so that data preparation runs for real and offline."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def skip_reason(script: Path, daemon: str) -> str | None:
 def local_scheduler(script: Path) -> Iterator[None]:
     """The scheduler up for the block: started by its script and stopped afterwards, or, when it is already up
     (another test session on this machine), used and left running."""
-    already_up = subprocess.run(["bash", str(script), "status"], capture_output=True, text=True,
-                                timeout=60).returncode == 0
+    already_up = (
+        subprocess.run(["bash", str(script), "status"], capture_output=True, text=True, timeout=60).returncode == 0
+    )
     if not already_up:
         started = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True, timeout=1200)
         if started.returncode != 0:
@@ -43,8 +45,9 @@ def local_scheduler(script: Path) -> Iterator[None]:
 
 def wait_for_job(script: Path, job_id: str, timeout_s: int) -> tuple[int, str]:
     """The script's `wait`: (its exit status, its summary of the job's final states)."""
-    out = subprocess.run(["bash", str(script), "wait", job_id, str(timeout_s)], capture_output=True, text=True,
-                         timeout=timeout_s + 60)
+    out = subprocess.run(
+        ["bash", str(script), "wait", job_id, str(timeout_s)], capture_output=True, text=True, timeout=timeout_s + 60
+    )
     return out.returncode, out.stdout.strip()
 
 
@@ -56,8 +59,10 @@ def write_corpus(directory: Path, names: list[str]) -> list[Path]:
     directory.mkdir(parents=True)
     paths = []
     for k, name in enumerate(names):
-        lines = [json.dumps({"text": " ".join(WORDS[(i + j + k) % len(WORDS)] for j in range(6 + i % 9))})
-                 for i in range(120)]
+        lines = [
+            json.dumps({"text": " ".join(WORDS[(i + j + k) % len(WORDS)] for j in range(6 + i % 9))})
+            for i in range(120)
+        ]
         path = directory / f"{name}.jsonl"
         path.write_text("\n".join(lines) + "\n")
         paths.append(path)
@@ -67,8 +72,22 @@ def write_corpus(directory: Path, names: list[str]) -> list[Path]:
 def train_tokenizer(root: Path) -> Path:
     """A 400-token sentencepiece model (root/sp.model)."""
     corpus = write_corpus(root / "corpus", ["a", "b"])
-    out = subprocess.run([sys.executable, "-m", "data_prep", "train-tokenizer", "--input", *map(str, corpus),
-                          "--output", str(root / "sp"), "--vocab-size", "400"], cwd=REPO, capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_prep",
+            "train-tokenizer",
+            "--input",
+            *map(str, corpus),
+            "--output",
+            str(root / "sp"),
+            "--vocab-size",
+            "400",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     return root / "sp.model"

@@ -1,4 +1,5 @@
 """Shared test setup: `gpu` tests skip (with the reason) where no CUDA GPU or training stack is present."""
+
 import importlib.util
 import sys
 from pathlib import Path

@@ -2,6 +2,7 @@
 runs when the module is imported: at module level, in classes and if/try blocks; an import inside a function runs
 later, when called, and one under `if TYPE_CHECKING:` never runs) and mapped to the project's modules, package __init__ files included: importing a.b.c runs
 a/__init__.py and a/b/__init__.py first."""
+
 from __future__ import annotations
 
 import ast
@@ -41,7 +42,8 @@ def _type_checking_only(node: ast.AST) -> bool:
         return False
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _executed(name: str, modules: dict[str, Path]) -> set[str]:
@@ -61,7 +63,7 @@ def module_imports(name: str, modules: dict[str, Path]) -> set[str]:
             continue
         base = node.module or ""
         if node.level:  # relative: from . import x, from ..a import b
-            anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+            anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
             base = ".".join(anchor + ([node.module] if node.module else []))
         found |= _executed(base, modules)
         for alias in node.names:  # from package import module
@@ -125,17 +127,20 @@ def write(root: Path, files: dict[str, str]) -> None:
 
 
 def test_cycles_are_found_through_relative_imports_and_package_inits(tmp_path):
-    write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from pkg import b\n",
-        "pkg/b.py": "import pkg.c\n",
-        "pkg/c.py": "try:\n    from . import a\nexcept ImportError:\n    pass\n",
-        "pkg/d.py": "import other.leaf\n",             # importing other.leaf runs other/__init__.py ...
-        "other/__init__.py": "from pkg.d import x\n",  # ... which imports pkg.d
-        "other/leaf.py": "",
-        "pkg/late.py": "def f():\n    import pkg.a\n",  # runs when called, not when imported
-        "pkg/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\nelse:\n    import pkg.b\n",
-    })
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg import b\n",
+            "pkg/b.py": "import pkg.c\n",
+            "pkg/c.py": "try:\n    from . import a\nexcept ImportError:\n    pass\n",
+            "pkg/d.py": "import other.leaf\n",  # importing other.leaf runs other/__init__.py ...
+            "other/__init__.py": "from pkg.d import x\n",  # ... which imports pkg.d
+            "other/leaf.py": "",
+            "pkg/late.py": "def f():\n    import pkg.a\n",  # runs when called, not when imported
+            "pkg/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\nelse:\n    import pkg.b\n",
+        },
+    )
     graph = import_graph(tmp_path, ("pkg", "other"))
     assert graph["pkg.d"] == {"other", "other.leaf"} and graph["pkg.late"] == set()
     assert graph["pkg.typed"] == {"pkg", "pkg.b"}
@@ -145,8 +150,15 @@ def test_cycles_are_found_through_relative_imports_and_package_inits(tmp_path):
 def test_a_package_init_importing_a_module_that_imports_the_package_is_a_cycle(tmp_path):
     # util reads the package while its __init__ is still running: whatever __init__ defines after the import
     # is not there yet.
-    write(tmp_path, {"pkg/__init__.py": "from pkg import util\n", "pkg/util.py": "from pkg import other\n",
-                     "pkg/other.py": "", "pkg/alone.py": "from pkg import other\n"})
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg import util\n",
+            "pkg/util.py": "from pkg import other\n",
+            "pkg/other.py": "",
+            "pkg/alone.py": "from pkg import other\n",
+        },
+    )
     graph = import_graph(tmp_path, ("pkg",))
     assert graph["pkg"] == {"pkg.util"} and graph["pkg.alone"] == {"pkg", "pkg.other"}
     assert cycles(graph) == [["pkg", "pkg.util"]]

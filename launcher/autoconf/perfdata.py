@@ -1,6 +1,7 @@
 """Measured and published training throughput (conf/perf/): the rows the step-time model is fit to and the tests
 hold the memory estimate to (measured.yaml), and NVIDIA's published H100 results the benchmark compares with
 (nvidia_h100.yaml)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,9 +36,14 @@ def is_measured(row: Mapping[str, Any]) -> bool:
 
 def row_overrides(row: Mapping[str, Any]) -> list[str]:
     """main.py overrides that plan a measured row as it ran (the GPU type and node size of that machine)."""
-    return [*row["overrides"], "cluster=bcm", f"cluster.gpu_type={row['gpu']}",
-            f"cluster.gpus_per_node={row['gpus_per_node']}", f"training.global_batch_size={row['global_batch_size']}",
-            "memory_check=false"]
+    return [
+        *row["overrides"],
+        "cluster=bcm",
+        f"cluster.gpu_type={row['gpu']}",
+        f"cluster.gpus_per_node={row['gpus_per_node']}",
+        f"training.global_batch_size={row['global_batch_size']}",
+        "memory_check=false",
+    ]
 
 
 def measured_tokens_per_s_per_gpu(row: Mapping[str, Any], plan: Plan) -> float:
@@ -54,6 +60,7 @@ def measured_tokens_per_s_per_gpu(row: Mapping[str, Any], plan: Plan) -> float:
 @dataclass(frozen=True)
 class Reference:
     """One of NVIDIA's published rows."""
+
     model: str
     dtype: str
     gpus: int
@@ -85,7 +92,14 @@ def nvidia_reference(model: str, dtype: str, path: Path = NVIDIA_H100) -> Refere
     published = yaml.safe_load(path.read_text())
     for row in published["rows"]:
         if row["model"] == model and row["dtype"] == dtype:
-            return Reference(row["model"], row["dtype"], row["gpus"], row["layout"],
-                             float(row["tokens_per_s_per_gpu"]), row["source"], published["gpu"],
-                             published["seq_length"])
+            return Reference(
+                row["model"],
+                row["dtype"],
+                row["gpus"],
+                row["layout"],
+                float(row["tokens_per_s_per_gpu"]),
+                row["source"],
+                published["gpu"],
+                published["seq_length"],
+            )
     return None

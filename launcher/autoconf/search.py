@@ -4,6 +4,7 @@ the step-time model (launcher/autoconf/steptime.py). The pick becomes the run's 
 explicit layout (a named one when it has exactly these settings, else parallelism=custom), so the run directory is
 exactly what that command line gives; main.py prints it.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,17 +28,25 @@ Say = Callable[[str], None]
 
 # What the auto-configurator decides, with the search key that restricts it instead.
 DECIDED = {
-    "parallelism.tp": "tp", "parallelism.pp": "pp", "parallelism.cp": "cp", "parallelism.vp": "vp",
-    "parallelism.asymmetric_pipeline": "asymmetric_pipeline", "training.micro_batch_size": "micro_batch_size",
-    "parallelism.recompute_granularity": "recompute", "parallelism.recompute_method": "recompute",
-    "parallelism.recompute_num_layers": "recompute", "parallelism.sequence_parallel": None,
-    "parallelism.tp_comm_overlap": None, "parallelism.tp_comm_overlap_cfg": None,
-    "parallelism.defer_embedding_wgrad_compute": None, "parallelism.wgrad_deferral_limit": None,
+    "parallelism.tp": "tp",
+    "parallelism.pp": "pp",
+    "parallelism.cp": "cp",
+    "parallelism.vp": "vp",
+    "parallelism.asymmetric_pipeline": "asymmetric_pipeline",
+    "training.micro_batch_size": "micro_batch_size",
+    "parallelism.recompute_granularity": "recompute",
+    "parallelism.recompute_method": "recompute",
+    "parallelism.recompute_num_layers": "recompute",
+    "parallelism.sequence_parallel": None,
+    "parallelism.tp_comm_overlap": None,
+    "parallelism.tp_comm_overlap_cfg": None,
+    "parallelism.defer_embedding_wgrad_compute": None,
+    "parallelism.wgrad_deferral_limit": None,
     "parallelism.name": None,
 }
 SEARCH_KEYS = ("tp", "pp", "cp", "vp", "micro_batch_size", "recompute", "asymmetric_pipeline")
 MAX_GPUS = 65536  # how far the smallest-GPU-count search looks
-TIE = 0.005       # predicted step times in the same bin of this width (relative to the best) rank by memory
+TIE = 0.005  # predicted step times in the same bin of this width (relative to the best) rank by memory
 
 
 @dataclass(frozen=True)
@@ -52,8 +61,7 @@ class Layout:
 
     def sort_key(self) -> tuple:
         """Ties in predicted time break the same way every time."""
-        return (self.tp, self.pp, self.cp, self.vp or 0, self.micro_batch_size, self.recompute or "",
-                self.asymmetric)
+        return (self.tp, self.pp, self.cp, self.vp or 0, self.micro_batch_size, self.recompute or "", self.asymmetric)
 
     def name(self, default_micro_batch_size: int) -> str:
         """Run-name part in the named layouts' style (tp4_pp4_cp2_vp5_asym), plus _mbs<N> and _recompute_full
@@ -91,8 +99,11 @@ def is_auto(cfg: Mapping[str, Any]) -> bool:
 def search_space(auto: Mapping[str, Any]) -> dict[str, list]:
     """parallelism.auto.search, checked; vp 1 means no interleaving (null)."""
     space = auto.get("search") or {}
-    problems = [f"parallelism.auto.search.{k} must be a non-empty list" for k in SEARCH_KEYS
-                if not isinstance(space.get(k), list) or not space[k]]
+    problems = [
+        f"parallelism.auto.search.{k} must be a non-empty list"
+        for k in SEARCH_KEYS
+        if not isinstance(space.get(k), list) or not space[k]
+    ]
     if problems:
         raise PlanError(problems)
     space = {k: list(space[k]) for k in SEARCH_KEYS}
@@ -117,8 +128,9 @@ def candidate_layouts(space: Mapping[str, list], num_gpus: int) -> Iterator[Layo
             continue
         vps = space["vp"] if pp > 1 else [None]
         asymmetric = sorted({bool(a) for a in space["asymmetric_pipeline"]}) if pp > 1 else [False]
-        for vp, asym, mbs, recompute in itertools.product(vps, asymmetric, space["micro_batch_size"],
-                                                          space["recompute"]):
+        for vp, asym, mbs, recompute in itertools.product(
+            vps, asymmetric, space["micro_batch_size"], space["recompute"]
+        ):
             yield Layout(tp, pp, cp, vp, mbs, recompute, asym)
 
 
@@ -138,11 +150,20 @@ def layout_settings(auto: Mapping[str, Any], hidden: int, layout: Layout) -> dic
     tuned = _tuned(auto, hidden)
     defer = layout.pp > 1 and tuned is not None
     full = layout.recompute == "full"
-    return dict(tp=layout.tp, pp=layout.pp, cp=layout.cp, vp=layout.vp, sequence_parallel=layout.tp > 1,
-                tp_comm_overlap=layout.tp > 1, asymmetric_pipeline=layout.asymmetric,
-                defer_embedding_wgrad_compute=defer, wgrad_deferral_limit=tuned["wgrad_deferral_limit"] if defer else 0,
-                recompute_granularity=layout.recompute, recompute_method="uniform" if full else None,
-                recompute_num_layers=1 if full else None)
+    return dict(
+        tp=layout.tp,
+        pp=layout.pp,
+        cp=layout.cp,
+        vp=layout.vp,
+        sequence_parallel=layout.tp > 1,
+        tp_comm_overlap=layout.tp > 1,
+        asymmetric_pipeline=layout.asymmetric,
+        defer_embedding_wgrad_compute=defer,
+        wgrad_deferral_limit=tuned["wgrad_deferral_limit"] if defer else 0,
+        recompute_granularity=layout.recompute,
+        recompute_method="uniform" if full else None,
+        recompute_num_layers=1 if full else None,
+    )
 
 
 def candidate_config(cfg: Mapping[str, Any], layout: Layout) -> dict[str, Any]:
@@ -152,8 +173,11 @@ def candidate_config(cfg: Mapping[str, Any], layout: Layout) -> dict[str, Any]:
     auto = cfg["parallelism"]["auto"]
     default_mbs = cfg["training"]["micro_batch_size"]
     par = {k: v for k, v in cfg["parallelism"].items() if k != "auto"}
-    par.update(layout_settings(auto, cfg["training"]["model"]["hidden_size"], layout),
-               name=layout.name(default_mbs), tp_comm_overlap_cfg=None)
+    par.update(
+        layout_settings(auto, cfg["training"]["model"]["hidden_size"], layout),
+        name=layout.name(default_mbs),
+        tp_comm_overlap_cfg=None,
+    )
     training = {**cfg["training"], "micro_batch_size": layout.micro_batch_size}
     return {**cfg, "parallelism": par, "training": training, "memory_check": True}
 
@@ -173,8 +197,10 @@ def _gpu_type_problem(cfg: Mapping[str, Any], local_gpus: LocalGpus | None) -> s
     cluster = cfg["cluster"]
     if cluster.get("gpu_type") or (cluster["name"] == "local" and local_gpus and local_gpus.gpu_type):
         return None
-    return ("parallelism=auto needs the GPU type for its memory filter and step-time model: set cluster.gpu_type "
-            "(h100, h200, ...)")
+    return (
+        "parallelism=auto needs the GPU type for its memory filter and step-time model: set cluster.gpu_type "
+        "(h100, h200, ...)"
+    )
 
 
 def search(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Search:
@@ -209,12 +235,15 @@ def rank(candidates: list[Ranked]) -> list[Ranked]:
     if not candidates:
         return []
     best = min(r.time.total_s for r in candidates)
-    return sorted(candidates, key=lambda r: (round(r.time.total_s / best / TIE), r.plan.est_memory_gib_per_gpu,
-                                             r.layout.sort_key()))
+    return sorted(
+        candidates,
+        key=lambda r: (round(r.time.total_s / best / TIE), r.plan.est_memory_gib_per_gpu, r.layout.sort_key()),
+    )
 
 
-def _first_fitting(cfg: Mapping[str, Any], space: Mapping[str, list], num_gpus: int,
-                   local_gpus: LocalGpus | None) -> bool:
+def _first_fitting(
+    cfg: Mapping[str, Any], space: Mapping[str, list], num_gpus: int, local_gpus: LocalGpus | None
+) -> bool:
     cfg = {**cfg, "parallelism": {**cfg["parallelism"], "num_gpus": num_gpus}}
     for layout in candidate_layouts(space, num_gpus):
         try:
@@ -232,14 +261,28 @@ def smallest_fitting_gpus(cfg: Mapping[str, Any], local_gpus: LocalGpus | None =
     space = search_space(cfg["parallelism"]["auto"])
     gbs = cfg["training"]["global_batch_size"]
     data_parallel = [d for d in range(1, gbs + 1) if gbs % d == 0]
-    counts = sorted({tp * pp * cp * d for tp, pp, cp in itertools.product(space["tp"], space["pp"], space["cp"])
-                     for d in data_parallel if tp * pp * cp * d <= MAX_GPUS})
+    counts = sorted(
+        {
+            tp * pp * cp * d
+            for tp, pp, cp in itertools.product(space["tp"], space["pp"], space["cp"])
+            for d in data_parallel
+            if tp * pp * cp * d <= MAX_GPUS
+        }
+    )
     if cfg["cluster"]["name"] == "local":
         local = local_gpus or LocalGpus(0, None, ())
         per_node = cfg["cluster"].get("gpus_per_node") or local.count or 8
         gpu_type = cfg["cluster"].get("gpu_type") or local.gpu_type
-        cfg = {**cfg, "cluster": {**cfg["cluster"], "name": "nodes", "gpus_per_node": per_node,
-                                  "ntasks_per_node": None, "gpu_type": gpu_type}}
+        cfg = {
+            **cfg,
+            "cluster": {
+                **cfg["cluster"],
+                "name": "nodes",
+                "gpus_per_node": per_node,
+                "ntasks_per_node": None,
+                "gpu_type": gpu_type,
+            },
+        }
     return next((n for n in counts if _first_fitting(cfg, space, n, local_gpus)), None)
 
 
@@ -249,13 +292,20 @@ def no_fit_message(result: Search, local_gpus: LocalGpus | None) -> str:
     reasons = result.dropped.most_common()
     why = f"the most common problem: {reasons[0][0]} ({reasons[0][1]:,} layouts)" if reasons else "none to try"
     smallest = smallest_fitting_gpus(cfg, local_gpus)
-    fix = (f"the smallest GPU count with one that fits is {smallest}: set parallelism.num_gpus={smallest}"
-           if smallest else f"no GPU count up to {MAX_GPUS} has one; widen parallelism.auto.search")
+    fix = (
+        f"the smallest GPU count with one that fits is {smallest}: set parallelism.num_gpus={smallest}"
+        if smallest
+        else f"no GPU count up to {MAX_GPUS} has one; widen parallelism.auto.search"
+    )
     if smallest and cfg["cluster"]["name"] == "local":
-        fix = (f"on nodes of this machine's GPUs the smallest GPU count with one that fits is {smallest}: "
-               f"cluster=bcm parallelism.num_gpus={smallest}")
-    return (f"parallelism=auto: no layout of {cfg['training']['name']} ({cfg['dtype']['name']}) fits "
-            f"parallelism.num_gpus={result.num_gpus} {gpu} GPUs ({result.tried:,} tried; {why}); {fix}")
+        fix = (
+            f"on nodes of this machine's GPUs the smallest GPU count with one that fits is {smallest}: "
+            f"cluster=bcm parallelism.num_gpus={smallest}"
+        )
+    return (
+        f"parallelism=auto: no layout of {cfg['training']['name']} ({cfg['dtype']['name']}) fits "
+        f"parallelism.num_gpus={result.num_gpus} {gpu} GPUs ({result.tried:,} tried; {why}); {fix}"
+    )
 
 
 # --------------------------------------------------------------------------- the table
@@ -265,14 +315,28 @@ def format_search(result: Search, top: int, pick: int | None = None) -> str:
     first = ranked[0].plan if ranked else None
     where = f"{first.gpus_per_node} per node, " if first and cfg["cluster"]["name"] != "local" else ""
     gpu = first.gpu_type if first else cfg["cluster"].get("gpu_type")
-    lines = [f"auto-configurator: {cfg['training']['name']} {cfg['dtype']['name']} on {result.num_gpus} {gpu} GPUs "
-             f"({where}GBS {cfg['training']['global_batch_size']}, seq {cfg['training']['seq_length']})",
-             f"  {result.tried:,} layouts tried: {len(ranked):,} fit, {sum(result.dropped.values()):,} dropped "
-             "(each under the first problem the plan names):"]
+    lines = [
+        f"auto-configurator: {cfg['training']['name']} {cfg['dtype']['name']} on {result.num_gpus} {gpu} GPUs "
+        f"({where}GBS {cfg['training']['global_batch_size']}, seq {cfg['training']['seq_length']})",
+        f"  {result.tried:,} layouts tried: {len(ranked):,} fit, {sum(result.dropped.values()):,} dropped "
+        "(each under the first problem the plan names):",
+    ]
     for reason, count in result.dropped.most_common():
         lines.append(f"  {count:>7,}  {reason}")
-    header = ["rank", "layout", "MBS", "recompute", "mem GiB", "step s", "compute", "bubble", "comm", "other",
-              "tok/s/GPU", "MFU"]
+    header = [
+        "rank",
+        "layout",
+        "MBS",
+        "recompute",
+        "mem GiB",
+        "step s",
+        "compute",
+        "bubble",
+        "comm",
+        "other",
+        "tok/s/GPU",
+        "MFU",
+    ]
     rows = [header]
     shown = list(range(min(top, len(ranked))))
     if pick is not None and pick not in shown and pick < len(ranked):
@@ -281,17 +345,34 @@ def format_search(result: Search, top: int, pick: int | None = None) -> str:
         r = ranked[i]
         p, t = r.plan, r.time
         label = layout_label(p.tp, p.pp, p.cp, p.vp, p.dp) + (" asym" if p.asymmetric_pipeline else "")
-        rows.append([f"{i}{'*' if i == pick else ''}", label, str(p.micro_batch_size), r.layout.recompute or "-",
-                     f"{p.est_memory_gib_per_gpu:.1f}", f"{t.total_s:.3f}", f"{t.compute_s:.3f}", f"{t.bubble_s:.3f}",
-                     f"{t.comm_s:.3f}", f"{t.other_s:.3f}", f"{t.tokens_per_s_per_gpu:,.0f}", f"{t.mfu * 100:.1f}%"])
+        rows.append(
+            [
+                f"{i}{'*' if i == pick else ''}",
+                label,
+                str(p.micro_batch_size),
+                r.layout.recompute or "-",
+                f"{p.est_memory_gib_per_gpu:.1f}",
+                f"{t.total_s:.3f}",
+                f"{t.compute_s:.3f}",
+                f"{t.bubble_s:.3f}",
+                f"{t.comm_s:.3f}",
+                f"{t.other_s:.3f}",
+                f"{t.tokens_per_s_per_gpu:,.0f}",
+                f"{t.mfu * 100:.1f}%",
+            ]
+        )
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
     left = {1, 3}
     for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(w) if c in left else cell.rjust(w)
-                                      for c, (cell, w) in enumerate(zip(row, widths))))
+        lines.append(
+            "  "
+            + "  ".join(cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+        )
     peak = first.peak_flops_kind if first else "bf16"
-    lines.append(f"  predicted: step s = compute (slowest pipeline stage) + bubble + exposed comm + other (optimizer, "
-                 f"overheads); MFU against the {peak} peak; * = the pick (parallelism.auto.pick)")
+    lines.append(
+        f"  predicted: step s = compute (slowest pipeline stage) + bubble + exposed comm + other (optimizer, "
+        f"overheads); MFU against the {peak} peak; * = the pick (parallelism.auto.pick)"
+    )
     return "\n".join(lines)
 
 
@@ -306,8 +387,11 @@ def decided_problems(overrides: Sequence[str]) -> list[str]:
         key = _key(override)
         if key in DECIDED:
             search_key = DECIDED[key]
-            fix = (f"restrict the search with parallelism.auto.search.{search_key}=[...]" if search_key
-                   else "it follows from the layout")
+            fix = (
+                f"restrict the search with parallelism.auto.search.{search_key}=[...]"
+                if search_key
+                else "it follows from the layout"
+            )
             problems.append(f"{key} is decided by parallelism=auto; drop {override} ({fix}) or name a layout")
     return problems
 
@@ -322,8 +406,11 @@ def layout_overrides(ranked: Ranked, cfg: Mapping[str, Any]) -> list[str]:
     layout, auto = ranked.layout, cfg["parallelism"]["auto"]
     hidden = cfg["training"]["model"]["hidden_size"]
     settings = layout_settings(auto, hidden, layout)
-    out = ["parallelism=custom", f"parallelism.name={layout.name(cfg['training']['micro_batch_size'])}",
-           f"parallelism.num_gpus={ranked.plan.num_gpus}"]
+    out = [
+        "parallelism=custom",
+        f"parallelism.name={layout.name(cfg['training']['micro_batch_size'])}",
+        f"parallelism.num_gpus={ranked.plan.num_gpus}",
+    ]
     always = ("tp", "pp", "cp")
     common = _shared_defaults()
     for key, value in settings.items():
@@ -357,8 +444,11 @@ def _without(par: Mapping[str, Any], *keys: str) -> dict[str, Any]:
 def pick_overrides(user: Sequence[str], ranked: Ranked, cfg: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
     """(the command line of the picked layout, its composed config): the user's overrides without parallelism=auto
     and its own keys, then the layout's; a named layout with exactly these settings is used by its name."""
-    kept = [o for o in user if _key(o) not in ("parallelism", "parallelism.num_gpus")
-            and not _key(o).startswith("parallelism.auto.")]
+    kept = [
+        o
+        for o in user
+        if _key(o) not in ("parallelism", "parallelism.num_gpus") and not _key(o).startswith("parallelism.auto.")
+    ]
     custom = [*kept, *layout_overrides(ranked, cfg)]
     final = compose(custom)
     layout = ranked.layout
@@ -371,8 +461,9 @@ def pick_overrides(user: Sequence[str], ranked: Ranked, cfg: Mapping[str, Any]) 
     return custom, final
 
 
-def resolve(user_overrides: Sequence[str], cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None,
-            say: Say | None = print) -> dict[str, Any]:
+def resolve(
+    user_overrides: Sequence[str], cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say | None = print
+) -> dict[str, Any]:
     """The config of the picked layout, exactly as its command line composes. Raises PlanError (one line each)."""
     problems = decided_problems(user_overrides)
     if problems:
@@ -383,8 +474,12 @@ def resolve(user_overrides: Sequence[str], cfg: Mapping[str, Any], local_gpus: L
         raise PlanError([no_fit_message(result, local_gpus)])
     pick = auto.get("pick", 0)
     if not isinstance(pick, int) or isinstance(pick, bool) or not 0 <= pick < len(result.ranked):
-        raise PlanError([f"parallelism.auto.pick={pick!r}: {len(result.ranked)} layouts fit; use a rank in "
-                         f"0..{len(result.ranked) - 1}"])
+        raise PlanError(
+            [
+                f"parallelism.auto.pick={pick!r}: {len(result.ranked)} layouts fit; use a rank in "
+                f"0..{len(result.ranked) - 1}"
+            ]
+        )
     chosen = result.ranked[pick]
     with hydra_state_kept():
         overrides, final = pick_overrides(user_overrides, chosen, cfg)
@@ -392,8 +487,10 @@ def resolve(user_overrides: Sequence[str], cfg: Mapping[str, Any], local_gpus: L
     if say:
         say(format_search(result, int(auto.get("top", 10)), pick))
         p = chosen.plan
-        say(f"pick {pick}: {layout_label(p.tp, p.pp, p.cp, p.vp, p.dp)} MBS {p.micro_batch_size}; the same run "
-            "without the search:")
+        say(
+            f"pick {pick}: {layout_label(p.tp, p.pp, p.cp, p.vp, p.dp)} MBS {p.micro_batch_size}; the same run "
+            "without the search:"
+        )
         say("  python main.py " + " ".join(_quoted(o) for o in overrides))
     return final
 
@@ -407,5 +504,7 @@ def _check_same_plan(final: Plan, searched: Plan) -> None:
     a, b = final.to_json_dict(), searched.to_json_dict()
     differ = sorted(k for k in a if k != "command" and a[k] != b[k])
     if differ:
-        raise RuntimeError(f"parallelism=auto: the picked layout's command line plans differently from the searched "
-                           f"candidate in {differ}")
+        raise RuntimeError(
+            f"parallelism=auto: the picked layout's command line plans differently from the searched "
+            f"candidate in {differ}"
+        )

@@ -19,6 +19,7 @@ Every constant is data (conf/parallelism/auto.yaml: parallelism.auto.step_time) 
 quantisation, attention backends), CPU-bound stalls, network contention between jobs, stragglers, FP8 scaling
 recipes, and anything that changes numerics.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,13 @@ from typing import Any, Mapping
 import yaml
 
 from common.plan import Plan
-from launcher.autoconf.perfdata import (MEASURED, measured_rows, measured_tokens_per_s_per_gpu, pending_rows,
-                                        row_overrides)
+from launcher.autoconf.perfdata import (
+    MEASURED,
+    measured_rows,
+    measured_tokens_per_s_per_gpu,
+    pending_rows,
+    row_overrides,
+)
 from launcher.config.compose import CONF_DIR, compose
 from launcher.plan.build import build_plan
 from launcher.plan.formulas import layer_parameters
@@ -43,6 +49,7 @@ ACT_BYTES = 2  # bf16 activations
 @dataclass
 class StepTime:
     """Predicted seconds per step and where they go (compute + bubble + comm + other = total)."""
+
     total_s: float
     compute_s: float
     bubble_s: float
@@ -72,7 +79,7 @@ def _link_bytes_per_s(c: Mapping[str, Any], gpu: Mapping[str, float], within_nod
 @dataclass
 class _Layer:
     compute_s: float  # GEMMs, attention, elementwise (+ recomputation)
-    comm_s: float     # exposed TP and CP communication
+    comm_s: float  # exposed TP and CP communication
     tp_s: float
     cp_s: float
 
@@ -192,15 +199,18 @@ def predict(cfg: Mapping[str, Any], plan: Mapping[str, Any], constants: Mapping[
     overheads = c["step_overhead_s"] + c["microbatch_overhead_s"] * micro * chunks
 
     compute = micro * compute_mb
-    comm_parts = {"tp": micro * slowest_layers * layer.tp_s, "cp": micro * slowest_layers * layer.cp_s,
-                  "pp": micro * pp_s, "dp": dp_s}
+    comm_parts = {
+        "tp": micro * slowest_layers * layer.tp_s,
+        "cp": micro * slowest_layers * layer.cp_s,
+        "pp": micro * pp_s,
+        "dp": dp_s,
+    }
     comm = micro * comm_mb + dp_s
     total = compute + bubble + comm + optimizer + overheads
     tokens_per_gpu = plan["global_batch_size"] * plan["seq_length"] / total / plan["num_gpus"]
     peak = plan.get("peak_flops_per_gpu") or spec.bf16_peak_flops
     mfu = plan["global_batch_size"] * plan["model_flops_per_sample"] / total / plan["num_gpus"] / peak
     return StepTime(total, compute, bubble, comm, optimizer + overheads, comm_parts, tokens_per_gpu, mfu)
-
 
 
 # --------------------------------------------------------------------------- constants and measured rows
@@ -212,7 +222,7 @@ def default_constants() -> dict[str, Any]:
 @dataclass
 class Check:
     name: str
-    measured: float   # tokens/s/GPU
+    measured: float  # tokens/s/GPU
     predicted: StepTime
     plan: Plan
     overrides: list[str] = field(default_factory=list)
@@ -238,34 +248,42 @@ def check_rows(constants: Mapping[str, Any] | None = None, rows: list[dict[str, 
     out = []
     for row in rows if rows is not None else measured_rows():
         predicted, plan = _predict_row(row, constants)
-        out.append(Check(row["name"], measured_tokens_per_s_per_gpu(row, plan), predicted, plan,
-                         list(row["overrides"])))
+        out.append(
+            Check(row["name"], measured_tokens_per_s_per_gpu(row, plan), predicted, plan, list(row["overrides"]))
+        )
     return out
 
 
 def format_checks(checks: list[Check], pending: list[tuple[str, StepTime]] = ()) -> str:
     """Measured and predicted side by side (step time and tokens/s/GPU), then the cases that await measurement."""
     w = max([44] + [len(c.name) for c in checks] + [len(name) for name, _ in pending])
-    lines = [f"{'measured run':<{w}} {'step s':>7} {'model':>7} {'tok/s/GPU':>9} {'model':>7} {'error':>7}   "
-             "model: compute / bubble / comm (tp cp pp dp) / other, s per step"]
+    lines = [
+        f"{'measured run':<{w}} {'step s':>7} {'model':>7} {'tok/s/GPU':>9} {'model':>7} {'error':>7}   "
+        "model: compute / bubble / comm (tp cp pp dp) / other, s per step"
+    ]
     for c in checks:
         p = c.predicted
         parts = " ".join(f"{p.comm_parts[k]:.2f}" for k in ("tp", "cp", "pp", "dp"))
-        lines.append(f"{c.name:<{w}} {c.measured_step_s:>7.3f} {p.total_s:>7.3f} {c.measured:>9,.0f} "
-                     f"{p.tokens_per_s_per_gpu:>7,.0f} {c.error * 100:>+6.1f}%   "
-                     f"{p.compute_s:.2f} / {p.bubble_s:.2f} / {p.comm_s:.2f} ({parts}) / {p.other_s:.2f}")
+        lines.append(
+            f"{c.name:<{w}} {c.measured_step_s:>7.3f} {p.total_s:>7.3f} {c.measured:>9,.0f} "
+            f"{p.tokens_per_s_per_gpu:>7,.0f} {c.error * 100:>+6.1f}%   "
+            f"{p.compute_s:.2f} / {p.bubble_s:.2f} / {p.comm_s:.2f} ({parts}) / {p.other_s:.2f}"
+        )
     worst = max(abs(c.error) for c in checks)
     lines.append(f"{len(checks)} rows; largest error {worst * 100:.1f}%")
     if pending:
-        lines.append(f"awaiting measurement ({len(pending)} cases in {MEASURED.name} `pending`: "
-                     "bench/gpu_autoconf_cases.sh prints their rows)")
+        lines.append(
+            f"awaiting measurement ({len(pending)} cases in {MEASURED.name} `pending`: "
+            "bench/gpu_autoconf_cases.sh prints their rows)"
+        )
         for name, p in pending:
             lines.append(f"{name:<{w}} {'-':>7} {p.total_s:>7.3f} {'-':>9} {p.tokens_per_s_per_gpu:>7,.0f}")
     return "\n".join(lines)
 
 
-def pending_predictions(constants: Mapping[str, Any] | None = None,
-                        rows: list[dict[str, Any]] | None = None) -> list[tuple[str, StepTime]]:
+def pending_predictions(
+    constants: Mapping[str, Any] | None = None, rows: list[dict[str, Any]] | None = None
+) -> list[tuple[str, StepTime]]:
     constants = constants or default_constants()
     return [(row["name"], _predict_row(row, constants)[0]) for row in (rows if rows is not None else pending_rows())]
 

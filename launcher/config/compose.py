@@ -1,4 +1,5 @@
 """Resolving the Hydra config into the plain dict the plan and the run directory use."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -19,8 +20,13 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 def to_plain(cfg: DictConfig) -> dict[str, Any]:
     """Fully resolved plain dict of the job config (without Hydra's own node). Section by section: each resolves
     against the whole config, and nothing is copied (a copy of the config costs as much as resolving it)."""
-    return {key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True, enum_to_str=True)
-            if OmegaConf.is_config(cfg[key]) else _plain_value(cfg, key) for key in cfg if key != "hydra"}
+    return {
+        key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True, enum_to_str=True)
+        if OmegaConf.is_config(cfg[key])
+        else _plain_value(cfg, key)
+        for key in cfg
+        if key != "hydra"
+    }
 
 
 def _plain_value(cfg: DictConfig, key: str) -> Any:

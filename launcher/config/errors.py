@@ -1,5 +1,6 @@
 """Hydra's and OmegaConf's composition errors as the project's one-line messages: the key, the value given, what the
 schema expects and how to write it. Nothing is planned or written when composing fails."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +11,14 @@ import typing
 from typing import Any
 
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, MissingMandatoryValue,
-                              OmegaConfBaseException, ValidationError)
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from launcher.config import schema
 from launcher.config.compose import CONF_DIR, compose
@@ -22,8 +29,10 @@ def error_lines(exc: BaseException) -> list[str]:
     if isinstance(exc, MissingConfigException):
         return [_missing_option(exc)]
     if isinstance(exc, OverrideParseException):
-        return [f"{exc.override}: not a valid override ({_first_line(exc)}); write key=value, lists as "
-                "'key=[a,b]' in quotes"]
+        return [
+            f"{exc.override}: not a valid override ({_first_line(exc)}); write key=value, lists as "
+            "'key=[a,b]' in quotes"
+        ]
     cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
     if isinstance(cause, OmegaConfBaseException):
         return [_omegaconf_line(cause, _override_text(exc))]
@@ -109,8 +118,13 @@ def _lookup(dotted: str) -> list[tuple[type, dataclasses.Field]]:
     sections: list[Any] = [schema.Config]
     index = 0
     while index < len(parts):
-        found = [(owner, f) for owner in sections if dataclasses.is_dataclass(owner)
-                 for f in dataclasses.fields(owner) if f.name == parts[index]]
+        found = [
+            (owner, f)
+            for owner in sections
+            if dataclasses.is_dataclass(owner)
+            for f in dataclasses.fields(owner)
+            if f.name == parts[index]
+        ]
         if index == len(parts) - 1 or not found:
             return found
         step, sections = 1, []
@@ -181,8 +195,12 @@ def describe(kind: Any) -> str:
 
 def _plural(item: Any) -> str:
     text = describe(item)
-    for single, plural in (("an integer", "integers"), ("a number", "numbers"), ("a string", "strings"),
-                           ("true or false", "true/false values")):
+    for single, plural in (
+        ("an integer", "integers"),
+        ("a number", "numbers"),
+        ("a string", "strings"),
+        ("true or false", "true/false values"),
+    ):
         text = text.replace(single, plural)
     return text
 
@@ -208,10 +226,12 @@ def _missing_option(exc: Any) -> str:
     path = match.group(1) if match else str(getattr(exc, "missing_cfg_file", ""))
     # Options may lie in sub-folders of their group (training=llama31/8b): the group is the first folder.
     group, _, option = path.partition("/")
-    options = sorted(p.relative_to(CONF_DIR / group).with_suffix("").as_posix()
-                     for p in (CONF_DIR / group).rglob("*.yaml")
-                     if not any(part.startswith("_") for part in p.relative_to(CONF_DIR / group).parts)
-                     and not p.relative_to(CONF_DIR / group).as_posix().startswith("default/"))
+    options = sorted(
+        p.relative_to(CONF_DIR / group).with_suffix("").as_posix()
+        for p in (CONF_DIR / group).rglob("*.yaml")
+        if not any(part.startswith("_") for part in p.relative_to(CONF_DIR / group).parts)
+        and not p.relative_to(CONF_DIR / group).as_posix().startswith("default/")
+    )
     if not options:
         return _first_line(exc)
     return f"{group}={option}: no such option; choose one of {', '.join(options)}"

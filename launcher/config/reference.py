@@ -4,6 +4,7 @@ output, so the reference cannot drift from the code.
 
     python -m launcher.config.reference            # print it
     python -m launcher.config.reference --write README.md   # replace the block between the markers"""
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,10 @@ SECTIONS: list[tuple[str, list[str], str]] = [
     ("parallelism", [], "the default layout of the tiny model (`tp1`)"),
     ("parallelism.auto", ["parallelism=auto"], "`parallelism=auto`"),
     *[(f"cluster@{name}", [f"cluster={name}"], f"`cluster={name}`") for name in ("local", "bcm", "sge", "bcp", "k8s")],
-    *[(f"data_preparation@{name}", [f"data_preparation={name}"], f"`data_preparation={name}`")
-      for name in ("pile", "c4", "files")],
+    *[
+        (f"data_preparation@{name}", [f"data_preparation={name}"], f"`data_preparation={name}`")
+        for name in ("pile", "c4", "files")
+    ],
     ("logging", [], "conf/observability.yaml"),
     ("profile", [], "conf/observability.yaml"),
     ("telemetry", [], "conf/observability.yaml"),
@@ -40,8 +43,21 @@ SECTIONS: list[tuple[str, list[str], str]] = [
     ("stack", [], "conf/stack.yaml"),
 ]
 # Sections documented in a table of their own, not as rows of their parent.
-OWN_TABLE = {"parallelism.auto", "cluster", "data_preparation", "logging", "profile", "telemetry", "preflight",
-             "mlperf", "stack", "resilience", "training", "dtype", "parallelism"}
+OWN_TABLE = {
+    "parallelism.auto",
+    "cluster",
+    "data_preparation",
+    "logging",
+    "profile",
+    "telemetry",
+    "preflight",
+    "mlperf",
+    "stack",
+    "resilience",
+    "training",
+    "dtype",
+    "parallelism",
+}
 
 
 def type_text(kind: Any) -> str:
@@ -118,8 +134,14 @@ def reference() -> str:
     for section, overrides, source in SECTIONS:
         name = section.partition("@")[0]
         title = f"`{name}`" + (f" (`{section.partition('@')[2]}`)" if "@" in section else "") if name else "Top level"
-        lines += [f"#### {title}", "", f"Defaults from {source}.", "",
-                  "| key | type | default | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"#### {title}",
+            "",
+            f"Defaults from {source}.",
+            "",
+            "| key | type | default | meaning |",
+            "|---|---|---|---|",
+        ]
         for key, kind, default, doc in _rows(_section_class(section), name, _values(section, overrides)):
             lines.append(f"| `{key}` | {kind} | `{default}` | {doc} |")
         lines.append("")

@@ -7,6 +7,7 @@ line). Ranges and rules between keys are the plan's checks (launcher/plan/checks
 A group whose options carry different keys (cluster: one per platform; data_preparation: one per source) has a
 base class and one subclass per option; the option's YAML names its subclass in its defaults list, e.g.
 `- /schema/cluster/slurm@_here_`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -40,6 +41,7 @@ def doc_of(owner: type, name: str) -> str:
 # --------------------------------------------------------------------------- closed sets of values
 class Stage(Enum):
     """Stages, in the order they run; `stages=[...]` picks a subset."""
+
     container = "container"
     data_preparation = "data_preparation"
     preflight = "preflight"
@@ -167,8 +169,10 @@ class ModelConfig:
     max_position_embeddings: int = key("context length an exported config.json declares")
     attention_backend: AttentionBackend = key("Transformer Engine attention backend: auto, fused, flash or unfused")
     init_method_std: float = key("standard deviation of the random weight initialisation")
-    cross_entropy_fusion: CrossEntropyFusion = key("fused loss kernel: native (megatron-core's), te (Transformer "
-                                                   "Engine's, known stability issues) or none (unfused)")
+    cross_entropy_fusion: CrossEntropyFusion = key(
+        "fused loss kernel: native (megatron-core's), te (Transformer "
+        "Engine's, known stability issues) or none (unfused)"
+    )
 
 
 @dataclass
@@ -192,16 +196,18 @@ class SchedulerConfig:
 class DataConfig:
     mock: bool = key("megatron's synthetic data (benchmarks); false reads blend")
     blend: Optional[List[Any]] = key("[weight, prefix, weight, prefix, ...] or [prefix, ...] from data preparation")
-    split: str = key("train,validation,test shares of blend, e.g. \"99,1,0\"")
-    valid_blend: Optional[List[str]] = key("a separate validation set [prefix, ...], read in order; null: the "
-                                           "validation share of split")
+    split: str = key('train,validation,test shares of blend, e.g. "99,1,0"')
+    valid_blend: Optional[List[str]] = key(
+        "a separate validation set [prefix, ...], read in order; null: the validation share of split"
+    )
     num_workers: int = key("data-loader worker processes per rank")
 
 
 @dataclass
 class TokenizerConfig:
-    type: TokenizerType = key("huggingface (hub id, directory with tokenizer.json, or the file) or "
-                              "sentencepiece (.model file)")
+    type: TokenizerType = key(
+        "huggingface (hub id, directory with tokenizer.json, or the file) or sentencepiece (.model file)"
+    )
     path: str = key("hub id, tokenizer directory or file")
 
 
@@ -213,8 +219,9 @@ class CheckpointConfig:
     async_save: bool = key("write checkpoints in the background while training goes on")
     load: bool = key("resume from this run's newest complete checkpoint")
     init_from: Optional[str] = key("a checkpoint directory whose weights start a run without checkpoints of its own")
-    init_from_hf: Optional[str] = key("Hugging Face Llama weights (directory or hub id) that start a run without "
-                                      "checkpoints of its own")
+    init_from_hf: Optional[str] = key(
+        "Hugging Face Llama weights (directory or hub id) that start a run without checkpoints of its own"
+    )
     export_dir: Optional[str] = key("where the export stage writes Hugging Face weights; null: RUN_DIR/hf")
     export_max_shard_size: str = key("largest safetensors shard of an export, e.g. 5GB")
     save_initial: bool = key("also save the freshly initialised model as iter_0000000")
@@ -234,8 +241,10 @@ class TrainingConfig:
     target_val_loss: Optional[float] = key("stop once the validation loss reaches this; null: train every step")
     log_interval: int = key("log every N steps")
     deterministic: bool = key("bitwise-reproducible kernels and reductions (somewhat slower)")
-    cuda_graphs: CudaGraphs = key("CUDA graphs of training steps: none, per_layer (each decoder layer's forward and "
-                                  "backward) or full_iteration (forward and backward of every microbatch)")
+    cuda_graphs: CudaGraphs = key(
+        "CUDA graphs of training steps: none, per_layer (each decoder layer's forward and "
+        "backward) or full_iteration (forward and backward of every microbatch)"
+    )
     cuda_graph_warmup_steps: int = key("training steps run eagerly in each process before the graphs are captured")
     optimizer: OptimizerConfig = group(OptimizerConfig, "AdamW")
     scheduler: SchedulerConfig = group(SchedulerConfig, "learning-rate schedule: linear warmup, cosine decay")
@@ -249,19 +258,25 @@ class TrainingConfig:
 class DtypeConfig:
     name: str = key("bf16, fp8 or nvfp4, in run names")
     fp8: Optional[Fp8Format] = key("FP8 format: hybrid (E4M3 forward, E5M2 backward) or e4m3; null: bf16 only")
-    fp8_recipe: Optional[Fp8Recipe] = key("FP8 scaling: delayed (amax history), tensorwise (current scaling), "
-                                          "blockwise (1x128 / 128x128 blocks) or mxfp8 (Blackwell)")
+    fp8_recipe: Optional[Fp8Recipe] = key(
+        "FP8 scaling: delayed (amax history), tensorwise (current scaling), "
+        "blockwise (1x128 / 128x128 blocks) or mxfp8 (Blackwell)"
+    )
     fp4: Optional[Fp4Format] = key("FP4 linear layers: nvfp4 (Blackwell; instead of dtype.fp8); null: none")
-    fp8_param_gather: Optional[bool] = key("FP8 weights, gathered in FP8 by the distributed optimizer; null: on where "
-                                           "it shards over several data-parallel ranks or bf16 weights would not "
-                                           "fit, off otherwise (plan.json fp8_param_gather)")
+    fp8_param_gather: Optional[bool] = key(
+        "FP8 weights, gathered in FP8 by the distributed optimizer; null: on where "
+        "it shards over several data-parallel ranks or bf16 weights would not "
+        "fit, off otherwise (plan.json fp8_param_gather)"
+    )
     fp8_amax_history_len: int = key("delayed scaling: amax history length")
     fp8_amax_compute_algo: str = key("delayed scaling: max or most_recent")
     fp8_margin: int = key("FP8 scaling margin (powers of two)")
     fp8_dot_product_attention: bool = key("attention in FP8")
     fp8_output_layer: bool = key("the output layer's GEMM in FP8 (megatron-core offers it with mxfp8 only)")
-    te_op_fuser: bool = key("the MLP as Transformer Engine fused ops: SwiGLU writes FP8 for fc2, its backward "
-                            "FP8 gradients for fc1 (weights cast every microbatch unless in FP8)")
+    te_op_fuser: bool = key(
+        "the MLP as Transformer Engine fused ops: SwiGLU writes FP8 for fc2, its backward "
+        "FP8 gradients for fc1 (weights cast every microbatch unless in FP8)"
+    )
     te_activation_func: bool = key("Transformer Engine's SwiGLU kernel instead of megatron-core's fused one")
     userbuffers_fp8_buf: bool = key("userbuffer reduce-scatter outputs of proj/fc2 in FP8")
 
@@ -361,11 +376,13 @@ class ParallelismConfig:
     sequence_parallel: bool = key("shard norms and dropout over TP (needs tp > 1)")
     asymmetric_pipeline: bool = key("embedding and loss each take one layer's slot on the first and last stage")
     tp_comm_overlap: bool = key("Transformer Engine userbuffer overlap of TP communication with GEMMs")
-    tp_comm_overlap_cfg: Optional[Dict[str, Any]] = key("userbuffer settings per GEMM (conf/userbuffers/); null: "
-                                                        "Transformer Engine's defaults")
+    tp_comm_overlap_cfg: Optional[Dict[str, Any]] = key(
+        "userbuffer settings per GEMM (conf/userbuffers/); null: Transformer Engine's defaults"
+    )
     cp_comm_type: str = key("context-parallel KV exchange: p2p, a2a, allgather or a2a+p2p")
-    rank_order: RankOrder = key("rank order: pp_last (megatron-core's tp-cp-ep-dp-pp) or dp_last (tp-cp-ep-pp-dp, "
-                                "MLPerf's TP_PP_DP_MAPPING)")
+    rank_order: RankOrder = key(
+        "rank order: pp_last (megatron-core's tp-cp-ep-dp-pp) or dp_last (tp-cp-ep-pp-dp, MLPerf's TP_PP_DP_MAPPING)"
+    )
     use_distributed_optimizer: bool = key("shard optimizer state over data-parallel ranks")
     overlap_grad_reduce: bool = key("overlap the gradient reduce-scatter with the backward pass")
     overlap_param_gather: bool = key("overlap the parameter all-gather with the forward pass")
@@ -411,6 +428,7 @@ class LocalCluster(ClusterConfig):
 @dataclass
 class BatchCluster(ClusterConfig):
     """What every batch platform has."""
+
     ntasks_per_node: Optional[int] = key("ranks per node; null: gpus_per_node")
     time_limit: str = key("time limit of every job, HH:MM:SS")
     job_name_prefix: str = key("prefix of job names")
@@ -419,14 +437,16 @@ class BatchCluster(ClusterConfig):
 @dataclass
 class ContainerCluster(BatchCluster):
     """Slurm and Grid Engine: jobs in a container built by the container stage, or bare metal."""
+
     container_runtime: ContainerRuntime = key(_RUNTIME)
     container: Optional[str] = key(_CONTAINER)
     container_source: str = key(_SOURCE)
     wheel_dir: Optional[str] = key(_WHEELS)
     container_mounts: List[str] = key("extra host[:container] mounts")
     container_writable: bool = key("a writable container (pyxis --container-writable, apptainer --writable-tmpfs)")
-    signal_before_timeout_s: Optional[int] = key("SIGUSR1 this many seconds before the time limit: the trainer "
-                                                 "checkpoints and exits")
+    signal_before_timeout_s: Optional[int] = key(
+        "SIGUSR1 this many seconds before the time limit: the trainer checkpoints and exits"
+    )
 
 
 @dataclass
@@ -535,7 +555,7 @@ class DataPreparationConfig:
 
 @dataclass
 class PileData(DataPreparationConfig):
-    file_numbers: Any = key("shards to prepare: \"0-1\", \"3\", \"0,2,5-7\", or a list of numbers")
+    file_numbers: Any = key('shards to prepare: "0-1", "3", "0,2,5-7", or a list of numbers')
     num_files: int = key("shards the source has")
     base_url: str = key("where shards come from: URL, local directory or file:// URL")
     file_template: str = key("shard file name, formatted with its number")
@@ -547,7 +567,7 @@ class C4Train:
     file_template: str = key("train file name, formatted with its number")
     num_files: int = key("train files")
     merged_files: int = key("groups of consecutive files merged into one")
-    tokenize: Any = key("merged files to tokenize: \"6-7\", \"6\", or a list of numbers")
+    tokenize: Any = key('merged files to tokenize: "6-7", "6", or a list of numbers')
     output_template: str = key("output name, formatted with the merged file's number")
 
 
@@ -632,8 +652,9 @@ class StragglerConfig:
 
 @dataclass
 class FaultConfig:
-    kind: Optional[FaultKind] = key("null (none), hang, crash (os._exit) or kill (SIGKILL): once, never again "
-                                    "after the restart it causes")
+    kind: Optional[FaultKind] = key(
+        "null (none), hang, crash (os._exit) or kill (SIGKILL): once, never again after the restart it causes"
+    )
     rank: int = key("the global rank that fails")
     step: int = key("the step it fails at")
     during: FaultPoint = key("step: as the step begins; save: while the step's checkpoint is being written")
@@ -641,16 +662,20 @@ class FaultConfig:
 
 @dataclass
 class ResilienceConfig:
-    job_restarts: int = key("more jobs queued after the first, each continuing from the newest checkpoint after "
-                            "a time limit or a failure (Slurm, Grid Engine)")
-    in_job_restarts: int = key("restarts of every rank in the same allocation after a hang or a crash "
-                               "(ft_launcher; needs nvidia-resiliency-ext)")
-    hang_timeout_s: float = key("a rank silent this long in a step (or between steps) is hung: every rank "
-                                "restarts")
+    job_restarts: int = key(
+        "more jobs queued after the first, each continuing from the newest checkpoint after "
+        "a time limit or a failure (Slurm, Grid Engine)"
+    )
+    in_job_restarts: int = key(
+        "restarts of every rank in the same allocation after a hang or a crash "
+        "(ft_launcher; needs nvidia-resiliency-ext)"
+    )
+    hang_timeout_s: float = key("a rank silent this long in a step (or between steps) is hung: every rank restarts")
     startup_timeout_s: float = key("the same for a rank's start: building, loading, the first step's warm-up")
     checkpoint_timeout_s: float = key("the same for a checkpoint save (the wait for the previous one included)")
-    straggler_detection: StragglerConfig = group(StragglerConfig, "slow GPUs named in the log, metrics.jsonl "
-                                                                   "and the report")
+    straggler_detection: StragglerConfig = group(
+        StragglerConfig, "slow GPUs named in the log, metrics.jsonl and the report"
+    )
     inject_fault: FaultConfig = group(FaultConfig, "make a rank fail on purpose (tests, trying a setup)")
 
 
@@ -734,8 +759,10 @@ class Config:
     stages: List[Stage] = key("stages to run, in order: container, data_preparation, preflight, training, export")
     dry_run: bool = key("plan, validate and write everything; submit and run nothing")
     results_dir: str = key("run directories go under it")
-    run_name: Optional[str] = key("the run directory's name; null: <model>_<dtype>_<layout>_<N>gpu for training, "
-                                  "data_<source> for data preparation alone, container_<image> for the image alone")
+    run_name: Optional[str] = key(
+        "the run directory's name; null: <model>_<dtype>_<layout>_<N>gpu for training, "
+        "data_<source> for data preparation alone, container_<image> for the image alone"
+    )
     seed: int = key("random seed")
     memory_check: bool = key("fail when the memory estimate exceeds the GPU; false accepts the risk")
     stack_check: bool = key("ranks and data preparation check the training stack first; false accepts the risk")
@@ -763,4 +790,3 @@ def register() -> None:
         store.store(group="schema/cluster", name=name, node=node)
     for name, node in DATA_SOURCES.items():
         store.store(group="schema/data_preparation", name=name, node=node)
-

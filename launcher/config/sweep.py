@@ -1,5 +1,6 @@
 """Sweeps (`python main.py -m a=1,2 b=x,y`): a unique run name per point, and every point checked before the
 first one is submitted."""
+
 from __future__ import annotations
 
 import hashlib
@@ -7,12 +8,39 @@ import re
 from typing import Iterable, Sequence
 
 # Hydra's own flags that take a value in the next argument.
-_FLAGS_WITH_VALUE = {"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
-                     "--experimental-rerun", "-p", "--package", "-i", "--info"}
+_FLAGS_WITH_VALUE = {
+    "-cp",
+    "--config-path",
+    "-cn",
+    "--config-name",
+    "-cd",
+    "--config-dir",
+    "--experimental-rerun",
+    "-p",
+    "--package",
+    "-i",
+    "--info",
+}
 MAX_SUFFIX = 80
 # Hydra's flags that print something instead of running: with -m too, Hydra itself answers them.
-_HYDRA_ONLY = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc",
-               "--resolve", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"}
+_HYDRA_ONLY = {
+    "--cfg",
+    "-c",
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--shell-completion",
+    "-sc",
+    "--resolve",
+    "-cp",
+    "--config-path",
+    "-cn",
+    "--config-name",
+    "-cd",
+    "--config-dir",
+}
 
 
 def is_sweep(argv: Sequence[str]) -> bool:

@@ -1,5 +1,6 @@
 """The exact commands each stage runs, and the srun/pyxis flags around them. Strings only: rendering puts them
 into scripts, the plan records the training one."""
+
 from __future__ import annotations
 
 import shlex
@@ -27,8 +28,9 @@ def bare_path(cluster: Mapping[str, Any]) -> str | None:
 def in_container(cluster: Mapping[str, Any]) -> bool:
     """Cluster jobs run in cluster.container unless it is null or cluster.container_runtime=none; jobs on this
     machine run with the Python that runs main.py."""
-    return (cluster["platform"] != "local" and bool(cluster.get("container"))
-            and cluster.get("container_runtime") != "none")
+    return (
+        cluster["platform"] != "local" and bool(cluster.get("container")) and cluster.get("container_runtime") != "none"
+    )
 
 
 def shell_line(prefix: list[str], command: str, container: Sequence[str] = ()) -> str:
@@ -85,8 +87,14 @@ def in_job_restarts(cfg: Mapping[str, Any]) -> int:
     return int((cfg.get("resilience") or {}).get("in_job_restarts") or 0)
 
 
-def ft_launch_command(cfg: Mapping[str, Any], run_dir: Path, entry: list[str], nnodes: int, nproc: int,
-                      rendezvous: tuple[str, str] | None = None) -> str:
+def ft_launch_command(
+    cfg: Mapping[str, Any],
+    run_dir: Path,
+    entry: list[str],
+    nnodes: int,
+    nproc: int,
+    rendezvous: tuple[str, str] | None = None,
+) -> str:
     """nvidia-resiliency-ext's ft_launcher (torchrun with a rank monitor per rank) in place of torchrun, one per
     node, as shell text. `rendezvous` is (endpoint, id), shell words that may hold variables ("$MASTER_ADDR:..."),
     or None for one node on a free local port (--standalone). Hang detection works by sections
@@ -95,18 +103,35 @@ def ft_launch_command(cfg: Mapping[str, Any], run_dir: Path, entry: list[str], n
     for a hang. Its own progress check reads the checkpoint tracker: two restarts in a row without a new
     checkpoint end the job, as two such jobs end a chain (common/job_chain.py)."""
     res = cfg["resilience"]
-    sections = (f"setup:{res['startup_timeout_s']:g},step:{res['hang_timeout_s']:g},"
-                f"checkpointing:{res['checkpoint_timeout_s']:g}")
+    sections = (
+        f"setup:{res['startup_timeout_s']:g},step:{res['hang_timeout_s']:g},"
+        f"checkpointing:{res['checkpoint_timeout_s']:g}"
+    )
     program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
-    groups = [shlex.join([*FT_LAUNCH, *(["--standalone"] if rendezvous is None else []), "--nnodes", str(nnodes),
-                          "--nproc-per-node", str(nproc)])]
+    groups = [
+        shlex.join(
+            [
+                *FT_LAUNCH,
+                *(["--standalone"] if rendezvous is None else []),
+                "--nnodes",
+                str(nnodes),
+                "--nproc-per-node",
+                str(nproc),
+            ]
+        )
+    ]
     if rendezvous is not None:
         groups += ["--rdzv-backend c10d", f'--rdzv-endpoint "{rendezvous[0]}"', f'--rdzv-id "{rendezvous[1]}"']
-    groups += [shlex.join(pair) for pair in (
-        ["--max-restarts", str(in_job_restarts(cfg))], ["--ft-rank-section-timeouts", sections],
-        ["--ft-rank-out-of-section-timeout", f"{res['hang_timeout_s']:g}"],
-        ["--ft-checkpoint-iteration-file", str(run_dir / "checkpoints" / TRACKER)],
-        ["--ft-max-no-progress-cycles", "2"])]
+    groups += [
+        shlex.join(pair)
+        for pair in (
+            ["--max-restarts", str(in_job_restarts(cfg))],
+            ["--ft-rank-section-timeouts", sections],
+            ["--ft-rank-out-of-section-timeout", f"{res['hang_timeout_s']:g}"],
+            ["--ft-checkpoint-iteration-file", str(run_dir / "checkpoints" / TRACKER)],
+            ["--ft-max-no-progress-cycles", "2"],
+        )
+    ]
     return " \\\n    ".join([*groups, shlex.join(program)])
 
 
@@ -136,8 +161,17 @@ def export_hf_command(cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
     """The newest complete checkpoint of the run to Hugging Face format (recipes/hf/exporter.py)."""
     ckpt = cfg["training"]["checkpoint"]
     out = ckpt.get("export_dir") or str(run_dir / "hf")
-    return ["python", "-m", "recipes.hf.exporter", "--checkpoint", str(run_dir / "checkpoints"), "--out", str(out),
-            "--max-shard-size", str(ckpt["export_max_shard_size"])]
+    return [
+        "python",
+        "-m",
+        "recipes.hf.exporter",
+        "--checkpoint",
+        str(run_dir / "checkpoints"),
+        "--out",
+        str(out),
+        "--max-shard-size",
+        str(ckpt["export_max_shard_size"]),
+    ]
 
 
 def report_command(run_dir: Path) -> list[str]:
@@ -170,8 +204,14 @@ def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
     output_dir = (cfg.get("data_preparation") or {}).get("output_dir")
     if output_dir and str(output_dir).startswith("/"):
         dirs.append(Path(output_dir))  # created before the data preparation job is submitted
-    for path in _abs_paths([cfg["training"].get("tokenizer"), cfg["training"].get("data"),
-                            cfg["training"].get("checkpoint"), cfg.get("data_preparation")]):
+    for path in _abs_paths(
+        [
+            cfg["training"].get("tokenizer"),
+            cfg["training"].get("data"),
+            cfg["training"].get("checkpoint"),
+            cfg.get("data_preparation"),
+        ]
+    ):
         p = Path(path)
         # A directory is mounted itself; a file or a prefix (.bin/.idx without extension) through its parent.
         mount = p if p.is_dir() else p.parent
@@ -194,8 +234,9 @@ def job_paths(cfg: Mapping[str, Any]) -> list[str]:
     return [m.split(":", 1)[0] for m in container_mounts(cfg)]
 
 
-def srun_prefix(cfg: Mapping[str, Any], *, env_keys: Iterable[str] = (), mpi: bool = False,
-                extra: Iterable[str] = ()) -> list[str]:
+def srun_prefix(
+    cfg: Mapping[str, Any], *, env_keys: Iterable[str] = (), mpi: bool = False, extra: Iterable[str] = ()
+) -> list[str]:
     """srun with the pyxis flags (when the job runs in a pyxis container) and the cluster's own srun_args."""
     cluster = cfg["cluster"]
     args = ["srun", *extra]

@@ -1,5 +1,6 @@
 """The `nsys profile` wrapper the launcher puts around the profiled ranks (profile.tool=nsys in
 conf/observability.yaml)."""
+
 from __future__ import annotations
 
 import shlex
@@ -23,17 +24,25 @@ def nsys_entry(cfg: Mapping[str, Any], run_dir: Path, entry: list[str], rank_var
     prof = cfg["profile"]
     profile_dir = shlex.quote(str(run_dir / "profile"))
     ranks = " ".join(str(r) for r in prof["ranks"])
-    nsys = ["nsys", "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-            "--force-overwrite=true", *[str(a) for a in prof.get("nsys_args") or []]]
+    nsys = [
+        "nsys",
+        "profile",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--force-overwrite=true",
+        *[str(a) for a in prof.get("nsys_args") or []],
+    ]
     command = shlex.join(entry)
-    script = "\n".join([
-        f"mkdir -p {profile_dir}",
-        f'if [[ " {ranks} " == *" ${rank_var} "* ]]; then',
-        f'  command -v nsys >/dev/null || {{ echo "profile.tool=nsys: nsys (Nsight Systems) is not on PATH on '
-        f'$(hostname) for rank ${rank_var}; install it in the job environment or use profile.tool=torch" >&2; '
-        "exit 1; }",
-        f'  exec {shlex.join(nsys)} --output={profile_dir}/nsys_rank"${rank_var}" {command}',
-        "fi",
-        f"exec {command}",
-    ])
+    script = "\n".join(
+        [
+            f"mkdir -p {profile_dir}",
+            f'if [[ " {ranks} " == *" ${rank_var} "* ]]; then',
+            f'  command -v nsys >/dev/null || {{ echo "profile.tool=nsys: nsys (Nsight Systems) is not on PATH on '
+            f'$(hostname) for rank ${rank_var}; install it in the job environment or use profile.tool=torch" >&2; '
+            "exit 1; }",
+            f'  exec {shlex.join(nsys)} --output={profile_dir}/nsys_rank"${rank_var}" {command}',
+            "fi",
+            f"exec {command}",
+        ]
+    )
     return ["bash", "-c", script]

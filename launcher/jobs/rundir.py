@@ -1,5 +1,6 @@
 """The run directory: config.yaml (fully resolved), plan.json, the rendered jobs (and the files they read), logs/,
 jobs.json."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Stages (container, data_preparation, preflight, training, export) as jobs, in order, laid out by the cluster's
 platform (launcher/platforms/). What the stages ask of the platform is checked before (launcher/plan/checks/)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,8 +20,8 @@ STAGES = tuple(stage.name for stage in Stage)
 @dataclass
 class StagePlan:
     jobs: list[Job]
-    command: str                                         # the training launch command (plan.command)
-    notes: list[str] = field(default_factory=list)       # e.g. a stage skipped because its output exists
+    command: str  # the training launch command (plan.command)
+    notes: list[str] = field(default_factory=list)  # e.g. a stage skipped because its output exists
 
 
 def stage_order(stages: list[str]) -> list[str]:

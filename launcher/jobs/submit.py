@@ -1,6 +1,7 @@
 """Submission records, the two ways a chain of jobs is submitted (each queued waiting for the one before, or each
 submitted from here once the one before succeeded), and the stages run one after another on this machine (each
 platform's own client calls live in launcher/platforms/)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -36,9 +37,13 @@ def run_client(cmd: list[str], what: str, cwd: Path | None = None) -> str:
     return proc.stdout
 
 
-def submit_chained(jobs: list[tuple[Job, bool]], run_dir: Path,
-                   submit_one: Callable[[Path, str | None, bool], tuple[str, str | None]],
-                   cancel: str, cancelled: str) -> list[Submitted]:
+def submit_chained(
+    jobs: list[tuple[Job, bool]],
+    run_dir: Path,
+    submit_one: Callable[[Path, str | None, bool], tuple[str, str | None]],
+    cancel: str,
+    cancelled: str,
+) -> list[Submitted]:
     """For schedulers whose jobs wait for each other: submit_one(script, previous job id, after_any) queues a job
     waiting for the previous one (to succeed, or with after_any to end however it ended: the repeats of a chained
     training job) and returns (job id, its dependency as recorded). If a later submission fails, the jobs
@@ -58,9 +63,13 @@ def submit_chained(jobs: list[tuple[Job, bool]], run_dir: Path,
     return submitted
 
 
-def submit_in_order(jobs: list[Job], run_dir: Path, submit_one: Callable[[Job, str | None], str],
-                    wait_one: Callable[[Job, str], str | None], say: Callable[[str], None] = print
-                    ) -> list[Submitted]:
+def submit_in_order(
+    jobs: list[Job],
+    run_dir: Path,
+    submit_one: Callable[[Job, str | None], str],
+    wait_one: Callable[[Job, str], str | None],
+    say: Callable[[str], None] = print,
+) -> list[Submitted]:
     """For platforms without job dependencies: submit each job once the one before it has succeeded, waiting
     here. submit_one(job, previous_id) returns the new job id; wait_one(job, job_id) returns None on success or
     why it did not succeed. A failure (or Ctrl-C while waiting) stops the chain: later jobs are not submitted."""
@@ -71,13 +80,16 @@ def submit_in_order(jobs: list[Job], run_dir: Path, submit_one: Callable[[Job, s
             job_id = submit_one(job, previous)
         except SubmitError as err:
             raise SubmitError(str(err), submitted=submitted) from err
-        submitted.append(Submitted(job.stage, job_id, str(run_dir / job.script),
-                                   f"succeeded:{previous}" if previous else None))
+        submitted.append(
+            Submitted(job.stage, job_id, str(run_dir / job.script), f"succeeded:{previous}" if previous else None)
+        )
         if index == len(jobs) - 1:
             break
-        rest = ", ".join(j.stage for j in jobs[index + 1:])
-        say(f"submitted {job.stage}: job {job_id}; waiting for it to succeed before submitting {rest} "
-            "(Ctrl-C stops waiting; the job keeps running)")
+        rest = ", ".join(j.stage for j in jobs[index + 1 :])
+        say(
+            f"submitted {job.stage}: job {job_id}; waiting for it to succeed before submitting {rest} "
+            "(Ctrl-C stops waiting; the job keeps running)"
+        )
         try:
             failure = wait_one(job, job_id)
         except KeyboardInterrupt:

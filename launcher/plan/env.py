@@ -1,11 +1,13 @@
 """The training job's environment variables the plan records."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 
-def training_env(parallel: Mapping[str, Any], cluster: Mapping[str, Any],
-                 training: Mapping[str, Any] | None = None) -> dict[str, str]:
+def training_env(
+    parallel: Mapping[str, Any], cluster: Mapping[str, Any], training: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """The environment NVIDIA's reference recipes set, only where it applies, then the cluster's own."""
     tp, pp, cp, vp = parallel["tp"], parallel["pp"], parallel["cp"], parallel["vp"]
     env = {

@@ -1,4 +1,5 @@
 """The error a config that cannot run raises, from the plan and the checks made before anything is written."""
+
 from __future__ import annotations
 
 

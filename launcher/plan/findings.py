@@ -1,5 +1,6 @@
 """What the checks find: problems (nothing is written while there is one) and warnings (printed, the run goes on).
 Every check adds to one Findings, so a config with several problems gets all of them in one go."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

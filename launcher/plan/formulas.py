@@ -1,4 +1,5 @@
 """The plan's formulas: padded vocabulary, model FLOPs per sample, parameters per layer, the pipeline split."""
+
 from __future__ import annotations
 
 import math
@@ -49,16 +50,22 @@ def pipeline_split_problems(num_layers: int, pp: int, vp: int | None, asymmetric
         slots = num_layers + 2
         if slots % pp:
             good = [p for p in range(2, 17) if slots % p == 0]
-            return [f"asymmetric pipeline: training.model.num_layers + 2 = {slots} is not divisible by "
-                    f"parallelism.pp={pp}; use pp in {good}"]
+            return [
+                f"asymmetric pipeline: training.model.num_layers + 2 = {slots} is not divisible by "
+                f"parallelism.pp={pp}; use pp in {good}"
+            ]
         per_stage = slots // pp
         if per_stage % chunks:
             good = [v for v in range(1, per_stage + 1) if per_stage % v == 0]
-            return [f"asymmetric pipeline: (training.model.num_layers + 2) / parallelism.pp = {per_stage} layers "
-                    f"per stage do not split into parallelism.vp={vp} chunks; use vp in {good}"]
+            return [
+                f"asymmetric pipeline: (training.model.num_layers + 2) / parallelism.pp = {per_stage} layers "
+                f"per stage do not split into parallelism.vp={vp} chunks; use vp in {good}"
+            ]
         return []
     if num_layers % (pp * chunks):
         what = f"parallelism.pp={pp}" + (f" x parallelism.vp={vp}" if vp else "")
-        return [f"training.model.num_layers={num_layers} does not split evenly over {what}; choose pp (x vp) "
-                f"dividing {num_layers}, or set parallelism.asymmetric_pipeline=true"]
+        return [
+            f"training.model.num_layers={num_layers} does not split evenly over {what}; choose pp (x vp) "
+            f"dividing {num_layers}, or set parallelism.asymmetric_pipeline=true"
+        ]
     return []

@@ -1,4 +1,5 @@
 """GPU facts the plan needs: dense peak FLOP/s (for MFU) and memory, by the name users write in cluster.gpu_type."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,7 +71,10 @@ def detect_local_gpus() -> LocalGpus:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return LocalGpus(0, None, ())
@@ -81,5 +85,5 @@ def detect_local_gpus() -> LocalGpus:
         if all(i.isdigit() for i in ids):
             names = tuple(names[int(i)] for i in ids if int(i) < len(names))
         else:  # GPU-/MIG- UUIDs: count them; the machine's GPUs are one model in practice
-            names = names[:len(ids)]
+            names = names[: len(ids)]
     return LocalGpus(len(names), gpu_type_from_name(names[0]) if names else None, names)

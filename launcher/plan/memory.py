@@ -1,4 +1,5 @@
 """The plan's estimate of the peak memory of the most loaded GPU."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -8,10 +9,23 @@ from launcher.plan.formulas import layer_parameters
 GIB = 1024**3
 
 
-def estimate_memory_gib(model: Mapping[str, Any], *, tp: int, pp: int, cp: int, dp: int, vp: int | None,
-                        stage_layers: list[int], padded_vocab: int, seq_length: int, micro_batch_size: int,
-                        distributed_optimizer: bool, grad_fp32: bool, fp8_params: bool,
-                        recompute: str | None) -> float:
+def estimate_memory_gib(
+    model: Mapping[str, Any],
+    *,
+    tp: int,
+    pp: int,
+    cp: int,
+    dp: int,
+    vp: int | None,
+    stage_layers: list[int],
+    padded_vocab: int,
+    seq_length: int,
+    micro_batch_size: int,
+    distributed_optimizer: bool,
+    grad_fp32: bool,
+    fp8_params: bool,
+    recompute: str | None,
+) -> float:
     """Peak memory of the most loaded GPU, roughly: weights, gradient buffer and optimizer shard, plus the larger
     of two transient peaks, and a fixed allowance for the CUDA context and workspaces:
     - forward/backward: activations of the microbatches in flight and the logits;

@@ -1,6 +1,7 @@
 """The sizes the checks and the plan share (data-parallel size, microbatches, nodes, the GPU), derived once. Where an
 input a size needs is out of range the size is None: the check that owns that input reports it, and the checks
 that need the size skip, so one bad value never hides another problem or ends in a division by zero."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,16 +16,16 @@ class Sizes:
     tp: int | None
     pp: int | None
     cp: int | None
-    vp: int | None                 # None: no interleaving (vp null or 1)
+    vp: int | None  # None: no interleaving (vp null or 1)
     dp: int | None
     micro_batch_size: int | None
     global_batch_size: int | None
     num_microbatches: int | None
-    gpus_per_node: int | None      # ranks per node of this job
+    gpus_per_node: int | None  # ranks per node of this job
     num_nodes: int | None
     gpu_type: str | None
-    spec: GpuSpec | None           # None: unknown GPU type (or none known here)
-    local_gpus: int | None         # cluster=local: the GPUs this machine has
+    spec: GpuSpec | None  # None: unknown GPU type (or none known here)
+    local_gpus: int | None  # cluster=local: the GPUs this machine has
     cannot_train_reason: str | None
 
 
@@ -73,6 +74,20 @@ def sizes_of(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Siz
     reason = None
     if is_local and local.count == 0:
         reason = "no NVIDIA GPU is visible on this machine (nvidia-smi found none), so cluster=local cannot train here"
-    return Sizes(num_gpus=num_gpus, tp=tp, pp=pp, cp=cp, vp=vp, dp=dp, micro_batch_size=mbs, global_batch_size=gbs,
-                 num_microbatches=microbatches, gpus_per_node=per_node, num_nodes=nodes, gpu_type=gpu_type,
-                 spec=spec, local_gpus=local.count if is_local else None, cannot_train_reason=reason)
+    return Sizes(
+        num_gpus=num_gpus,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        vp=vp,
+        dp=dp,
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        num_microbatches=microbatches,
+        gpus_per_node=per_node,
+        num_nodes=nodes,
+        gpu_type=gpu_type,
+        spec=spec,
+        local_gpus=local.count if is_local else None,
+        cannot_train_reason=reason,
+    )

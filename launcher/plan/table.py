@@ -1,4 +1,5 @@
 """The plan as a compact table for the console."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -20,29 +21,47 @@ def layout(tp: int, pp: int, cp: int, vp: int | None, dp: int | None = None) -> 
 def format_plan(plan: Plan, cfg: Mapping[str, Any]) -> str:
     cluster = cfg["cluster"]
     gpu = plan.gpu_type or "GPU type unknown"
-    where = (f"{plan.num_nodes} node{'s' if plan.num_nodes > 1 else ''} x {plan.gpus_per_node}"
-             if cluster["platform"] != "local" else "this machine")
-    features = [name for name, on in (("sequence parallel", plan.sequence_parallel),
-                                      ("TP comm overlap", plan.tp_comm_overlap),
-                                      ("asymmetric pipeline", plan.asymmetric_pipeline),
-                                      (f"fp8 {plan.fp8}" + (" + param gather" if plan.fp8_param_gather else ""),
-                                       bool(plan.fp8)),
-                                      ("data-parallel-last ranks", plan.rank_order.endswith("-dp")),
-                                      (f"CUDA graphs {plan.cuda_graphs}", plan.cuda_graphs != "none")) if on]
+    where = (
+        f"{plan.num_nodes} node{'s' if plan.num_nodes > 1 else ''} x {plan.gpus_per_node}"
+        if cluster["platform"] != "local"
+        else "this machine"
+    )
+    features = [
+        name
+        for name, on in (
+            ("sequence parallel", plan.sequence_parallel),
+            ("TP comm overlap", plan.tp_comm_overlap),
+            ("asymmetric pipeline", plan.asymmetric_pipeline),
+            (f"fp8 {plan.fp8}" + (" + param gather" if plan.fp8_param_gather else ""), bool(plan.fp8)),
+            ("data-parallel-last ranks", plan.rank_order.endswith("-dp")),
+            (f"CUDA graphs {plan.cuda_graphs}", plan.cuda_graphs != "none"),
+        )
+        if on
+    ]
     stages = " ".join(str(n) for n in plan.layers_per_pipeline_stage)
-    layer_note = (" (embedding and loss take one layer's slot on the first and last stage)"
-                  if plan.asymmetric_pipeline else "")
+    layer_note = (
+        " (embedding and loss take one layer's slot on the first and last stage)" if plan.asymmetric_pipeline else ""
+    )
     memory = f"~{plan.est_memory_gib_per_gpu:.1f} GiB per GPU (estimate"
     memory += f"; {plan.gpu_type} has {gpu_spec(plan.gpu_type).memory_gib:.0f} GiB)" if plan.gpu_type else ")"
-    peak = (f"MFU against the {plan.gpu_type} {plan.peak_flops_kind} peak "
-            f"{plan.peak_flops_per_gpu / 1e12:.0f} TFLOP/s" if plan.peak_flops_per_gpu else "peak unknown")
+    peak = (
+        f"MFU against the {plan.gpu_type} {plan.peak_flops_kind} peak {plan.peak_flops_per_gpu / 1e12:.0f} TFLOP/s"
+        if plan.peak_flops_per_gpu
+        else "peak unknown"
+    )
     step_flops = plan.model_flops_per_sample * plan.global_batch_size
     rows = [
         ("model", f"{plan.model}  {plan.num_parameters / 1e9:.3g}B parameters  {plan.dtype}"),
         ("GPUs", f"{plan.num_gpus} ({where}, {gpu}), cluster={cluster['name']}"),
-        ("layout", layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp) + (f"  [{', '.join(features)}]" if features else "")),
-        ("batch", f"GBS {plan.global_batch_size} = MBS {plan.micro_batch_size} x DP {plan.dp} x "
-                  f"{plan.num_microbatches} microbatches, seq {plan.seq_length}"),
+        (
+            "layout",
+            layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp) + (f"  [{', '.join(features)}]" if features else ""),
+        ),
+        (
+            "batch",
+            f"GBS {plan.global_batch_size} = MBS {plan.micro_batch_size} x DP {plan.dp} x "
+            f"{plan.num_microbatches} microbatches, seq {plan.seq_length}",
+        ),
         ("layers", f"per PP stage: {stages}{layer_note}"),
         ("memory", memory),
         ("FLOPs", f"{plan.model_flops_per_sample:.3g} per sample, {step_flops:.3g} per step; {peak}"),

@@ -1,6 +1,7 @@
 """Every check of a config, by concern (launcher/plan/checks/), run before anything is written. validate collects
 every problem of every concern and raises them together (PlanError, one line each); only then is the plan derived
 (launcher/plan/build.py) and checked against the GPU's memory."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,9 +12,25 @@ from common.plan import Plan
 from launcher.jobs.rundir import default_run_name
 from launcher.jobs.stages import stage_order
 from launcher.plan.build import build_plan
-from launcher.plan.checks import (batch, cluster, cuda_graphs, data, data_preparation, init_weights, memory, mlperf,
-                                  model, observability, optimizer, parallelism, precision, resilience, run, run_dir,
-                                  stages)
+from launcher.plan.checks import (
+    batch,
+    cluster,
+    cuda_graphs,
+    data,
+    data_preparation,
+    init_weights,
+    memory,
+    mlperf,
+    model,
+    observability,
+    optimizer,
+    parallelism,
+    precision,
+    resilience,
+    run,
+    run_dir,
+    stages,
+)
 from launcher.plan.errors import PlanError
 from launcher.plan.findings import Findings
 from launcher.plan.hardware import LocalGpus
@@ -22,17 +39,32 @@ from launcher.plan.sizes import Sizes, sizes_of
 Check = Callable[[Mapping[str, Any], Sizes, Findings], None]
 
 # What a layout decides: the auto-configurator runs these for every layout it tries.
-LAYOUT_CHECKS: tuple[Check, ...] = (model.check, parallelism.check, batch.check, precision.check, cuda_graphs.check,
-                                    cluster.check)
+LAYOUT_CHECKS: tuple[Check, ...] = (
+    model.check,
+    parallelism.check,
+    batch.check,
+    precision.check,
+    cuda_graphs.check,
+    cluster.check,
+)
 CHECKS: tuple[Check, ...] = (
-    run.check, *LAYOUT_CHECKS, optimizer.check, data.check, data_preparation.check, init_weights.check,
-    stages.check, observability.check, resilience.check, mlperf.check, run_dir.check,
+    run.check,
+    *LAYOUT_CHECKS,
+    optimizer.check,
+    data.check,
+    data_preparation.check,
+    init_weights.check,
+    stages.check,
+    observability.check,
+    resilience.check,
+    mlperf.check,
+    run_dir.check,
 )
 
 
 @dataclass
 class Validated:
-    cfg: dict[str, Any]   # as normalized() made it: what config.yaml records
+    cfg: dict[str, Any]  # as normalized() made it: what config.yaml records
     plan: Plan
     warnings: list[str]
 
@@ -46,8 +78,9 @@ def normalized(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def validate(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None,
-             checks: tuple[Check, ...] = CHECKS) -> Validated:
+def validate(
+    cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, checks: tuple[Check, ...] = CHECKS
+) -> Validated:
     """The config normalized, the plan of it if every check accepts it, and the warnings found. Raises PlanError
     with every problem."""
     cfg = normalized(cfg)

@@ -2,6 +2,7 @@
 subclass of launcher/platforms/base.py's Platform, one per module named after it, that lays out, renders and
 submits the same stage jobs; the plan and the stage commands (launcher/jobs/commands.py) are shared by all of
 them."""
+
 from __future__ import annotations
 
 import functools

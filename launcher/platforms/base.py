@@ -23,6 +23,7 @@ Then its golden files (tests/golden/, written by tests like tests/launcher/test_
 conf/cluster/<cluster>.yaml that names it, which the config schema checks (launcher/config/schema.py:
 PlatformName, and a class for its cluster keys).
 """
+
 from __future__ import annotations
 
 import re
@@ -49,26 +50,27 @@ IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
 # the cluster and the way around it.
 REFUSALS = {
     "container": "stages has container but cluster={cluster} runs images by name from a registry and builds none: "
-                 f"build and push the image with docker ({IMAGE_HELP}), set cluster.container to its name and drop "
-                 "container from stages",
+    f"build and push the image with docker ({IMAGE_HELP}), set cluster.container to its name and drop "
+    "container from stages",
     "export": "stages has export but cluster={cluster} has no export job yet: drop export from stages and run "
-              "`python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints --out DIR` where the checkpoint is",
+    "`python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints --out DIR` where the checkpoint is",
     "preflight": "stages has preflight but cluster={cluster} has no preflight job yet: drop preflight from stages, "
-                 "or run it on cluster=local or a Slurm cluster",
+    "or run it on cluster=local or a Slurm cluster",
     "nsys": "profile.tool=nsys cannot wrap the profiled ranks on cluster={cluster} yet: use profile.tool=torch",
     "job_restarts": "resilience.job_restarts={job_restarts}: cluster={cluster} has no jobs that wait for the one "
-                    "before them to end however it ended ({why})",
+    "before them to end however it ended ({why})",
     "in_job_restarts": "resilience.in_job_restarts={in_job_restarts}: cluster={cluster} cannot start the ranks "
-                       "under ft_launcher yet ({why}); set resilience.in_job_restarts=0",
+    "under ft_launcher yet ({why}); set resilience.in_job_restarts=0",
     "export_after_chain": "stages has export and resilience.job_restarts={job_restarts}: the export would wait on a "
-                          "chain of training jobs that ends early once training finished; drop export from "
-                          "stages and run stages=[export] with the same run_name when training finished",
+    "chain of training jobs that ends early once training finished; drop export from "
+    "stages and run stages=[export] with the same run_name when training finished",
 }
 
 
 class Platform(ABC):
     """One kind of cluster: a subclass sets the attributes below and implements the abstract methods (the module
     docstring says which); the rest are working defaults it may override."""
+
     name: str
     suffix: str
     resubmit: str
@@ -156,8 +158,10 @@ class Platform(ABC):
         limit = time_seconds(cluster["time_limit"])
         margin = cluster.get("signal_before_timeout_s") or 0
         if limit is not None and margin >= limit:
-            return [f"cluster.signal_before_timeout_s={margin} must be shorter than cluster.time_limit="
-                    f"{cluster['time_limit']} ({limit} s)"]
+            return [
+                f"cluster.signal_before_timeout_s={margin} must be shorter than cluster.time_limit="
+                f"{cluster['time_limit']} ({limit} s)"
+            ]
         if "preflight" in selected:
             problem = self._time_problem("preflight.time_limit", cfg["preflight"]["time_limit"], finite)
             if problem:
@@ -167,8 +171,9 @@ class Platform(ABC):
         return []
 
     def _data_job_problems(self, job: Mapping[str, Any], finite: bool) -> list[str]:
-        problem = job.get("time_limit") and self._time_problem("data_preparation.job.time_limit",
-                                                               job["time_limit"], finite)
+        problem = job.get("time_limit") and self._time_problem(
+            "data_preparation.job.time_limit", job["time_limit"], finite
+        )
         if problem:
             return [problem]
         for key in ("cpus_per_task", "max_parallel"):
@@ -191,8 +196,10 @@ class Platform(ABC):
         image = cfg["cluster"].get("container")
         if image and not str(image).startswith("/"):
             return []
-        return [f"cluster.container={image!r}: cluster={self.name} runs an image by name from a registry; set "
-                f"cluster.container={example} ({IMAGE_HELP})"]
+        return [
+            f"cluster.container={image!r}: cluster={self.name} runs an image by name from a registry; set "
+            f"cluster.container={example} ({IMAGE_HELP})"
+        ]
 
     # ----------------------------------------------------------------------- jobs
     def script_name(self, stage: str) -> str:
@@ -260,9 +267,11 @@ class Platform(ABC):
     def header_lines(self, job: Job, run_dir: Path, title: str | None = None) -> list[str]:
         """The comment lines a job's file starts with: what it does, and how to run or submit it again."""
         again = "run" if self.runs_here else "submit"
-        return [f"# {title or job.title}",
-                f"# Written by main.py for {run_dir.name}; {again} it again with: {self.resubmit} "
-                f"{shlex.quote(str(run_dir / job.script))}"]
+        return [
+            f"# {title or job.title}",
+            f"# Written by main.py for {run_dir.name}; {again} it again with: {self.resubmit} "
+            f"{shlex.quote(str(run_dir / job.script))}",
+        ]
 
     def env_lines(self, job: Job) -> list[str]:
         """The job's environment: the repository on PYTHONPATH, job.path_first first on PATH, job.env."""
@@ -288,8 +297,7 @@ class Platform(ABC):
             after = f" ({self.waits_for(sub.dependency)})" if sub.dependency else ""
             log = self.log_of(job, sub.job_id, run_dir)
             lines.append(f"submitted {job.stage}: job {sub.job_id}{after}" + (f"; log {log}" if log else ""))
-        lines.append(f"  follow with: {self.follow_command(submitted)}   "
-                     f"report: python -m launcher.report {run_dir}")
+        lines.append(f"  follow with: {self.follow_command(submitted)}   report: python -m launcher.report {run_dir}")
         return lines
 
     def waits_for(self, dependency: str) -> str:
@@ -312,8 +320,9 @@ def queued(jobs: list[Job]) -> list[tuple[Job, bool]]:
     return [(job, repeat > 0) for job in jobs for repeat in range(1 + job.restarts)]
 
 
-def chain_lines(cfg: Cfg, run_dir: Path, run_here: Callable[[str], str], job_id: str, cancel: str,
-                how: str) -> tuple[list[str], list[str]]:
+def chain_lines(
+    cfg: Cfg, run_dir: Path, run_here: Callable[[str], str], job_id: str, cancel: str, how: str
+) -> tuple[list[str], list[str]]:
     """The lines a chained training job runs before and after training (resilience.job_restarts): it asks
     common/job_chain.py whether it still has work and cancels the jobs queued behind it once the run is finished
     or must stop. `run_here(command)` is the command as one line run once in the job's environment (srun, the
@@ -333,10 +342,12 @@ def chain_lines(cfg: Cfg, run_dir: Path, run_here: Callable[[str], str], job_id:
         f"{begin} || chain=$?",
         'if [ "$chain" -ne 0 ]; then cancel_queued; exit "$(( chain != 10 ))"; fi',
     ]
-    after = ["# Once training is finished, the jobs queued behind this one have nothing to do.",
-             "chain=0",
-             f"{end} || chain=$?",
-             'if [ "$chain" -eq 10 ]; then cancel_queued; fi']
+    after = [
+        "# Once training is finished, the jobs queued behind this one have nothing to do.",
+        "chain=0",
+        f"{end} || chain=$?",
+        'if [ "$chain" -eq 10 ]; then cancel_queued; fi',
+    ]
     return before, after
 
 
@@ -371,7 +382,7 @@ def time_seconds(value: Any) -> int | None:
     days, a, b, c = match.groups()
     if days is not None:  # D-HH[:MM[:SS]]
         return int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    if c is not None:     # HH:MM:SS
+    if c is not None:  # HH:MM:SS
         return int(a) * 3600 + int(b) * 60 + int(c)
     return int(a) * 60 + int(b or 0)  # MM[:SS]
 

@@ -4,6 +4,7 @@ read-write, datasets read-only, --result, --total-runtime) whose command runs a 
 the first replica; bcprun there starts the processes on every replica (one per GPU for training, one per replica
 for data preparation, each replica taking every R-th shard, then the check). Base Command has no job
 dependencies: main.py submits each job once the previous one has finished successfully."""
+
 from __future__ import annotations
 
 import re
@@ -34,11 +35,15 @@ class Bcp(Platform):
     suffix = ".ngc.sh"
     resubmit = "bash"
     client = "ngc"
-    chain = ("in order: Base Command jobs cannot wait for each other, so main.py submits each job once the previous "
-             "one has finished successfully, and waits here")
+    chain = (
+        "in order: Base Command jobs cannot wait for each other, so main.py submits each job once the previous "
+        "one has finished successfully, and waits here"
+    )
     builds_images = False
-    no_job_chain = ("a job cannot wait for another to end; submit the run again to continue it from its newest "
-                    "checkpoint, and set resilience.job_restarts=0")
+    no_job_chain = (
+        "a job cannot wait for another to end; submit the run again to continue it from its newest "
+        "checkpoint, and set resilience.job_restarts=0"
+    )
     no_ft_launcher = "bcprun starts every rank itself, one process per GPU"
 
     # ----------------------------------------------------------------------- checks
@@ -63,11 +68,17 @@ class Bcp(Platform):
         else:
             prep = commands.data_prep_command(run_dir)
         check = shlex.join(commands.data_check_command(run_dir))
-        return [self.job("data_preparation",
-                         f"Data preparation ({name}, {num_shards} shards) on {replicas} replica"
-                         f"{'s' if replicas > 1 else ''}, then a check of every shard",
-                         [logged(prep, run_dir, "data_preparation"), logged(check, run_dir, "data_preparation")],
-                         nodes=replicas, ntasks_per_node=1, time_limit=job.get("time_limit"))]
+        return [
+            self.job(
+                "data_preparation",
+                f"Data preparation ({name}, {num_shards} shards) on {replicas} replica"
+                f"{'s' if replicas > 1 else ''}, then a check of every shard",
+                [logged(prep, run_dir, "data_preparation"), logged(check, run_dir, "data_preparation")],
+                nodes=replicas,
+                ntasks_per_node=1,
+                time_limit=job.get("time_limit"),
+            )
+        ]
 
     def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """bcprun starts one process per GPU on every replica (array type PYTORCH: torchrun's RANK / LOCAL_RANK /
@@ -75,17 +86,29 @@ class Bcp(Platform):
         cluster = cfg["cluster"]
         _, gpus = instance_gpus(cluster)
         if gpus and plan.gpus_per_node != gpus and "training" in cfg["stages"]:
-            raise PlanError([f"the plan uses {gpus_text(plan.gpus_per_node)} per node but cluster.instance="
-                             f"{cluster['instance']} has {gpus}: pick a {plan.gpus_per_node}-GPU instance or set "
-                             f"parallelism.num_gpus to a multiple of {gpus}"])
+            raise PlanError(
+                [
+                    f"the plan uses {gpus_text(plan.gpus_per_node)} per node but cluster.instance="
+                    f"{cluster['instance']} has {gpus}: pick a {plan.gpus_per_node}-GPU instance or set "
+                    f"parallelism.num_gpus to a multiple of {gpus}"
+                ]
+            )
         command = _bcprun(plan.num_nodes, plan.gpus_per_node, plan.env, shlex.join(entry))
         report = shlex.join(commands.report_command(run_dir))
-        lines = [logged(command, run_dir, "training"),
-                 "# The throughput / MFU table and the loss and step-time plot of this run.",
-                 tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK]
-        job = self.job("training", training_title(plan, "bcprun, one process per GPU"), lines,
-                       env=dict(plan.env), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
-                       gpus_per_node=plan.gpus_per_node)
+        lines = [
+            logged(command, run_dir, "training"),
+            "# The throughput / MFU table and the loss and step-time plot of this run.",
+            tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK,
+        ]
+        job = self.job(
+            "training",
+            training_title(plan, "bcprun, one process per GPU"),
+            lines,
+            env=dict(plan.env),
+            nodes=plan.num_nodes,
+            ntasks_per_node=plan.gpus_per_node,
+            gpus_per_node=plan.gpus_per_node,
+        )
         return job, command
 
     # ----------------------------------------------------------------------- rendering
@@ -95,28 +118,32 @@ class Bcp(Platform):
 
     def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
         title = f"{job.title}: submits to NGC Base Command Platform the job that runs {body_name(job.stage)}"
-        return "\n".join([
-            "#!/usr/bin/env bash",
-            *self.header_lines(job, run_dir, title),
-            "set -euo pipefail",
-            "exec " + _grouped(ngc_command(job, cfg, run_dir)),
-            "",
-        ])
+        return "\n".join(
+            [
+                "#!/usr/bin/env bash",
+                *self.header_lines(job, run_dir, title),
+                "set -euo pipefail",
+                "exec " + _grouped(ngc_command(job, cfg, run_dir)),
+                "",
+            ]
+        )
 
     def render_body(self, job: Job, run_dir: Path) -> str:
-        return "\n".join([
-            "#!/usr/bin/env bash",
-            f"# {job.title}",
-            "# Runs in the image on the job's first replica (ngc base-command job run --commandline); bcprun starts",
-            "# the processes on every replica. Written by main.py for " + run_dir.name,
-            "set -euo pipefail",
-            KEEP_LOG,
-            f"cd {shlex.quote(str(REPO))}",
-            *self.env_lines(job),
-            "",
-            *job.lines,
-            "",
-        ])
+        return "\n".join(
+            [
+                "#!/usr/bin/env bash",
+                f"# {job.title}",
+                "# Runs in the image on the job's first replica (ngc base-command job run --commandline); bcprun starts",
+                "# the processes on every replica. Written by main.py for " + run_dir.name,
+                "set -euo pipefail",
+                KEEP_LOG,
+                f"cd {shlex.quote(str(REPO))}",
+                *self.env_lines(job),
+                "",
+                *job.lines,
+                "",
+            ]
+        )
 
     # ----------------------------------------------------------------------- submission
     def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
@@ -132,8 +159,7 @@ class Bcp(Platform):
             out = run_client(["bash", str(run_dir / job.script)], f"ngc base-command job run ({job.script})")
             match = re.search(r"^\s*Id:\s*(\d+)\s*$", out, re.MULTILINE)  # "Job Information / Id: 7180359"
             if not match:
-                raise SubmitError(f"ngc base-command job run ({job.script}) printed no job id: "
-                                  f"{out.strip()[:200]!r}")
+                raise SubmitError(f"ngc base-command job run ({job.script}) printed no job id: {out.strip()[:200]!r}")
             return match.group(1)
 
         return submit_in_order(jobs, run_dir, submit_one, lambda job, job_id: wait(cfg, job_id), say)
@@ -179,8 +205,9 @@ def _mounts(cluster: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 def _mount_problem(cluster: Mapping[str, Any]) -> str | None:
     for key, fields in (("workspaces", ("id", "mount")), ("datasets", ("id", "mount"))):
         for entry in _mounts(cluster, key):
-            if not (isinstance(entry, Mapping) and all(entry.get(f) for f in fields)
-                    and str(entry["mount"]).startswith("/")):
+            if not (
+                isinstance(entry, Mapping) and all(entry.get(f) for f in fields) and str(entry["mount"]).startswith("/")
+            ):
                 return f"cluster.{key}: each entry needs id and an absolute mount; got {entry!r}"
     return None
 
@@ -194,14 +221,20 @@ def _instance_problems(cluster: Mapping[str, Any]) -> list[str]:
     """The instance type names the GPUs of a replica: they must be the plan's."""
     family, gpus = instance_gpus(cluster)
     if not cluster.get("instance"):
-        return ["cluster.instance is empty: name the instance type (ngc base-command ace list), e.g. "
-                "cluster.instance=dgxh100.80g.8.norm"]
+        return [
+            "cluster.instance is empty: name the instance type (ngc base-command ace list), e.g. "
+            "cluster.instance=dgxh100.80g.8.norm"
+        ]
     if gpus is not None and gpus != cluster.get("gpus_per_node"):
-        return [f"cluster.instance={cluster['instance']} has {gpus} GPUs but cluster.gpus_per_node="
-                f"{cluster.get('gpus_per_node')}; set cluster.gpus_per_node={gpus} or pick another instance"]
+        return [
+            f"cluster.instance={cluster['instance']} has {gpus} GPUs but cluster.gpus_per_node="
+            f"{cluster.get('gpus_per_node')}; set cluster.gpus_per_node={gpus} or pick another instance"
+        ]
     if family and cluster.get("gpu_type") and family != str(cluster["gpu_type"]).lower():
-        return [f"cluster.instance={cluster['instance']} has {family} GPUs but cluster.gpu_type="
-                f"{cluster['gpu_type']}; set cluster.gpu_type={family}"]
+        return [
+            f"cluster.instance={cluster['instance']} has {family} GPUs but cluster.gpu_type="
+            f"{cluster['gpu_type']}; set cluster.gpu_type={family}"
+        ]
     return []
 
 
@@ -212,25 +245,34 @@ def _path_problems(cfg: Cfg, selected: list[str]) -> list[str]:
     mounts = [str(m["mount"]) for m in _mounts(cluster, "workspaces") + _mounts(cluster, "datasets")]
     missing = outside_mounts(commands.job_paths(cfg), mounts)
     if missing:
-        found.append(f"cluster=bcp: jobs see only workspaces and datasets, and {', '.join(missing)} lie on none of "
-                     "them; keep the repository, results_dir and the data in a workspace mounted at the same path "
-                     "here (ngc workspace mount) and in the job, e.g. cluster.workspaces=[{id: llama31, mount: "
-                     "/mnt/llama31}]")
+        found.append(
+            f"cluster=bcp: jobs see only workspaces and datasets, and {', '.join(missing)} lie on none of "
+            "them; keep the repository, results_dir and the data in a workspace mounted at the same path "
+            "here (ngc workspace mount) and in the job, e.g. cluster.workspaces=[{id: llama31, mount: "
+            "/mnt/llama31}]"
+        )
     writable = [str(m["mount"]) for m in _mounts(cluster, "workspaces")]
-    outputs = [cfg["results_dir"]] + ([str(cfg["data_preparation"]["output_dir"])]
-                                      if "data_preparation" in selected else [])
+    outputs = [cfg["results_dir"]] + (
+        [str(cfg["data_preparation"]["output_dir"])] if "data_preparation" in selected else []
+    )
     read_only = [p for p in outside_mounts(outputs, writable) if p not in missing]
     if read_only:
-        found.append(f"cluster=bcp: {', '.join(read_only)} must be written and lie in no workspace (datasets are "
-                     "read-only); move them into one of cluster.workspaces")
+        found.append(
+            f"cluster=bcp: {', '.join(read_only)} must be written and lie in no workspace (datasets are "
+            "read-only); move them into one of cluster.workspaces"
+        )
     return found
 
 
 # --------------------------------------------------------------------------- the job's files
 def _bcprun(nodes: int, per_node: int, env: Mapping[str, str], command: str) -> str:
     """bcprun with one option per line; its --cmd runs in a shell on every replica."""
-    groups = [["bcprun", "--nnodes", str(nodes), "--npernode", str(per_node)], ["--workdir", str(REPO)],
-              ["--env", f"PYTHONPATH={REPO}"], *[["--env", f"{k}={v}"] for k, v in env.items()]]
+    groups = [
+        ["bcprun", "--nnodes", str(nodes), "--npernode", str(per_node)],
+        ["--workdir", str(REPO)],
+        ["--env", f"PYTHONPATH={REPO}"],
+        *[["--env", f"{k}={v}"] for k, v in env.items()],
+    ]
     return commands.grouped_line(groups, shlex.join(["--cmd", command]))
 
 
@@ -245,15 +287,29 @@ def ngc_command(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
     instance = cluster["instance"]
     if job.stage != "training" and cluster.get("data_instance"):
         instance = cluster["data_instance"]
-    args = ["ngc", "base-command", "job", "run", "--name", job_name(cfg, job.stage, run_dir),
-            "--image", str(cluster["container"]), "--instance", str(instance)]
+    args = [
+        "ngc",
+        "base-command",
+        "job",
+        "run",
+        "--name",
+        job_name(cfg, job.stage, run_dir),
+        "--image",
+        str(cluster["container"]),
+        "--instance",
+        str(instance),
+    ]
     for key in ("ace", "org", "team"):
         if cluster.get(key):
             args += [f"--{key}", str(cluster[key])]
     if job.nodes > 1:
         args += ["--replicas", str(job.nodes), "--array-type", "PYTORCH"]
-    args += ["--total-runtime", f"{time_seconds(job.time_limit or cluster['time_limit'])}s",
-             "--result", str(cluster["result"])]
+    args += [
+        "--total-runtime",
+        f"{time_seconds(job.time_limit or cluster['time_limit'])}s",
+        "--result",
+        str(cluster["result"]),
+    ]
     for ws in _mounts(cluster, "workspaces"):
         args += ["--workspace", f"{ws['id']}:{ws['mount']}:{ws.get('mode') or 'RW'}"]
     for ds in _mounts(cluster, "datasets"):

@@ -1,6 +1,7 @@
 """Container runtimes: how a job's commands enter cluster.container (pyxis flags on srun, `apptainer exec`, or
 `none`: bare metal), and how the container stage builds that image from cluster.container_source with the
 declared stack installed (`python -m recipes.stack install`, which adds only what the base lacks)."""
+
 from __future__ import annotations
 
 import shlex
@@ -27,8 +28,10 @@ def runtime_of(cluster: Mapping[str, Any]) -> str:
 def runtime_problems(cluster: Mapping[str, Any], allowed: tuple[str, ...]) -> list[str]:
     value = cluster.get("container_runtime")
     if value not in allowed:
-        return [f"cluster.container_runtime={value!r}: cluster={cluster['name']} runs containers with "
-                f"{' or '.join(allowed)}"]
+        return [
+            f"cluster.container_runtime={value!r}: cluster={cluster['name']} runs containers with "
+            f"{' or '.join(allowed)}"
+        ]
     return []
 
 
@@ -39,21 +42,29 @@ def build_problems(cfg: Mapping[str, Any], build_here: bool, dry_run: bool) -> t
     image = cluster.get("container")
     suffix = IMAGE_SUFFIX.get(runtime)
     if suffix is None:
-        return [f"stages has container but cluster.container_runtime={runtime} has no image to build; use "
-                "pyxis (.sqsh) or apptainer (.sif), or drop container from stages"], False
+        return [
+            f"stages has container but cluster.container_runtime={runtime} has no image to build; use "
+            "pyxis (.sqsh) or apptainer (.sif), or drop container from stages"
+        ], False
     if not image or not str(image).endswith(suffix):
-        return [f"stages has container but cluster.container={image!r} is not a {suffix} path to build into "
-                f"(cluster.container_runtime={runtime}); set cluster.container=/abs/path/image{suffix} or drop "
-                "container from stages"], False
+        return [
+            f"stages has container but cluster.container={image!r} is not a {suffix} path to build into "
+            f"(cluster.container_runtime={runtime}); set cluster.container=/abs/path/image{suffix} or drop "
+            "container from stages"
+        ], False
     if not str(image).startswith("/"):
-        return [f"cluster.container={image} must be an absolute path ({runtime} resolves relative paths on the "
-                "compute node)"], False
+        return [
+            f"cluster.container={image} must be an absolute path ({runtime} resolves relative paths on the "
+            "compute node)"
+        ], False
     problems = wheel_dir_problems(cluster, dry_run)
     if Path(image).exists():
         return problems, False
     if build_here and not dry_run and shutil.which(BUILD_TOOL[runtime]) is None:
-        problems.append(f"stages has container with cluster={cluster['name']} but {BUILD_TOOL[runtime]} is not "
-                        "installed here; install it, or build on a compute node (cluster=bcm or cluster=sge)")
+        problems.append(
+            f"stages has container with cluster={cluster['name']} but {BUILD_TOOL[runtime]} is not "
+            "installed here; install it, or build on a compute node (cluster=bcm or cluster=sge)"
+        )
     return problems, not problems
 
 
@@ -64,8 +75,10 @@ def wheel_dir_problems(cluster: Mapping[str, Any], dry_run: bool) -> list[str]:
     if not str(wheels).startswith("/"):
         return [f"cluster.wheel_dir={wheels} must be an absolute path (it is mounted at the same path)"]
     if not dry_run and not Path(wheels).is_dir():
-        return [f"cluster.wheel_dir={wheels} is not a directory; point it at the wheels for the declared stack "
-                "(pip download -d DIR ...), or set it to null to install from the package index"]
+        return [
+            f"cluster.wheel_dir={wheels} is not a directory; point it at the wheels for the declared stack "
+            "(pip download -d DIR ...), or set it to null to install from the package index"
+        ]
     return []
 
 
@@ -78,16 +91,22 @@ def image_problems(cfg: Mapping[str, Any], dry_run: bool) -> tuple[list[str], li
     suffix = IMAGE_SUFFIX[runtime]
     other = [s for r, s in IMAGE_SUFFIX.items() if r != runtime and str(image).endswith(s)]
     if other:
-        return [f"cluster.container={image} is a {other[0]} image but cluster.container_runtime={runtime} runs "
-                f"{suffix} images; set cluster.container to a {suffix} path or change the runtime"], []
+        return [
+            f"cluster.container={image} is a {other[0]} image but cluster.container_runtime={runtime} runs "
+            f"{suffix} images; set cluster.container to a {suffix} path or change the runtime"
+        ], []
     if not str(image).endswith(suffix):
         return [], []  # an image reference the runtime pulls itself (docker://..., a registry name)
     if not str(image).startswith("/"):
-        return [f"cluster.container={image} must be an absolute path ({runtime} resolves relative paths on the "
-                "compute node)"], []
+        return [
+            f"cluster.container={image} must be an absolute path ({runtime} resolves relative paths on the "
+            "compute node)"
+        ], []
     if not Path(image).exists():
-        msg = (f"cluster.container={image} does not exist: run `bash setup.sh`, add the container stage "
-               "(stages=[container,training]), or set cluster.container to an existing image")
+        msg = (
+            f"cluster.container={image} does not exist: run `bash setup.sh`, add the container stage "
+            "(stages=[container,training]), or set cluster.container to an existing image"
+        )
         return ([], [msg]) if dry_run else ([msg], [])
     return [], []
 
@@ -110,8 +129,11 @@ def env_problems(cluster: Mapping[str, Any], env: Mapping[str, str]) -> list[str
     """apptainer --env splits its value on commas, so a value holding one cannot be passed that way."""
     if runtime_of(cluster) != "apptainer":
         return []
-    return [f"cluster.env.{key}={value!r} contains a comma, which apptainer --env cannot pass; set it without one"
-            for key, value in env.items() if "," in str(value)]
+    return [
+        f"cluster.env.{key}={value!r} contains a comma, which apptainer --env cannot pass; set it without one"
+        for key, value in env.items()
+        if "," in str(value)
+    ]
 
 
 # --------------------------------------------------------------------------- the container stage
@@ -134,8 +156,7 @@ def build_mounts(cluster: Mapping[str, Any]) -> list[str]:
 
 
 def build_title(cluster: Mapping[str, Any]) -> str:
-    return (f"Build {cluster['container']} from {cluster['container_source']} with the declared stack "
-            "(conf/stack.yaml)")
+    return f"Build {cluster['container']} from {cluster['container_source']} with the declared stack (conf/stack.yaml)"
 
 
 def build_lines(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[str], dict[str, str]]:
@@ -148,8 +169,10 @@ def build_lines(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[str], dict[
 
 def _skip_when_built(image: str) -> list[str]:
     path = shlex.quote(image)
-    return [f"if [ -f {path} ]; then echo \"container: {image} exists; nothing to build\"; exit 0; fi",
-            f"mkdir -p {shlex.quote(str(Path(image).parent))}"]
+    return [
+        f'if [ -f {path} ]; then echo "container: {image} exists; nothing to build"; exit 0; fi',
+        f"mkdir -p {shlex.quote(str(Path(image).parent))}",
+    ]
 
 
 def enroot_build(cluster: Mapping[str, Any]) -> list[str]:
@@ -170,10 +193,10 @@ def enroot_build(cluster: Mapping[str, Any]) -> list[str]:
     if not local_base:
         lines.append(shlex.join(["enroot", "import", "--output", base, "docker://" + source]))
     lines += [
-        f"enroot create --name \"$BUILD\" {shlex.quote(base)}",
+        f'enroot create --name "$BUILD" {shlex.quote(base)}',
         "# Installs only what the base lacks or has outside the declared versions.",
-        f"enroot start --root --rw {mounts} --env PYTHONPATH={shlex.quote(str(REPO))} \"$BUILD\" {install}",
-        f"enroot export --output {shlex.quote(partial)} \"$BUILD\"",
+        f'enroot start --root --rw {mounts} --env PYTHONPATH={shlex.quote(str(REPO))} "$BUILD" {install}',
+        f'enroot export --output {shlex.quote(partial)} "$BUILD"',
         f"mv -f {shlex.quote(partial)} {shlex.quote(sqsh)}",
     ]
     return lines
@@ -181,21 +204,26 @@ def enroot_build(cluster: Mapping[str, Any]) -> list[str]:
 
 def definition_file(cluster: Mapping[str, Any]) -> str:
     source = str(cluster["container_source"])
-    bootstrap = (["Bootstrap: localimage", f"From: {source}"] if source.startswith("/")
-                 else ["Bootstrap: docker", f"From: {docker_reference(source)}"])
-    return "\n".join([
-        *bootstrap,
-        "",
-        "%post",
-        "    # The base image's environment (PATH, LD_LIBRARY_PATH, ...), which %post does not read by itself.",
-        "    if [ -f /.singularity.d/env/10-docker2singularity.sh ]; then",
-        "        . /.singularity.d/env/10-docker2singularity.sh",
-        "    fi",
-        f"    cd {shlex.quote(str(REPO))}",
-        "    # Installs only what the base lacks or has outside the declared versions.",
-        f"    {shlex.join(install_command(cluster))}",
-        "",
-    ])
+    bootstrap = (
+        ["Bootstrap: localimage", f"From: {source}"]
+        if source.startswith("/")
+        else ["Bootstrap: docker", f"From: {docker_reference(source)}"]
+    )
+    return "\n".join(
+        [
+            *bootstrap,
+            "",
+            "%post",
+            "    # The base image's environment (PATH, LD_LIBRARY_PATH, ...), which %post does not read by itself.",
+            "    if [ -f /.singularity.d/env/10-docker2singularity.sh ]; then",
+            "        . /.singularity.d/env/10-docker2singularity.sh",
+            "    fi",
+            f"    cd {shlex.quote(str(REPO))}",
+            "    # Installs only what the base lacks or has outside the declared versions.",
+            f"    {shlex.join(install_command(cluster))}",
+            "",
+        ]
+    )
 
 
 def apptainer_build(cluster: Mapping[str, Any], run_dir: Path) -> tuple[list[str], dict[str, str]]:
@@ -206,8 +234,9 @@ def apptainer_build(cluster: Mapping[str, Any], run_dir: Path) -> tuple[list[str
     lines = [
         *_skip_when_built(sif),
         f"trap 'rm -f {shlex.quote(partial)}' EXIT",
-        shlex.join(["apptainer", "build", "--force", f"--bind={','.join(build_mounts(cluster))}", partial,
-                    str(definition)]),
+        shlex.join(
+            ["apptainer", "build", "--force", f"--bind={','.join(build_mounts(cluster))}", partial, str(definition)]
+        ),
         f"mv -f {shlex.quote(partial)} {shlex.quote(sif)}",
     ]
     return lines, {definition.name: definition_file(cluster)}

@@ -4,6 +4,7 @@ pods find pod 0 for the rendezvous; data preparation is an Indexed Job with one 
 check. Images run by name from a registry; the repository, results and data live on PersistentVolumeClaims
 mounted at the paths they have where main.py runs. Kubernetes has no job dependencies: main.py submits each
 job once the previous one has completed."""
+
 from __future__ import annotations
 
 import hashlib
@@ -31,13 +32,17 @@ class K8s(Platform):
     suffix = ".yaml"
     resubmit = "kubectl create -f"
     client = "kubectl"
-    chain = ("in order: Kubernetes jobs cannot wait for each other, so main.py submits each job once the previous "
-             "one has completed, and waits here")
+    chain = (
+        "in order: Kubernetes jobs cannot wait for each other, so main.py submits each job once the previous "
+        "one has completed, and waits here"
+    )
     builds_images = False
     runs_ft_launcher = True
-    no_job_chain = ("a Job cannot wait for another to end; create the run again to continue it from its newest "
-                    "checkpoint, or let resilience.in_job_restarts restart the ranks inside the pods; set "
-                    "resilience.job_restarts=0")
+    no_job_chain = (
+        "a Job cannot wait for another to end; create the run again to continue it from its newest "
+        "checkpoint, or let resilience.in_job_restarts restart the ranks inside the pods; set "
+        "resilience.job_restarts=0"
+    )
 
     def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
         found = self.image_name_problems(cfg, "<registry>/<image>:<tag>") + _volume_problems(cfg)
@@ -50,11 +55,21 @@ class K8s(Platform):
         check = shlex.join(commands.data_check_command(run_dir))
         job = cfg["data_preparation"].get("job") or {}
         return [
-            self.job("data_preparation", f"Data preparation ({name}): one pod per shard ({num_shards} shards)",
-                     [prep], array_size=num_shards, max_parallel=job.get("max_parallel"),
-                     cpus_per_task=job.get("cpus_per_task"), time_limit=job.get("time_limit")),
-            self.job("data_check", f"Check every prepared shard ({num_shards}) before training starts", [check],
-                     time_limit=job.get("time_limit")),
+            self.job(
+                "data_preparation",
+                f"Data preparation ({name}): one pod per shard ({num_shards} shards)",
+                [prep],
+                array_size=num_shards,
+                max_parallel=job.get("max_parallel"),
+                cpus_per_task=job.get("cpus_per_task"),
+                time_limit=job.get("time_limit"),
+            ),
+            self.job(
+                "data_check",
+                f"Check every prepared shard ({num_shards}) before training starts",
+                [check],
+                time_limit=job.get("time_limit"),
+            ),
         ]
 
     def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
@@ -63,19 +78,25 @@ class K8s(Platform):
         report = shlex.join(commands.report_command(run_dir))
         lines = [
             command,
-            "# The throughput / MFU table (into pod 0's log) and the loss and step-time plot (into the run "
-            "directory).",
+            "# The throughput / MFU table (into pod 0's log) and the loss and step-time plot (into the run directory).",
             f'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then {report}{REPORT_FALLBACK}; fi',
         ]
-        job = self.job("training", training_title(plan, "one pod per node, torchrun in each"), lines,
-                       env=dict(plan.env), nodes=plan.num_nodes, ntasks_per_node=plan.gpus_per_node,
-                       gpus_per_node=plan.gpus_per_node)
+        job = self.job(
+            "training",
+            training_title(plan, "one pod per node, torchrun in each"),
+            lines,
+            env=dict(plan.env),
+            nodes=plan.num_nodes,
+            ntasks_per_node=plan.gpus_per_node,
+            gpus_per_node=plan.gpus_per_node,
+        )
         return job, command
 
     # ----------------------------------------------------------------------- the manifests
     def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
-        body = yaml.dump_all(manifests(job, cfg, run_dir), Dumper=_Dumper, sort_keys=False,
-                             default_flow_style=False, width=120)
+        body = yaml.dump_all(
+            manifests(job, cfg, run_dir), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120
+        )
         return "\n".join(self.header_lines(job, run_dir)) + "\n" + body
 
     # ----------------------------------------------------------------------- submission
@@ -85,14 +106,17 @@ class K8s(Platform):
             lines.append(shlex.join(_kubectl(cfg, "create", "-f", str(run_dir / job.script))))
             if index < len(jobs) - 1:
                 name = job_name(cfg, job.stage, run_dir)
-                lines.append(shlex.join(_kubectl(cfg, "wait", "--for=condition=complete", "--timeout=-1s",
-                                                 f"job/{name}")))
+                lines.append(
+                    shlex.join(_kubectl(cfg, "wait", "--for=condition=complete", "--timeout=-1s", f"job/{name}"))
+                )
         return lines
 
     def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
         def submit_one(job: Job, previous: str | None) -> str:
-            out = run_client(_kubectl(cfg, "create", "-f", str(run_dir / job.script), "-o", "name"),
-                             f"kubectl create -f {job.script}")
+            out = run_client(
+                _kubectl(cfg, "create", "-f", str(run_dir / job.script), "-o", "name"),
+                f"kubectl create -f {job.script}",
+            )
             names = [line.split("/", 1)[1] for line in out.split() if line.startswith("job.batch/")]
             if not names:
                 raise SubmitError(f"kubectl create -f {job.script} printed no job: {out.strip()!r}")
@@ -134,16 +158,22 @@ def wait(cfg: Cfg, name: str) -> str | None:
 def _volume_problems(cfg: Cfg) -> list[str]:
     """Pods see only cluster.volumes: the repository, results_dir and the data must lie on them."""
     volumes = cfg["cluster"].get("volumes") or []
-    bad = [v for v in volumes
-           if not (isinstance(v, Mapping) and v.get("claim") and str(v.get("mount", "")).startswith("/"))]
+    bad = [
+        v
+        for v in volumes
+        if not (isinstance(v, Mapping) and v.get("claim") and str(v.get("mount", "")).startswith("/"))
+    ]
     if bad:
-        return [f"cluster.volumes: each entry needs claim (a PersistentVolumeClaim) and an absolute mount; got "
-                f"{bad[0]!r}"]
+        return [
+            f"cluster.volumes: each entry needs claim (a PersistentVolumeClaim) and an absolute mount; got {bad[0]!r}"
+        ]
     missing = outside_mounts(commands.job_paths(cfg), [str(v["mount"]) for v in volumes])
     if missing:
-        return [f"cluster=k8s: pods see only cluster.volumes, and {', '.join(missing)} lie on none of them; "
-                "put the repository, results_dir and the data on a PersistentVolumeClaim mounted at the same "
-                "path here and in the pods, e.g. cluster.volumes=[{claim: llama31, mount: /mnt/llama31}]"]
+        return [
+            f"cluster=k8s: pods see only cluster.volumes, and {', '.join(missing)} lie on none of them; "
+            "put the repository, results_dir and the data on a PersistentVolumeClaim mounted at the same "
+            "path here and in the pods, e.g. cluster.volumes=[{claim: llama31, mount: /mnt/llama31}]"
+        ]
     return []
 
 
@@ -157,7 +187,7 @@ def dns_name(*parts: str, limit: int = 52) -> str:
         name = "j-" + name
     if len(name) > limit:
         digest = hashlib.sha256(full.encode()).hexdigest()[:6]
-        name = name[:limit - 7].rstrip("-") + "-" + digest
+        name = name[: limit - 7].rstrip("-") + "-" + digest
     return name
 
 
@@ -170,15 +200,24 @@ def _torchrun(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str
     master = job_name(cfg, "training", run_dir)
     if commands.in_job_restarts(cfg):
         # ft_launcher's c10d rendezvous on pod 0 (it has no static one): it restarts every rank in the pods.
-        return commands.ft_launch_command(cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node,
-                                          (f"{master}-0.{master}:{cfg['cluster']['master_port']}", master))
+        return commands.ft_launch_command(
+            cfg,
+            run_dir,
+            entry,
+            plan.num_nodes,
+            plan.gpus_per_node,
+            (f"{master}-0.{master}:{cfg['cluster']['master_port']}", master),
+        )
     program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
-    return " ".join([
-        shlex.join(["torchrun", "--nnodes", str(plan.num_nodes), "--nproc-per-node", str(plan.gpus_per_node)]),
-        '--node-rank "$JOB_COMPLETION_INDEX"',
-        shlex.join(["--master-addr", f"{master}-0.{master}", "--master-port", str(cfg["cluster"]["master_port"]),
-                    *program]),
-    ])
+    return " ".join(
+        [
+            shlex.join(["torchrun", "--nnodes", str(plan.num_nodes), "--nproc-per-node", str(plan.gpus_per_node)]),
+            '--node-rank "$JOB_COMPLETION_INDEX"',
+            shlex.join(
+                ["--master-addr", f"{master}-0.{master}", "--master-port", str(cfg["cluster"]["master_port"]), *program]
+            ),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- manifests
@@ -196,8 +235,11 @@ _Dumper.add_representer(str, _str)
 
 
 def _metadata(cfg: Mapping[str, Any], name: str, job: Job, run_dir: Path) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/name": "llama31-recipes", "app.kubernetes.io/component": job.stage.replace("_", "-"),
-              "llama31-recipes/run": dns_name(run_dir.name, limit=63)}
+    labels = {
+        "app.kubernetes.io/name": "llama31-recipes",
+        "app.kubernetes.io/component": job.stage.replace("_", "-"),
+        "llama31-recipes/run": dns_name(run_dir.name, limit=63),
+    }
     meta: dict[str, Any] = {"name": name}
     if cfg["cluster"].get("namespace"):
         meta["namespace"] = cfg["cluster"]["namespace"]
@@ -235,9 +277,9 @@ def _pod(cfg: Mapping[str, Any], job: Job, name: str) -> dict[str, Any]:
         pod["terminationGracePeriodSeconds"] = cluster.get("signal_before_timeout_s") or 30
     pod["containers"] = [container]
     # NCCL and the data loaders need more shared memory than a container's default 64 MiB.
-    pod["volumes"] = [{"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": str(v["claim"])}}
-                      for i, v in enumerate(volumes)] + [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(cluster["shm_size"])}}]
+    pod["volumes"] = [
+        {"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": str(v["claim"])}} for i, v in enumerate(volumes)
+    ] + [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(cluster["shm_size"])}}]
     for key, field in (("node_selector", "nodeSelector"), ("tolerations", "tolerations")):
         if cluster.get(key):
             pod[field] = cluster[key]
@@ -250,8 +292,11 @@ def manifests(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[dict[str,
     name = job_name(cfg, job.stage, run_dir)
     meta = _metadata(cfg, name, job, run_dir)
     completions = job.nodes if job.stage == "training" else (job.array_size or 1)
-    spec: dict[str, Any] = {"completionMode": "Indexed", "completions": completions,
-                            "parallelism": min(job.max_parallel or completions, completions)}
+    spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": completions,
+        "parallelism": min(job.max_parallel or completions, completions),
+    }
     if job.array_size:
         spec["backoffLimitPerIndex"] = 0  # a failed shard fails alone; the others run to the end
     else:
@@ -261,10 +306,17 @@ def manifests(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[dict[str,
     spec["template"] = {"metadata": {"labels": dict(meta["labels"])}, "spec": _pod(cfg, job, name)}
     documents = [{"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}]
     if job.stage == "training":
-        service = {"apiVersion": "v1", "kind": "Service", "metadata": dict(meta), "spec": {
-            "clusterIP": "None", "publishNotReadyAddresses": True,
-            "selector": {"batch.kubernetes.io/job-name": name},
-            "ports": [{"name": "rendezvous", "port": cfg["cluster"]["master_port"]}]}}
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": dict(meta),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {"batch.kubernetes.io/job-name": name},
+                "ports": [{"name": "rendezvous", "port": cfg["cluster"]["master_port"]}],
+            },
+        }
         documents.insert(0, service)
     return documents
 

@@ -1,5 +1,6 @@
 """cluster=local: the stages as bash scripts run one after another on this machine; training with torchrun over
 its GPUs, with the Python that runs main.py."""
+
 from __future__ import annotations
 
 import shlex
@@ -21,8 +22,10 @@ class Local(Platform):
     runtimes = ("pyxis", "apptainer")
     rank_variable = "RANK"  # torchrun's
     runs_ft_launcher = True
-    no_job_chain = ("nothing here stops a run at a time limit, and a failed run is started again with the same "
-                    "command; resilience.in_job_restarts restarts the ranks after a hang or a crash")
+    no_job_chain = (
+        "nothing here stops a run at a time limit, and a failed run is started again with the same "
+        "command; resilience.in_job_restarts restarts the ranks after a hang or a crash"
+    )
 
     def script_name(self, stage: str) -> str:
         return "launch.sh" if stage == "training" else super().script_name(stage)
@@ -41,10 +44,14 @@ class Local(Platform):
         name = cfg["data_preparation"].get("name")
         log = run_dir / "logs" / "data_preparation.log"
         check = shlex.join(commands.data_check_command(run_dir))
-        return [self.job("data_preparation",
-                         f"Data preparation ({name}, {num_shards} shards) on this machine, then a check of every shard",
-                         [tee(commands.data_prep_command(run_dir), log), tee(check, log)],
-                         path_first=bare_path(cfg["cluster"]))]
+        return [
+            self.job(
+                "data_preparation",
+                f"Data preparation ({name}, {num_shards} shards) on this machine, then a check of every shard",
+                [tee(commands.data_prep_command(run_dir), log), tee(check, log)],
+                path_first=bare_path(cfg["cluster"]),
+            )
+        ]
 
     def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """The stack check, then torchrun over this machine's GPUs (ft_launcher with resilience.in_job_restarts);
@@ -55,39 +62,57 @@ class Local(Platform):
             command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
         report = shlex.join(commands.report_command(run_dir))
         log = run_dir / "logs" / "training.log"
-        lines = ["# The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.",
-                 tee(shlex.join(commands.stack_check_command(run_dir)), log),
-                 tee(command, log),
-                 "# The throughput / MFU table and the loss and step-time plot of this run.",
-                 tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK]
-        return self.job("training", f"Train {plan.model} ({plan.dtype}) on {gpus(plan.num_gpus)} of this machine",
-                        lines, env=dict(plan.env), path_first=bare_path(cfg["cluster"])), command
+        lines = [
+            "# The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.",
+            tee(shlex.join(commands.stack_check_command(run_dir)), log),
+            tee(command, log),
+            "# The throughput / MFU table and the loss and step-time plot of this run.",
+            tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK,
+        ]
+        return self.job(
+            "training",
+            f"Train {plan.model} ({plan.dtype}) on {gpus(plan.num_gpus)} of this machine",
+            lines,
+            env=dict(plan.env),
+            path_first=bare_path(cfg["cluster"]),
+        ), command
 
     def preflight_job(self, cfg: Cfg, plan: Plan, run_dir: Path) -> Job:
         """torchrun over the training job's GPUs running recipes.preflight: a non-zero exit below
         preflight.min_busbw_gbps stops the stages before training."""
         command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, commands.preflight_entry(run_dir)))
-        return self.job("preflight", preflight_title(plan), [tee(command, run_dir / "logs" / "preflight.log")],
-                        env=dict(plan.env), path_first=bare_path(cfg["cluster"]))
+        return self.job(
+            "preflight",
+            preflight_title(plan),
+            [tee(command, run_dir / "logs" / "preflight.log")],
+            env=dict(plan.env),
+            path_first=bare_path(cfg["cluster"]),
+        )
 
     def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
         export = shlex.join(commands.export_hf_command(cfg, run_dir))
-        return self.job("export", export_title(run_dir), [tee(export, run_dir / "logs" / "export.log")],
-                        path_first=bare_path(cfg["cluster"]))
+        return self.job(
+            "export",
+            export_title(run_dir),
+            [tee(export, run_dir / "logs" / "export.log")],
+            path_first=bare_path(cfg["cluster"]),
+        )
 
     def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
         """A bash script run from the repository; its commands tee their output into the run's logs."""
-        return "\n".join([
-            "#!/usr/bin/env bash",
-            *self.header_lines(job, run_dir),
-            "set -euo pipefail",
-            KEEP_LOG,
-            f"cd {shlex.quote(str(REPO))}",
-            *self.env_lines(job),
-            "",
-            *job.lines,
-            "",
-        ])
+        return "\n".join(
+            [
+                "#!/usr/bin/env bash",
+                *self.header_lines(job, run_dir),
+                "set -euo pipefail",
+                KEEP_LOG,
+                f"cd {shlex.quote(str(REPO))}",
+                *self.env_lines(job),
+                "",
+                *job.lines,
+                "",
+            ]
+        )
 
 
 PLATFORM = Local()

@@ -1,6 +1,7 @@
 """cluster.platform=sge (cluster=sge): Grid Engine job scripts (`#$` directives, TSUBAME-style resource lines from
 the config), ranks started by mpirun, one per GPU, in an Apptainer container or bare metal; each job waits for
 the previous one with -hold_jid."""
+
 from __future__ import annotations
 
 import shlex
@@ -13,16 +14,27 @@ from launcher.jobs.commands import REPORT_FALLBACK, bare_path
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_chained
 from launcher.plan.errors import PlanError
-from launcher.platforms.base import (Cfg, Platform, Say, chain_lines, export_title, hms, queued, time_seconds,
-                                     training_title)
+from launcher.platforms.base import (
+    Cfg,
+    Platform,
+    Say,
+    chain_lines,
+    export_title,
+    hms,
+    queued,
+    time_seconds,
+    training_title,
+)
 
 # A job script that exits with 100 is set into the error state, and Grid Engine never starts the jobs that wait
 # for it (-hold_jid): the afterok of this platform. Only jobs that something waits for use it.
 FAIL_HOLDS_DEPENDENTS = "trap 'exit 100' ERR"
 # This run's jobs still queued (the rest of a chain): pending jobs of the user with this job's full name (qstat -r
 # prints it on a line of its own; the job list truncates names).
-CANCEL_QUEUED = ("qstat -s p -u \"$(id -un)\" -r | awk -v name=\"$JOB_NAME\" '/^ *[0-9]+ /{id=$1} "
-                 "/Full jobname:/{if ($3 == name) print id}' | xargs -r qdel")
+CANCEL_QUEUED = (
+    'qstat -s p -u "$(id -un)" -r | awk -v name="$JOB_NAME" \'/^ *[0-9]+ /{id=$1} '
+    "/Full jobname:/{if ($3 == name) print id}' | xargs -r qdel"
+)
 
 
 class Sge(Platform):
@@ -46,58 +58,90 @@ class Sge(Platform):
         check = shlex.join(commands.data_check_command(run_dir))
         job = cfg["data_preparation"].get("job") or {}
         return [
-            self.job("data_preparation", f"Data preparation ({name}): one array task per shard ({num_shards} shards)",
-                     [commands.shell_line([], prep, container)], path_first=bare_path(cluster),
-                     array_size=num_shards, max_parallel=job.get("max_parallel"),
-                     cpus_per_task=job.get("cpus_per_task"), time_limit=job.get("time_limit")),
-            self.job("data_check", f"Check every prepared shard ({num_shards}) before training starts",
-                     [commands.shell_line([], check, container)], path_first=bare_path(cluster),
-                     time_limit=job.get("time_limit")),
+            self.job(
+                "data_preparation",
+                f"Data preparation ({name}): one array task per shard ({num_shards} shards)",
+                [commands.shell_line([], prep, container)],
+                path_first=bare_path(cluster),
+                array_size=num_shards,
+                max_parallel=job.get("max_parallel"),
+                cpus_per_task=job.get("cpus_per_task"),
+                time_limit=job.get("time_limit"),
+            ),
+            self.job(
+                "data_check",
+                f"Check every prepared shard ({num_shards}) before training starts",
+                [commands.shell_line([], check, container)],
+                path_first=bare_path(cluster),
+                time_limit=job.get("time_limit"),
+            ),
         ]
 
     def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
         """One process on one node, where the checkpoint is (CPU work)."""
         export = shlex.join(commands.export_hf_command(cfg, run_dir))
-        return self.job("export", export_title(run_dir),
-                        [commands.shell_line([], export, self.container_wrapper(cfg))],
-                        path_first=bare_path(cfg["cluster"]))
+        return self.job(
+            "export",
+            export_title(run_dir),
+            [commands.shell_line([], export, self.container_wrapper(cfg))],
+            path_first=bare_path(cfg["cluster"]),
+        )
 
     def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """mpirun starts one rank per GPU on the hosts Grid Engine gave the job; ranks come from the MPI
         launcher's variables (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE). The job ends with the report."""
         cluster = cfg["cluster"]
-        if plan.num_nodes > 1 and "training" in cfg["stages"] and not (
-                cluster.get("node_resource") or cluster.get("parallel_environment")):
-            raise PlanError([f"cluster=sge: the training job needs {plan.num_nodes} nodes but neither "
-                             "cluster.node_resource (TSUBAME: node_f) nor cluster.parallel_environment requests "
-                             "them"])
+        if (
+            plan.num_nodes > 1
+            and "training" in cfg["stages"]
+            and not (cluster.get("node_resource") or cluster.get("parallel_environment"))
+        ):
+            raise PlanError(
+                [
+                    f"cluster=sge: the training job needs {plan.num_nodes} nodes but neither "
+                    "cluster.node_resource (TSUBAME: node_f) nor cluster.parallel_environment requests "
+                    "them"
+                ]
+            )
         in_job = commands.in_job_restarts(cfg)
         exported = ["PYTHONPATH", "PATH", *plan.env, "MASTER_ADDR", "MASTER_PORT"]
         # With resilience.in_job_restarts mpirun starts one ft_launcher per node, which starts the node's ranks.
         processes, per_node = (plan.num_nodes, 1) if in_job else (plan.num_gpus, plan.gpus_per_node)
-        mpirun = [["mpirun", "-np", str(processes), "-npernode", str(per_node)],
-                  ["--bind-to", "none"], *[["-x", key] for key in exported],
-                  *[shlex.split(str(a)) for a in cluster.get("mpirun_args") or []]]
+        mpirun = [
+            ["mpirun", "-np", str(processes), "-npernode", str(per_node)],
+            ["--bind-to", "none"],
+            *[["-x", key] for key in exported],
+            *[shlex.split(str(a)) for a in cluster.get("mpirun_args") or []],
+        ]
         container = self.container_wrapper(cfg, plan.env)
         groups = [*mpirun, *([container[:2], *[[a] for a in container[2:]]] if container else [])]
         if in_job:
-            program = commands.ft_launch_command(cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node,
-                                                 ("$MASTER_ADDR:$MASTER_PORT", "$JOB_ID"))
-            ranks = ["# sharing a node never collide. One ft_launcher per node (nvidia-resiliency-ext's torchrun) "
-                     "starts that node's",
-                     "# ranks and restarts every rank of the job after a hang or a crash (resilience.in_job_restarts); "
-                     "ranks come",
-                     "# from the RANK / LOCAL_RANK / WORLD_SIZE it sets, which win over mpirun's variables."]
+            program = commands.ft_launch_command(
+                cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node, ("$MASTER_ADDR:$MASTER_PORT", "$JOB_ID")
+            )
+            ranks = [
+                "# sharing a node never collide. One ft_launcher per node (nvidia-resiliency-ext's torchrun) "
+                "starts that node's",
+                "# ranks and restarts every rank of the job after a hang or a crash (resilience.in_job_restarts); "
+                "ranks come",
+                "# from the RANK / LOCAL_RANK / WORLD_SIZE it sets, which win over mpirun's variables.",
+            ]
         else:
             program = shlex.join(entry)
-            ranks = ["# sharing a node never collide. Ranks come from mpirun (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / "
-                     "_SIZE)."]
+            ranks = [
+                "# sharing a node never collide. Ranks come from mpirun (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE)."
+            ]
         report = shlex.join(commands.report_command(run_dir))
         before, after = [], []
         if commands.job_restarts(cfg):
             before, after = chain_lines(
-                cfg, run_dir, lambda command: commands.shell_line([], command, self.container_wrapper(cfg)),
-                "$JOB_ID", CANCEL_QUEUED, "-hold_jid")
+                cfg,
+                run_dir,
+                lambda command: commands.shell_line([], command, self.container_wrapper(cfg)),
+                "$JOB_ID",
+                CANCEL_QUEUED,
+                "-hold_jid",
+            )
         lines = [
             *before,
             "# torch.distributed rendezvous on the job's first host; the port follows the job id so that jobs",
@@ -112,10 +156,18 @@ class Sge(Platform):
         ]
         margin = cluster.get("signal_before_timeout_s")
         how = "mpirun, ft_launcher on every node" if in_job else "mpirun, one rank per GPU"
-        job = self.job("training", training_title(plan, how), lines,
-                       env=dict(plan.env), path_first=bare_path(cluster), nodes=plan.num_nodes,
-                       ntasks_per_node=plan.gpus_per_node, gpus_per_node=plan.gpus_per_node,
-                       signal=f"USR1@{margin}" if margin else None, restarts=commands.job_restarts(cfg))
+        job = self.job(
+            "training",
+            training_title(plan, how),
+            lines,
+            env=dict(plan.env),
+            path_first=bare_path(cluster),
+            nodes=plan.num_nodes,
+            ntasks_per_node=plan.gpus_per_node,
+            gpus_per_node=plan.gpus_per_node,
+            signal=f"USR1@{margin}" if margin else None,
+            restarts=commands.job_restarts(cfg),
+        )
         return job, " ".join([*(shlex.join(g) for g in groups), program])
 
     # ----------------------------------------------------------------------- the job script
@@ -125,19 +177,21 @@ class Sge(Platform):
         cluster = cfg["cluster"]
         setup = [str(line) for line in cluster.get("setup") or []]
         modules = [f"module load {m}" for m in cluster.get("modules") or []]
-        return "\n".join([
-            "#!/bin/bash",
-            *self.header_lines(job, run_dir),
-            *[f"#$ {d}" for d in _directives(job, cluster, run_dir)],
-            *setup,
-            *modules,
-            "set -euo pipefail",
-            *_traps(job),
-            *self.env_lines(job),
-            "",
-            *job.lines,
-            "",
-        ])
+        return "\n".join(
+            [
+                "#!/bin/bash",
+                *self.header_lines(job, run_dir),
+                *[f"#$ {d}" for d in _directives(job, cluster, run_dir)],
+                *setup,
+                *modules,
+                "set -euo pipefail",
+                *_traps(job),
+                *self.env_lines(job),
+                "",
+                *job.lines,
+                "",
+            ]
+        )
 
     # ----------------------------------------------------------------------- submission
     def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
@@ -153,6 +207,7 @@ class Sge(Platform):
     def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
         """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_script; the
         repeats of a chained training job never exit 100, so the next one starts however it ended)."""
+
         def submit_one(script: Path, previous: str | None, after_any: bool) -> tuple[str, str | None]:
             return qsub(script, previous), f"hold_jid:{previous}" if previous else None
 
@@ -195,11 +250,15 @@ def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str
 def _traps(job: Job) -> list[str]:
     lines = []
     if job.followed:
-        lines += ["# Exit 100 on failure: Grid Engine then never starts the jobs that wait for this one (-hold_jid).",
-                  FAIL_HOLDS_DEPENDENTS]
+        lines += [
+            "# Exit 100 on failure: Grid Engine then never starts the jobs that wait for this one (-hold_jid).",
+            FAIL_HOLDS_DEPENDENTS,
+        ]
     if job.signal:
-        lines += ["# Grid Engine signals the whole job at s_rt; the shell waits for mpirun, which passes it to the "
-                  "ranks.", "trap 'echo \"SIGUSR1: the time limit is near\"' USR1"]
+        lines += [
+            "# Grid Engine signals the whole job at s_rt; the shell waits for mpirun, which passes it to the ranks.",
+            "trap 'echo \"SIGUSR1: the time limit is near\"' USR1",
+        ]
     return lines
 
 

@@ -1,5 +1,6 @@
 """cluster.platform=slurm (cluster=bcm): sbatch scripts, one task per GPU started by srun, in a pyxis or apptainer
 container or bare metal; each job waits for the previous one with afterok."""
+
 from __future__ import annotations
 
 import shlex
@@ -11,8 +12,16 @@ from launcher.jobs import commands
 from launcher.jobs.commands import REPORT_FALLBACK, bare_path
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_chained
-from launcher.platforms.base import (Cfg, Platform, Say, chain_lines, export_title, preflight_title, queued,
-                                     training_title)
+from launcher.platforms.base import (
+    Cfg,
+    Platform,
+    Say,
+    chain_lines,
+    export_title,
+    preflight_title,
+    queued,
+    training_title,
+)
 
 RENDEZVOUS = [
     "# torch.distributed rendezvous on the first node; the port follows the job id so that jobs sharing",
@@ -58,14 +67,25 @@ class Slurm(Platform):
         job = cfg["data_preparation"].get("job") or {}
         cpus = job.get("cpus_per_task")
         return [
-            self.job("data_preparation", f"Data preparation ({name}): one array task per shard ({num_shards} shards)",
-                     [commands.shell_line(srun, prep, container)], path_first=bare_path(cluster),
-                     array_size=num_shards, max_parallel=job.get("max_parallel"), cpus_per_task=cpus,
-                     # Tokenizer workers use every CPU they get: a whole node per task unless sized.
-                     exclusive=bool(cluster.get("exclusive")) and not cpus, time_limit=job.get("time_limit")),
-            self.job("data_check", f"Check every prepared shard ({num_shards}) before training starts",
-                     [commands.shell_line(srun, check, container)], path_first=bare_path(cluster),
-                     time_limit=job.get("time_limit")),
+            self.job(
+                "data_preparation",
+                f"Data preparation ({name}): one array task per shard ({num_shards} shards)",
+                [commands.shell_line(srun, prep, container)],
+                path_first=bare_path(cluster),
+                array_size=num_shards,
+                max_parallel=job.get("max_parallel"),
+                cpus_per_task=cpus,
+                # Tokenizer workers use every CPU they get: a whole node per task unless sized.
+                exclusive=bool(cluster.get("exclusive")) and not cpus,
+                time_limit=job.get("time_limit"),
+            ),
+            self.job(
+                "data_check",
+                f"Check every prepared shard ({num_shards}) before training starts",
+                [commands.shell_line(srun, check, container)],
+                path_first=bare_path(cluster),
+                time_limit=job.get("time_limit"),
+            ),
         ]
 
     def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
@@ -76,10 +96,12 @@ class Slurm(Platform):
         in_job = commands.in_job_restarts(cfg)
         container = self.container_wrapper(cfg, plan.env)
         if in_job:
-            srun = commands.srun_prefix(cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"],
-                                        extra=["--kill-on-bad-exit=1"])
-            program = commands.ft_launch_command(cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node,
-                                                 ("$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID"))
+            srun = commands.srun_prefix(
+                cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"], extra=["--kill-on-bad-exit=1"]
+            )
+            program = commands.ft_launch_command(
+                cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node, ("$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID")
+            )
             how = "ft_launcher on every node"
         else:
             srun = _every_rank(cfg, plan, mpi=plan.tp_comm_overlap)
@@ -90,8 +112,13 @@ class Slurm(Platform):
         before, after = [], []
         if commands.job_restarts(cfg):
             before, after = chain_lines(
-                cfg, run_dir, lambda command: commands.shell_line(one_task, command, self.container_wrapper(cfg)),
-                "$SLURM_JOB_ID", CANCEL_QUEUED, "afterany")
+                cfg,
+                run_dir,
+                lambda command: commands.shell_line(one_task, command, self.container_wrapper(cfg)),
+                "$SLURM_JOB_ID",
+                CANCEL_QUEUED,
+                "afterany",
+            )
         lines = [
             *before,
             *(FT_RENDEZVOUS if in_job else RENDEZVOUS),
@@ -101,41 +128,60 @@ class Slurm(Platform):
             commands.shell_line(one_task, report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
         ]
         margin = cfg["cluster"].get("signal_before_timeout_s")
-        job = self.job("training", training_title(plan, how), lines, signal=f"USR1@{margin}" if margin else None,
-                       restarts=commands.job_restarts(cfg),
-                       **_job_shape(cfg["cluster"], plan, tasks_per_node=1 if in_job else None))
+        job = self.job(
+            "training",
+            training_title(plan, how),
+            lines,
+            signal=f"USR1@{margin}" if margin else None,
+            restarts=commands.job_restarts(cfg),
+            **_job_shape(cfg["cluster"], plan, tasks_per_node=1 if in_job else None),
+        )
         return job, " ".join([shlex.join(srun), *([shlex.join(container)] if container else []), program])
 
     def preflight_job(self, cfg: Cfg, plan: Plan, run_dir: Path) -> Job:
         """The training job's nodes and tasks running recipes.preflight; afterok stops the chain when it fails."""
         srun = _every_rank(cfg, plan, mpi=False)
-        line = commands.shell_line(srun, shlex.join(commands.preflight_entry(run_dir)),
-                                   self.container_wrapper(cfg, plan.env))
-        return self.job("preflight", preflight_title(plan), [*RENDEZVOUS, line],
-                        time_limit=cfg["preflight"].get("time_limit"), **_job_shape(cfg["cluster"], plan))
+        line = commands.shell_line(
+            srun, shlex.join(commands.preflight_entry(run_dir)), self.container_wrapper(cfg, plan.env)
+        )
+        return self.job(
+            "preflight",
+            preflight_title(plan),
+            [*RENDEZVOUS, line],
+            time_limit=cfg["preflight"].get("time_limit"),
+            **_job_shape(cfg["cluster"], plan),
+        )
 
     def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
         """One task on one node, where the checkpoint is (CPU work)."""
         cluster = cfg["cluster"]
         srun = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
-        line = commands.shell_line(srun, shlex.join(commands.export_hf_command(cfg, run_dir)),
-                                   self.container_wrapper(cfg))
-        return self.job("export", export_title(run_dir), [line], path_first=bare_path(cluster),
-                        exclusive=bool(cluster.get("exclusive")))
+        line = commands.shell_line(
+            srun, shlex.join(commands.export_hf_command(cfg, run_dir)), self.container_wrapper(cfg)
+        )
+        return self.job(
+            "export",
+            export_title(run_dir),
+            [line],
+            path_first=bare_path(cluster),
+            exclusive=bool(cluster.get("exclusive")),
+        )
 
     # ----------------------------------------------------------------------- the sbatch script
     def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
         """#SBATCH header from the job's resources and the cluster's settings; logs go to RUN_DIR/logs/."""
-        return "\n".join([
-            "#!/bin/bash",
-            *self.header_lines(job, run_dir),
-            *[f"#SBATCH {d}" for d in _directives(job, cfg["cluster"], run_dir)],
-            "set -euo pipefail",
-            *self.env_lines(job),
-            "",
-            *job.lines,
-            "",
-        ])
+        return "\n".join(
+            [
+                "#!/bin/bash",
+                *self.header_lines(job, run_dir),
+                *[f"#SBATCH {d}" for d in _directives(job, cfg["cluster"], run_dir)],
+                "set -euo pipefail",
+                *self.env_lines(job),
+                "",
+                *job.lines,
+                "",
+            ]
+        )
 
     # ----------------------------------------------------------------------- submission
     def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
@@ -151,6 +197,7 @@ class Slurm(Platform):
     def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
         """Each job waits for the previous one with afterok (never singleton: names are not dependencies); the
         repeats of a chained training job with afterany."""
+
         def submit_one(script: Path, previous: str | None, after_any: bool) -> tuple[str, str | None]:
             dependency = f"{'afterany' if after_any else 'afterok'}:{previous}" if previous else None
             return sbatch(script, dependency), dependency
@@ -165,24 +212,28 @@ class Slurm(Platform):
 
 
 def _every_rank(cfg: Cfg, plan: Plan, mpi: bool) -> list[str]:
-    return commands.srun_prefix(cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"], mpi=mpi,
-                                extra=["--kill-on-bad-exit=1"])
+    return commands.srun_prefix(
+        cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"], mpi=mpi, extra=["--kill-on-bad-exit=1"]
+    )
 
 
 def _job_shape(cluster: Mapping[str, Any], plan: Plan, tasks_per_node: int | None = None) -> dict[str, Any]:
     """One task per GPU on the plan's nodes (or tasks_per_node: ft_launcher's one): training and the preflight,
     which measures the same layout."""
-    return dict(env=dict(plan.env), path_first=bare_path(cluster), nodes=plan.num_nodes,
-                ntasks_per_node=tasks_per_node or plan.gpus_per_node,
-                gpus_per_node=plan.gpus_per_node if cluster.get("gpus_per_node") else None,
-                exclusive=bool(cluster.get("exclusive")))
+    return dict(
+        env=dict(plan.env),
+        path_first=bare_path(cluster),
+        nodes=plan.num_nodes,
+        ntasks_per_node=tasks_per_node or plan.gpus_per_node,
+        gpus_per_node=plan.gpus_per_node if cluster.get("gpus_per_node") else None,
+        exclusive=bool(cluster.get("exclusive")),
+    )
 
 
 def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str]:
     log = f"{run_dir}/logs/{job.stage}_" + ("%A_%a" if job.array_size else "%j")
     prefix = cluster.get("job_name_prefix")
-    directives = [f"--job-name={prefix + ':' if prefix else ''}{job.stage}:{run_dir.name}",
-                  f"--nodes={job.nodes}"]
+    directives = [f"--job-name={prefix + ':' if prefix else ''}{job.stage}:{run_dir.name}", f"--nodes={job.nodes}"]
     if job.ntasks_per_node:
         directives.append(f"--ntasks-per-node={job.ntasks_per_node}")
     if job.gpus_per_node:

@@ -6,6 +6,7 @@ PNG of loss and step time per run.
     python -m launcher.report --rank results/llama31_8b_bf16_*      # fastest first, beside the model's prediction
     python -m launcher.report nemo.log --gbs 128 --seq 8192 --gpus 64 --model llama31/70b --peak fp8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,15 +19,26 @@ from launcher.report.throughput import default_plot_path, format_table, load, mf
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("paths", nargs="+", type=Path, help="run directories and/or training log files")
-    p.add_argument("--window", help="positions START:END (half-open) of the logged steps to average; "
-                                    "default: 70%%..90%% of the run (35:45 of 50)")
-    p.add_argument("--rank", action="store_true", help="also rank the runs, fastest first, beside the step-time "
-                                                       "model's prediction for each (run directories)")
-    p.add_argument("--plot", type=Path, help="PNG to write (default: RUN_DIR/report.png for one run directory, "
-                                             "LOG_DIR/LOG_report.png beside a bare log, else ./report.png)")
+    p.add_argument(
+        "--window",
+        help="positions START:END (half-open) of the logged steps to average; "
+        "default: 70%%..90%% of the run (35:45 of 50)",
+    )
+    p.add_argument(
+        "--rank",
+        action="store_true",
+        help="also rank the runs, fastest first, beside the step-time model's prediction for each (run directories)",
+    )
+    p.add_argument(
+        "--plot",
+        type=Path,
+        help="PNG to write (default: RUN_DIR/report.png for one run directory, "
+        "LOG_DIR/LOG_report.png beside a bare log, else ./report.png)",
+    )
     bare = p.add_argument_group("for log files without a run directory")
     bare.add_argument("--plan", help="a plan.json to take the sizes from")
     bare.add_argument("--gbs", type=int, help="global batch size")
@@ -34,8 +46,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bare.add_argument("--gpus", type=int, help="number of GPUs")
     bare.add_argument("--model", help="training config for FLOPs per sample, e.g. llama31/70b")
     bare.add_argument("--gpu", default="h100", help="GPU type for the MFU peak (default h100)")
-    bare.add_argument("--peak", choices=("bf16", "fp8"), default="bf16",
-                      help="which peak MFU divides by (default bf16; compare FP8 runs in tokens/s/GPU)")
+    bare.add_argument(
+        "--peak",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="which peak MFU divides by (default bf16; compare FP8 runs in tokens/s/GPU)",
+    )
     return p.parse_args(argv)
 
 
@@ -67,10 +83,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.plot or default_plot_path(args.paths)
     if reports:
         print(format_table(reports))
-        peaks = sorted({f"{r.info.peak_label} = {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU"
-                        for r in reports if r.info.peak_flops})
-        print("step s: mean over the steps shown; MFU = GBS x model FLOPs per sample / step time / GPUs / peak"
-              + (f" ({'; '.join(peaks)})" if peaks else ""))
+        peaks = sorted(
+            {
+                f"{r.info.peak_label} = {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU"
+                for r in reports
+                if r.info.peak_flops
+            }
+        )
+        print(
+            "step s: mean over the steps shown; MFU = GBS x model FLOPs per sample / step time / GPUs / peak"
+            + (f" ({'; '.join(peaks)})" if peaks else "")
+        )
         for line in mfu_warnings(reports):
             print(line)
         if args.rank:

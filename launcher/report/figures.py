@@ -1,4 +1,5 @@
 """Headless matplotlib for the reports' PNGs: no display on login nodes or in jobs."""
+
 from __future__ import annotations
 
 from pathlib import Path

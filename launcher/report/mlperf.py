@@ -8,6 +8,7 @@ _compute_olympic_average): runs that did not reach the target are dropped; with 
 slowest converged runs are left out, with one dropped only the fastest (the dropped run counts as the slowest);
 more than one dropped run leaves the benchmark without a score. The mean is over what remains.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,12 @@ SHOWN_PROBLEMS = 3  # compliance problems printed per run; the checker itself li
 class MLPerfRun:
     name: str
     events: list[dict[str, Any]]
-    ruleset: str | None = None      # from the run directory's config; None for a bare log
+    ruleset: str | None = None  # from the run directory's config; None for a bare log
     target: float | None = None
     result_runs: int | None = None  # runs the benchmark's score needs (mlperf.result_runs)
     compliance: list[str] | None = None  # the compliance checker's problems; None: not checked
-    checked_ruleset: str | None = None   # the ruleset the checker used
-    source: Path | None = None           # the file the MLLOG lines came from
+    checked_ruleset: str | None = None  # the ruleset the checker used
+    source: Path | None = None  # the file the MLLOG lines came from
 
     def _first(self, key: str) -> dict[str, Any] | None:
         return next((e for e in self.events if e.get("key") == key), None)
@@ -66,8 +67,11 @@ class MLPerfRun:
     @property
     def evals(self) -> list[tuple[int, float]]:
         """(samples_count, eval_accuracy) of every evaluation, in order."""
-        return [(int((e.get("metadata") or {}).get("samples_count", 0)), float(e["value"]))
-                for e in self.events if e.get("key") == "eval_accuracy"]
+        return [
+            (int((e.get("metadata") or {}).get("samples_count", 0)), float(e["value"]))
+            for e in self.events
+            if e.get("key") == "eval_accuracy"
+        ]
 
     @property
     def samples(self) -> int | None:
@@ -107,8 +111,11 @@ def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     for event in events:
         key = event["key"]
         started = bool(runs) and any(e["key"] in ("cache_clear", "init_start") for e in runs[-1])
-        if not runs or (key == "cache_clear" and started) or (
-                key == "init_start" and any(e["key"] == "init_start" for e in runs[-1])):
+        if (
+            not runs
+            or (key == "cache_clear" and started)
+            or (key == "init_start" and any(e["key"] == "init_start" for e in runs[-1]))
+        ):
             runs.append([])
         runs[-1].append(event)
     return [r for r in runs if any(e["key"] == "run_start" for e in r)]
@@ -124,7 +131,9 @@ def _mllog_source(path: Path) -> tuple[Path | None, dict[str, Any]]:
     candidates = [path / section.get("log_file", "mllog.txt")]
     logs = path / "logs"
     if logs.is_dir():
-        candidates += sorted([*logs.glob("training*.log"), *logs.glob("training_*.out")], key=lambda p: p.stat().st_mtime)
+        candidates += sorted(
+            [*logs.glob("training*.log"), *logs.glob("training_*.out")], key=lambda p: p.stat().st_mtime
+        )
     for candidate in candidates:
         if candidate.exists() and ":::MLLOG" in candidate.read_text(errors="replace"):
             return candidate, section
@@ -138,10 +147,17 @@ def load_runs(path: Path, check: bool = True) -> list[MLPerfRun]:
         return []
     parts = split_runs(parse_mllog(source.read_text(errors="replace")))
     rules = section.get("rules") or {}
-    runs = [MLPerfRun(path.name if len(parts) == 1 else f"{path.name}#{k + 1}", events,
-                      ruleset=section.get("ruleset"), target=rules.get("target"),
-                      result_runs=section.get("result_runs"), source=source)
-            for k, events in enumerate(parts)]
+    runs = [
+        MLPerfRun(
+            path.name if len(parts) == 1 else f"{path.name}#{k + 1}",
+            events,
+            ruleset=section.get("ruleset"),
+            target=rules.get("target"),
+            result_runs=section.get("result_runs"),
+            source=source,
+        )
+        for k, events in enumerate(parts)
+    ]
     if check and len(parts) == 1:
         run = runs[0]
         division = section.get("division", "closed")
@@ -158,13 +174,15 @@ def latest_ruleset(benchmark: str, division: str = "closed") -> str | None:
     except ImportError:
         return None
     root = Path(compliance_checker.__file__).parent
-    versions = [p.name.split("_", 1)[1] for p in root.glob("training_*.*.*")
-                if (p / f"{division}_{benchmark}.yaml").exists()]
+    versions = [
+        p.name.split("_", 1)[1] for p in root.glob("training_*.*.*") if (p / f"{division}_{benchmark}.yaml").exists()
+    ]
     return max(versions, key=lambda v: tuple(int(x) for x in v.split(".")), default=None)
 
 
-def compliance_problems(log: Path, benchmark: str | None, ruleset: str | None,
-                        division: str = "closed") -> list[str] | None:
+def compliance_problems(
+    log: Path, benchmark: str | None, ruleset: str | None, division: str = "closed"
+) -> list[str] | None:
     """The problems mlperf-logging's compliance checker finds in `log` ([] when it passes); None when the
     checker is not installed or has no rules for the benchmark."""
     ruleset = ruleset or (latest_ruleset(benchmark, division) if benchmark else None)
@@ -203,17 +221,28 @@ def olympic_score(runs: Sequence[MLPerfRun]) -> Score:
     times = sorted(r.time_to_train_min for r in runs if r.converged and r.time_to_train_min is not None)
     dropped = len(runs) - len(times)
     if dropped > MAX_DROPPED_RUNS:
-        return Score(None, 0, len(runs), len(times),
-                     f"{dropped} of {len(runs)} runs did not reach the target; the rules drop at most "
-                     f"{MAX_DROPPED_RUNS}")
-    counted = times[MAX_DROPPED_RUNS:len(times) - (MAX_DROPPED_RUNS - dropped)]
+        return Score(
+            None,
+            0,
+            len(runs),
+            len(times),
+            f"{dropped} of {len(runs)} runs did not reach the target; the rules drop at most {MAX_DROPPED_RUNS}",
+        )
+    counted = times[MAX_DROPPED_RUNS : len(times) - (MAX_DROPPED_RUNS - dropped)]
     if not counted:
-        return Score(None, 0, len(runs), len(times), f"{len(runs)} runs leave none once the fastest and the "
-                     "slowest are dropped")
-    left_out = "the fastest and the slowest run" if dropped == 0 else \
-        "the fastest run and the one that did not converge"
-    return Score(sum(counted) / len(counted), len(counted), len(runs), len(times),
-                 f"olympic mean of {len(counted)} of {len(runs)} runs ({left_out} left out)")
+        return Score(
+            None, 0, len(runs), len(times), f"{len(runs)} runs leave none once the fastest and the slowest are dropped"
+        )
+    left_out = (
+        "the fastest and the slowest run" if dropped == 0 else "the fastest run and the one that did not converge"
+    )
+    return Score(
+        sum(counted) / len(counted),
+        len(counted),
+        len(runs),
+        len(times),
+        f"olympic mean of {len(counted)} of {len(runs)} runs ({left_out} left out)",
+    )
 
 
 # --------------------------------------------------------------------------- output
@@ -235,13 +264,24 @@ def format_section(runs: Sequence[MLPerfRun]) -> str:
         rows = [["run", "seed", "status", "time to train", "samples", "steps", "evals", "last eval", "compliance"]]
         for r in group:
             last = r.evals[-1][1] if r.evals else None
-            rows.append([r.name, _fmt(r.value("seed")), r.status or "running?",
-                         _fmt(r.time_to_train_min, ".2f") + " min" if r.time_to_train_min is not None else "-",
-                         _fmt(r.samples, ","), _fmt(r.steps, ","), str(len(r.evals)), _fmt(last, ".4f"),
-                         _compliance_cell(r.compliance)])
+            rows.append(
+                [
+                    r.name,
+                    _fmt(r.value("seed")),
+                    r.status or "running?",
+                    _fmt(r.time_to_train_min, ".2f") + " min" if r.time_to_train_min is not None else "-",
+                    _fmt(r.samples, ","),
+                    _fmt(r.steps, ","),
+                    str(len(r.evals)),
+                    _fmt(last, ".4f"),
+                    _compliance_cell(r.compliance),
+                ]
+            )
         lines += _table(rows)
-        lines.append("samples, steps: training sequences and steps when the run stopped (at the target when it "
-                     "converged); time to train = run_stop - run_start")
+        lines.append(
+            "samples, steps: training sequences and steps when the run stopped (at the target when it "
+            "converged); time to train = run_stop - run_start"
+        )
         for r in group:
             curve = ", ".join(f"{s:,}: {a:.4f}" for s, a in r.evals) or "none"
             lines.append(f"eval curve {r.name} (samples: log perplexity): {curve}")
@@ -249,8 +289,10 @@ def format_section(runs: Sequence[MLPerfRun]) -> str:
             problems = r.compliance or []
             lines += [f"compliance {r.name}: {problem}" for problem in problems[:SHOWN_PROBLEMS]]
             if len(problems) > SHOWN_PROBLEMS:
-                lines.append(f"compliance {r.name}: ... {len(problems) - SHOWN_PROBLEMS} more: python -m "
-                             f"mlperf_logging.compliance_checker --ruleset {r.checked_ruleset} {r.source}")
+                lines.append(
+                    f"compliance {r.name}: ... {len(problems) - SHOWN_PROBLEMS} more: python -m "
+                    f"mlperf_logging.compliance_checker --ruleset {r.checked_ruleset} {r.source}"
+                )
         score = olympic_score(group)
         needed = next((r.result_runs for r in group if r.result_runs), None)
         note = f"; a result needs {needed} runs, here {len(group)}" if needed and needed != len(group) else ""
@@ -267,8 +309,10 @@ def _compliance_cell(problems: list[str] | None) -> str:
 
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    out = ["  ".join(cell.ljust(w) if c in (0, 2, 8) else cell.rjust(w)
-                     for c, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    out = [
+        "  ".join(cell.ljust(w) if c in (0, 2, 8) else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     out.insert(1, "  ".join("-" * w for w in widths))
     return out
 

@@ -1,6 +1,7 @@
 """Measured runs ranked, beside the step-time model's prediction for each (`python -m launcher.report --rank RUN...`):
 how well the order parallelism=auto predicted held up, e.g. over the run directories of a parallelism.auto.pick
 sweep."""
+
 from __future__ import annotations
 
 import json
@@ -63,20 +64,26 @@ def format_ranking(reports: Sequence[RunReport], run_dirs: Sequence[Path | None]
     with_model = [r for r in rows if r[2] is not None]
     predicted_rank = {id(r[0]): rank for rank, r in enumerate(sorted(with_model, key=lambda r: r[2]))}
     width = max(len(r[0].info.name) for r in rows)
-    lines = [f"{'rank':>4}  {'run':<{width}}  {'layout':<16} {'step s':>8} {'tok/s/GPU':>10}  {'model step s':>12} "
-             f"{'model rank':>10}"]
+    lines = [
+        f"{'rank':>4}  {'run':<{width}}  {'layout':<16} {'step s':>8} {'tok/s/GPU':>10}  {'model step s':>12} "
+        f"{'model rank':>10}"
+    ]
     for rank, (report, _, model_s) in enumerate(rows):
         per_gpu = report.tokens_per_s_per_gpu
-        lines.append(f"{rank:>4}  {report.info.name:<{width}}  {report.info.layout:<16} {report.step_time_s:>8.3f} "
-                     f"{'-' if per_gpu is None else f'{per_gpu:,.0f}':>10}  "
-                     f"{'-' if model_s is None else f'{model_s:.3f}':>12} "
-                     f"{predicted_rank.get(id(report), '-'):>10}")
+        lines.append(
+            f"{rank:>4}  {report.info.name:<{width}}  {report.info.layout:<16} {report.step_time_s:>8.3f} "
+            f"{'-' if per_gpu is None else f'{per_gpu:,.0f}':>10}  "
+            f"{'-' if model_s is None else f'{model_s:.3f}':>12} "
+            f"{predicted_rank.get(id(report), '-'):>10}"
+        )
     if len(with_model) >= 2:
         measured = [r[0].step_time_s for r in with_model]
         model = [r[2] for r in with_model]
         same, pairs = concordant_pairs(measured, model)
         rho = spearman(measured, model)
-        lines.append(f"model vs measured order: {same} of {pairs} pairs alike"
-                     + (f", Spearman {rho:+.2f}" if rho is not None else "")
-                     + " (step times; compare runs of one model, GBS and GPU count)")
+        lines.append(
+            f"model vs measured order: {same} of {pairs} pairs alike"
+            + (f", Spearman {rho:+.2f}" if rho is not None else "")
+            + " (step times; compare runs of one model, GBS and GPU count)"
+        )
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 chain), why (time limit, hang, crash), the step it resumed from, the steps and the time it lost; the chain's stop
 when it stopped; and from metrics.jsonl the straggler reports (resilience.straggler_detection), naming the GPUs
 (node, GPU) below the threshold."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,11 +23,11 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "resilience" / "default.ya
 class Restart:
     time: float
     job_id: str
-    how: str                  # "in the job (ft_launcher, restart N)" | "next job"
+    how: str  # "in the job (ft_launcher, restart N)" | "next job"
     why: str
     resumed_step: int
     steps_lost: int | None
-    down_s: float | None      # from the last step before to the new process's start
+    down_s: float | None  # from the last step before to the new process's start
     time_lost_s: float | None  # from the last step before to the same step again (or the first after it)
 
 
@@ -48,8 +49,11 @@ def _cause(between: list[dict[str, Any]], start: dict[str, Any], hang_timeout_s:
         kind = entry["event"]
         if kind == "stop":
             signal = entry.get("signal")
-            return (f"time limit ({signal} at step {entry.get('step')})" if signal == "SIGUSR1"
-                    else f"stop signal ({signal} at step {entry.get('step')})")
+            return (
+                f"time limit ({signal} at step {entry.get('step')})"
+                if signal == "SIGUSR1"
+                else f"stop signal ({signal} at step {entry.get('step')})"
+            )
         if kind == "fault":
             what = {"hang": "hang", "crash": "crash", "kill": "crash (killed)"}.get(entry.get("kind"), "fault")
             where = " during its save" if entry.get("during") == "save" else ""
@@ -78,16 +82,25 @@ def restarts(run_dir: Path) -> list[Restart]:
         cycle = int(start.get("cycle") or 0)
         same_job = start.get("job_id") == before.get("job_id")
         how = f"in the job (ft_launcher, restart {cycle})" if same_job and cycle else "next job"
-        later = events[index + 1:starts[starts.index(index) + 1]] if index != starts[-1] else events[index + 1:]
+        later = events[index + 1 : starts[starts.index(index) + 1]] if index != starts[-1] else events[index + 1 :]
         recovered = next((e for e in later if e["event"] == "recovered"), None)
         last = start.get("last_step")
         resumed = int(start.get("resumed_step") or 0)
-        down = start.get("process_start", start["time"]) - start["last_step_time"] if start.get(
-            "last_step_time") else None
-        found.append(Restart(time=start["time"], job_id=str(start.get("job_id")), how=how,
-                             why=_cause(events[previous + 1:index], start, hang_timeout), resumed_step=resumed,
-                             steps_lost=max(0, last - resumed) if last is not None else None, down_s=down,
-                             time_lost_s=recovered.get("time_lost_s") if recovered else None))
+        down = (
+            start.get("process_start", start["time"]) - start["last_step_time"] if start.get("last_step_time") else None
+        )
+        found.append(
+            Restart(
+                time=start["time"],
+                job_id=str(start.get("job_id")),
+                how=how,
+                why=_cause(events[previous + 1 : index], start, hang_timeout),
+                resumed_step=resumed,
+                steps_lost=max(0, last - resumed) if last is not None else None,
+                down_s=down,
+                time_lost_s=recovered.get("time_lost_s") if recovered else None,
+            )
+        )
     return found
 
 
@@ -97,16 +110,22 @@ def _seconds(value: float | None) -> str:
 
 def format_restarts(found: list[Restart]) -> list[str]:
     in_job = sum(r.how.startswith("in the job") for r in found)
-    lines = [f"restarts: {len(found)} ({in_job} in the job by ft_launcher, {len(found) - in_job} by the next job)",
-             f"{'when (UTC)':<19}  {'job':>8}  {'how':<35}  {'resumed':>7}  {'steps lost':>10}  {'down':>9}  "
-             f"{'time lost':>9}  why"]
+    lines = [
+        f"restarts: {len(found)} ({in_job} in the job by ft_launcher, {len(found) - in_job} by the next job)",
+        f"{'when (UTC)':<19}  {'job':>8}  {'how':<35}  {'resumed':>7}  {'steps lost':>10}  {'down':>9}  "
+        f"{'time lost':>9}  why",
+    ]
     for r in found:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.time))
         lost = "-" if r.steps_lost is None else str(r.steps_lost)
-        lines.append(f"{when:<19}  {r.job_id:>8}  {r.how:<35}  {r.resumed_step:>7}  {lost:>10}  "
-                     f"{_seconds(r.down_s):>9}  {_seconds(r.time_lost_s):>9}  {r.why}")
-    lines.append("down: from the last step before to the new process's start; time lost: to the same step again "
-                 "(or, when no step was lost, to the first step after it)")
+        lines.append(
+            f"{when:<19}  {r.job_id:>8}  {r.how:<35}  {r.resumed_step:>7}  {lost:>10}  "
+            f"{_seconds(r.down_s):>9}  {_seconds(r.time_lost_s):>9}  {r.why}"
+        )
+    lines.append(
+        "down: from the last step before to the new process's start; time lost: to the same step again "
+        "(or, when no step was lost, to the first step after it)"
+    )
     return lines
 
 
@@ -128,9 +147,11 @@ def stragglers(run_dir: Path, threshold: float) -> list[str]:
                 scores.setdefault((node, gpu), []).append((record["step"], score, rank))
     if not scores:
         return []
-    lines = [f"straggler detection: {len(scores)} GPUs, {len(reports)} reports (steps {reports[0]}-{reports[-1]}); "
-             "relative speed 1.0 = the fastest GPU",
-             f"{'node':<12} {'gpu':>3} {'rank':>5} {'last':>6} {'min':>6} {'reports below':>13}"]
+    lines = [
+        f"straggler detection: {len(scores)} GPUs, {len(reports)} reports (steps {reports[0]}-{reports[-1]}); "
+        "relative speed 1.0 = the fastest GPU",
+        f"{'node':<12} {'gpu':>3} {'rank':>5} {'last':>6} {'min':>6} {'reports below':>13}",
+    ]
     flagged = []
     for (node, gpu), entries in sorted(scores.items()):
         last, low = entries[-1][1], min(s for _, s, _ in entries)
@@ -138,8 +159,10 @@ def stragglers(run_dir: Path, threshold: float) -> list[str]:
         mark = "  <- flagged" if last < threshold else ""
         lines.append(f"{node:<12} {gpu:>3} {entries[-1][2]:>5} {last:>6.2f} {low:>6.2f} {below:>13}{mark}")
         if last < threshold:
-            flagged.append(f"flagged: {node} GPU {gpu} (rank {entries[-1][2]}): relative speed {last:.2f} at step "
-                           f"{entries[-1][0]} is below resilience.straggler_detection.threshold={threshold:g}")
+            flagged.append(
+                f"flagged: {node} GPU {gpu} (rank {entries[-1][2]}): relative speed {last:.2f} at step "
+                f"{entries[-1][0]} is below resilience.straggler_detection.threshold={threshold:g}"
+            )
     return lines + flagged
 
 

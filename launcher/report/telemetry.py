@@ -1,6 +1,7 @@
 """GPU telemetry in the report: RUN_DIR/telemetry/<node>.csv (written by recipes/observability/telemetry.py)
 summarised per GPU over the training steps, GPUs whose utilisation or SM clock stays far below their peers flagged,
 and RUN_DIR/telemetry.png with every metric over time."""
+
 from __future__ import annotations
 
 import csv
@@ -14,8 +15,18 @@ import yaml
 from launcher.report import figures
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "observability.yaml"
-NUMERIC = ("time", "step", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib", "power_w", "temp_c",
-           "sm_clock_mhz", "sm_clock_max_mhz")
+NUMERIC = (
+    "time",
+    "step",
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_mib",
+    "mem_total_mib",
+    "power_w",
+    "temp_c",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+)
 # Above this many GPUs the plot draws each node's median and the flagged GPUs, not every GPU.
 PLOT_EVERY_GPU_UP_TO = 16
 # Samples farther apart than this many typical intervals belong to different stretches of sampling (a killed run
@@ -30,9 +41,9 @@ class GpuSummary:
     samples: int
     util_pct: float | None
     mem_util_pct: float | None
-    mem_used_gib: float | None      # the most used
+    mem_used_gib: float | None  # the most used
     power_w: float | None
-    temp_c: float | None            # the hottest
+    temp_c: float | None  # the hottest
     sm_clock_mhz: float | None
     clock_events: dict[str, float] = field(default_factory=dict)  # reason -> share of the samples
 
@@ -96,10 +107,20 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[GpuSummary]:
                 events[reason] = events.get(reason, 0.0) + 1 / len(mine)
         memory = [r["mem_used_mib"] for r in mine if r["mem_used_mib"] is not None]
         temps = [r["temp_c"] for r in mine if r["temp_c"] is not None]
-        summaries.append(GpuSummary(
-            node, gpu, len(mine), _mean(r["util_pct"] for r in mine), _mean(r["mem_util_pct"] for r in mine),
-            max(memory) / 1024 if memory else None, _mean(r["power_w"] for r in mine), max(temps) if temps else None,
-            _mean(r["sm_clock_mhz"] for r in mine), events))
+        summaries.append(
+            GpuSummary(
+                node,
+                gpu,
+                len(mine),
+                _mean(r["util_pct"] for r in mine),
+                _mean(r["mem_util_pct"] for r in mine),
+                max(memory) / 1024 if memory else None,
+                _mean(r["power_w"] for r in mine),
+                max(temps) if temps else None,
+                _mean(r["sm_clock_mhz"] for r in mine),
+                events,
+            )
+        )
     return summaries
 
 
@@ -107,16 +128,19 @@ def flag(summaries: Sequence[GpuSummary], util_fraction: float, clock_fraction: 
     """GPU name -> why it stands out: mean utilisation or SM clock below the fraction of the median over all the
     run's GPUs (two GPUs or more)."""
     flagged: dict[str, str] = {}
-    for attr, what, fraction, unit in (("util_pct", "utilisation", util_fraction, "%"),
-                                       ("sm_clock_mhz", "SM clock", clock_fraction, " MHz")):
+    for attr, what, fraction, unit in (
+        ("util_pct", "utilisation", util_fraction, "%"),
+        ("sm_clock_mhz", "SM clock", clock_fraction, " MHz"),
+    ):
         values = [(s, getattr(s, attr)) for s in summaries if getattr(s, attr) is not None]
         if len(values) < 2:
             continue
         median = statistics.median(v for _, v in values)
         for s, value in values:
             if value < fraction * median:
-                reason = (f"{what} {value:.0f}{unit} is below {fraction:.0%} of the median {median:.0f}{unit} "
-                          "over all GPUs")
+                reason = (
+                    f"{what} {value:.0f}{unit} is below {fraction:.0%} of the median {median:.0f}{unit} over all GPUs"
+                )
                 flagged[s.name] = f"{flagged[s.name]}; {reason}" if s.name in flagged else reason
     return flagged
 
@@ -126,18 +150,45 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def format_table(summaries: Sequence[GpuSummary], flagged: Mapping[str, str]) -> str:
-    header = ["node", "gpu", "samples", "util %", "mem util %", "mem GiB", "power W", "max temp C", "SM MHz",
-              "clock events (share of samples)", ""]
+    header = [
+        "node",
+        "gpu",
+        "samples",
+        "util %",
+        "mem util %",
+        "mem GiB",
+        "power W",
+        "max temp C",
+        "SM MHz",
+        "clock events (share of samples)",
+        "",
+    ]
     rows = [header]
     for s in summaries:
         events = ", ".join(f"{k} {v:.0%}" for k, v in sorted(s.clock_events.items(), key=lambda kv: -kv[1]))
-        rows.append([s.node, str(s.gpu), str(s.samples), _fmt(s.util_pct, ".1f"), _fmt(s.mem_util_pct, ".1f"),
-                     _fmt(s.mem_used_gib, ".1f"), _fmt(s.power_w, ".0f"), _fmt(s.temp_c, ".0f"),
-                     _fmt(s.sm_clock_mhz, ".0f"), events or "-", "<- flagged" if s.name in flagged else ""])
+        rows.append(
+            [
+                s.node,
+                str(s.gpu),
+                str(s.samples),
+                _fmt(s.util_pct, ".1f"),
+                _fmt(s.mem_util_pct, ".1f"),
+                _fmt(s.mem_used_gib, ".1f"),
+                _fmt(s.power_w, ".0f"),
+                _fmt(s.temp_c, ".0f"),
+                _fmt(s.sm_clock_mhz, ".0f"),
+                events or "-",
+                "<- flagged" if s.name in flagged else "",
+            ]
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     left = {0, 9, 10}
-    return "\n".join("  ".join(cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w)
-                               in enumerate(zip(row, widths))).rstrip() for row in rows)
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in rows
+    )
 
 
 def thresholds(run_dir: Path) -> tuple[float, float]:
@@ -152,8 +203,13 @@ def thresholds(run_dir: Path) -> tuple[float, float]:
     raise ValueError(f"no telemetry.flag_utilization_below / flag_sm_clock_below in {run_dir}/config.yaml or {CONF}")
 
 
-PANELS = (("util_pct", "utilisation %"), ("sm_clock_mhz", "SM clock MHz"), ("power_w", "power W"),
-          ("temp_c", "temperature C"), ("mem_used_mib", "memory used MiB"))
+PANELS = (
+    ("util_pct", "utilisation %"),
+    ("sm_clock_mhz", "SM clock MHz"),
+    ("power_w", "power W"),
+    ("temp_c", "temperature C"),
+    ("mem_used_mib", "memory used MiB"),
+)
 
 
 def sampling_stretches(times: Iterable[float]) -> list[tuple[float, float]]:
@@ -171,9 +227,11 @@ def sampling_stretches(times: Iterable[float]) -> list[tuple[float, float]]:
     return stretches + [(first, ordered[-1])]
 
 
-def broken_at_gaps(xy: Sequence[tuple[float, float]], stretches: Sequence[tuple[float, float]]
-                   ) -> list[tuple[float, float]]:
+def broken_at_gaps(
+    xy: Sequence[tuple[float, float]], stretches: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
     """The points with a NaN between two that fall in different stretches: matplotlib leaves a gap there."""
+
     def stretch_of(x: float) -> int:
         return next((i for i, (first, last) in enumerate(stretches) if first <= x <= last), -1)
 
@@ -185,8 +243,9 @@ def broken_at_gaps(xy: Sequence[tuple[float, float]], stretches: Sequence[tuple[
     return out
 
 
-def plot(rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str], steady: Sequence[dict[str, Any]]
-         ) -> Path:
+def plot(
+    rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str], steady: Sequence[dict[str, Any]]
+) -> Path:
     plt = figures.pyplot()
     start = min(r["time"] for r in rows)
     gpus = sorted({(r["node"], r["gpu"]) for r in rows})
@@ -196,22 +255,33 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str],
         for node, gpu in gpus:
             name = f"{node} GPU {gpu}"
             flagged_style = {"linewidth": 2.5, "linestyle": "--"}
-            series.append((name + (" (flagged)" if name in flagged else ""),
-                           [r for r in rows if (r["node"], r["gpu"]) == (node, gpu)],
-                           flagged_style if name in flagged else {"linewidth": 1.0}))
+            series.append(
+                (
+                    name + (" (flagged)" if name in flagged else ""),
+                    [r for r in rows if (r["node"], r["gpu"]) == (node, gpu)],
+                    flagged_style if name in flagged else {"linewidth": 1.0},
+                )
+            )
     else:  # each node's median over its GPUs, plus every flagged GPU
         for node in sorted({n for n, _ in gpus}):
             by_time: dict[float, list[dict[str, Any]]] = {}
             for r in rows:
                 if r["node"] == node:
                     by_time.setdefault(r["time"], []).append(r)
-            medians = [{"time": t, **{k: statistics.median([x[k] for x in rs if x[k] is not None] or [0])
-                                      for k, _ in PANELS}} for t, rs in sorted(by_time.items())]
+            medians = [
+                {"time": t, **{k: statistics.median([x[k] for x in rs if x[k] is not None] or [0]) for k, _ in PANELS}}
+                for t, rs in sorted(by_time.items())
+            ]
             series.append((f"{node} (median)", medians, {"linewidth": 0.8, "alpha": 0.6}))
         for name in flagged:
             node, gpu = name.rsplit(" GPU ", 1)
-            series.append((name + " (flagged)", [r for r in rows if r["node"] == node and r["gpu"] == int(gpu)],
-                           {"linewidth": 2.5, "linestyle": "--"}))
+            series.append(
+                (
+                    name + " (flagged)",
+                    [r for r in rows if r["node"] == node and r["gpu"] == int(gpu)],
+                    {"linewidth": 2.5, "linestyle": "--"},
+                )
+            )
     stretches = sampling_stretches([r["time"] - start for r in rows])
     shaded = sampling_stretches([r["time"] - start for r in steady]) if steady else []
     for ax, (key, label) in zip(axes, PANELS):
@@ -224,8 +294,9 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str],
         ax.set_ylabel(label, fontsize="small")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="x-small", ncol=4, loc="lower right")
-    axes[0].set_title(f"GPU telemetry of {path.parent.name} (shaded: the samples the table summarises)",
-                      fontsize="small")
+    axes[0].set_title(
+        f"GPU telemetry of {path.parent.name} (shaded: the samples the table summarises)", fontsize="small"
+    )
     axes[-1].set_xlabel("seconds since the first sample")
     return figures.save(fig, path, dpi=100)
 
@@ -241,8 +312,10 @@ def report(run_dir: Path, say: Callable[[str], None] = print) -> dict[str, str] 
     flagged = flag(summaries, util_fraction, clock_fraction)
     steps = [r["step"] for r in steady if r["step"] is not None]
     nodes = {s.node for s in summaries}
-    say(f"telemetry: {len(summaries)} GPUs on {len(nodes)} node{'s' if len(nodes) > 1 else ''}, "
-        + (f"samples during steps {int(min(steps))}-{int(max(steps))}" if steps else "all samples"))
+    say(
+        f"telemetry: {len(summaries)} GPUs on {len(nodes)} node{'s' if len(nodes) > 1 else ''}, "
+        + (f"samples during steps {int(min(steps))}-{int(max(steps))}" if steps else "all samples")
+    )
     say(format_table(summaries, flagged))
     for name, why in flagged.items():
         say(f"flagged: {name}: {why}")

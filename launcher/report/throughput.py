@@ -1,6 +1,7 @@
 """Throughput report: step time over a late window, tokens/s, tokens/s/GPU, TFLOPS/GPU, MFU (naming the peak)
 and days to train 1T tokens, for run directories or bare training logs (NeMo's progress lines included), plus a
 PNG of loss and step time per run. The command line, `python -m launcher.report`, is launcher/report/__main__.py."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,11 +21,21 @@ TOKENS_TO_TRAIN = 1e12
 
 # Names in log lines -> metrics.jsonl keys.
 _KEYS = {
-    "reduced_train_loss": "loss", "train_loss": "loss", "loss": "loss", "lm loss": "loss",
-    "train_step_timing in s": "step_time_s", "step_time_s": "step_time_s",
-    "global_step": "step", "step": "step",
-    "consumed_samples": "consumed_samples", "lr": "lr", "grad_norm": "grad_norm", "val_loss": "val_loss",
-    "tokens_per_s": "tokens_per_s", "tflops_per_gpu": "tflops_per_gpu", "mfu": "mfu",
+    "reduced_train_loss": "loss",
+    "train_loss": "loss",
+    "loss": "loss",
+    "lm loss": "loss",
+    "train_step_timing in s": "step_time_s",
+    "step_time_s": "step_time_s",
+    "global_step": "step",
+    "step": "step",
+    "consumed_samples": "consumed_samples",
+    "lr": "lr",
+    "grad_norm": "grad_norm",
+    "val_loss": "val_loss",
+    "tokens_per_s": "tokens_per_s",
+    "tflops_per_gpu": "tflops_per_gpu",
+    "mfu": "mfu",
 }
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
 # key=value where keys may hold spaces ("train_step_timing in s"); pairs are separated by " | " or ", ".
@@ -79,9 +90,9 @@ class RunInfo:
     num_gpus: int | None
     model_flops_per_sample: float | None
     peak_flops: float | None
-    peak_label: str | None   # e.g. "h100 fp8"
+    peak_label: str | None  # e.g. "h100 fp8"
     layout: str = "-"
-    inputs: str = ""         # where the sizes and the peak came from: what to check when the MFU cannot be right
+    inputs: str = ""  # where the sizes and the peak came from: what to check when the MFU cannot be right
 
 
 @dataclass
@@ -140,8 +151,14 @@ def summarize(info: RunInfo, records: list[dict[str, Any]], window: tuple[int, i
         raise ValueError(f"{info.name}: window {start}:{end} is empty ({len(steps)} steps logged)")
     step_time = sum(float(s["step_time_s"]) for s in chosen) / len(chosen)
     losses = [s["loss"] for s in steps if s.get("loss") is not None and not math.isnan(s["loss"])]
-    return RunReport(info, steps, (start, start + len(chosen)), step_time, losses[-1] if losses else None,
-                     val=[(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None])
+    return RunReport(
+        info,
+        steps,
+        (start, start + len(chosen)),
+        step_time,
+        losses[-1] if losses else None,
+        val=[(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None],
+    )
 
 
 # --------------------------------------------------------------------------- inputs
@@ -154,9 +171,17 @@ def _info_from_plan(name: str, plan: dict[str, Any], steps: list[dict[str, Any]]
         if logged:
             peak, label = float(logged[-1]), f"{plan.get('peak_flops_kind', '')} (as logged)".strip()
     layout = table.layout(plan["tp"], plan["pp"], plan["cp"], plan.get("vp"))
-    return RunInfo(name, plan["global_batch_size"], plan["seq_length"], plan["num_gpus"],
-                   plan["model_flops_per_sample"], peak, label, layout,
-                   inputs=f"the plan's gpu_type ({plan.get('gpu_type')}) and sizes")
+    return RunInfo(
+        name,
+        plan["global_batch_size"],
+        plan["seq_length"],
+        plan["num_gpus"],
+        plan["model_flops_per_sample"],
+        peak,
+        label,
+        layout,
+        inputs=f"the plan's gpu_type ({plan.get('gpu_type')}) and sizes",
+    )
 
 
 def _log_files(run_dir: Path) -> list[Path]:
@@ -199,8 +224,16 @@ def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, 
     except KeyError:
         raise ValueError(f"--gpu {args.gpu}: unknown GPU type; use one of {', '.join(GPUS)}") from None
     peak = spec.fp8_peak_flops if args.peak == "fp8" else spec.bf16_peak_flops
-    return RunInfo(path.name, args.gbs, args.seq, args.gpus, flops, peak, f"{spec.name} {args.peak}",
-                   inputs="--gpu, --peak, --gpus, --gbs, --seq and --model"), steps
+    return RunInfo(
+        path.name,
+        args.gbs,
+        args.seq,
+        args.gpus,
+        flops,
+        peak,
+        f"{spec.name} {args.peak}",
+        inputs="--gpu, --peak, --gpus, --gbs, --seq and --model",
+    ), steps
 
 
 def _model_config(model: str) -> dict[str, Any]:
@@ -219,23 +252,50 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 
 def format_table(reports: Sequence[RunReport]) -> str:
-    header = ["run", "GPUs", "layout", "GBS", "seq", "window", "step s", "tokens/s", "tokens/s/GPU",
-              "TFLOPS/GPU", "MFU", "MFU peak", "days/1T tok", "loss"]
+    header = [
+        "run",
+        "GPUs",
+        "layout",
+        "GBS",
+        "seq",
+        "window",
+        "step s",
+        "tokens/s",
+        "tokens/s/GPU",
+        "TFLOPS/GPU",
+        "MFU",
+        "MFU peak",
+        "days/1T tok",
+        "loss",
+    ]
     rows = [header]
     for r in reports:
         i = r.info
         peak = f"{i.peak_label} {i.peak_flops / 1e12:.0f}T" if i.peak_flops else "-"
-        rows.append([
-            i.name, _fmt(i.num_gpus, "d"), i.layout, _fmt(i.global_batch_size, "d"), _fmt(i.seq_length, "d"),
-            f"{r.window[0]}-{r.window[1] - 1} of {len(r.steps)}", f"{r.step_time_s:.3f}",
-            _fmt(r.tokens_per_s, ",.0f"), _fmt(r.tokens_per_s_per_gpu, ",.0f"), _fmt(r.tflops_per_gpu, ".1f"),
-            _fmt(None if r.mfu is None else 100 * r.mfu, ".1f", "%!" if _impossible(r) else "%"), peak,
-            _fmt(r.days_to_train_1t_tokens, ",.1f"), _fmt(r.loss, ".4f"),
-        ])
+        rows.append(
+            [
+                i.name,
+                _fmt(i.num_gpus, "d"),
+                i.layout,
+                _fmt(i.global_batch_size, "d"),
+                _fmt(i.seq_length, "d"),
+                f"{r.window[0]}-{r.window[1] - 1} of {len(r.steps)}",
+                f"{r.step_time_s:.3f}",
+                _fmt(r.tokens_per_s, ",.0f"),
+                _fmt(r.tokens_per_s_per_gpu, ",.0f"),
+                _fmt(r.tflops_per_gpu, ".1f"),
+                _fmt(None if r.mfu is None else 100 * r.mfu, ".1f", "%!" if _impossible(r) else "%"),
+                peak,
+                _fmt(r.days_to_train_1t_tokens, ",.1f"),
+                _fmt(r.loss, ".4f"),
+            ]
+        )
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
     left = {0, 2, 11}
-    lines = ["  ".join(cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -246,11 +306,14 @@ def _impossible(r: RunReport) -> bool:
 
 def mfu_warnings(reports: Sequence[RunReport]) -> list[str]:
     """One line per run whose MFU is above 100%, which no run reaches: a size or the peak is wrong."""
-    return [f"warning: {r.info.name}: MFU {100 * r.mfu:.1f}% cannot be right (above 100%): it divides by the "
-            f"{r.info.peak_label} peak, {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU, for "
-            f"{r.info.num_gpus} GPUs, GBS {r.info.global_batch_size}, seq {r.info.seq_length}; check "
-            f"{r.info.inputs or 'the sizes and the GPU type'}"
-            for r in reports if _impossible(r)]
+    return [
+        f"warning: {r.info.name}: MFU {100 * r.mfu:.1f}% cannot be right (above 100%): it divides by the "
+        f"{r.info.peak_label} peak, {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU, for "
+        f"{r.info.num_gpus} GPUs, GBS {r.info.global_batch_size}, seq {r.info.seq_length}; check "
+        f"{r.info.inputs or 'the sizes and the GPU type'}"
+        for r in reports
+        if _impossible(r)
+    ]
 
 
 def default_plot_path(paths: Sequence[Path]) -> Path:
@@ -269,7 +332,7 @@ def plot(reports: Sequence[RunReport], path: Path) -> Path:
         steps = [s["step"] for s in r.steps]
         with_loss = [(s["step"], s["loss"]) for s in r.steps if s.get("loss") is not None]
         if with_loss:
-            line, = ax_loss.plot(*zip(*with_loss), label=r.info.name)
+            (line,) = ax_loss.plot(*zip(*with_loss), label=r.info.name)
             if r.val:
                 ax_loss.plot(*zip(*r.val), "o", color=line.get_color(), label=f"{r.info.name} (validation)")
         ax_time.plot(steps, [s["step_time_s"] for s in r.steps], label=r.info.name)

@@ -10,6 +10,7 @@ parallel layout directly (sharded tensors are stored with their global shapes an
 Hugging Face tensor into its shard: host memory stays near twice the largest tensor. Shards are written under a
 temporary name and renamed when complete; running the same command again after an interruption keeps the
 finished shards."""
+
 from __future__ import annotations
 
 import argparse
@@ -58,11 +59,14 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise ExportError(f"--checkpoint {path} does not exist")
     if not (path / STATE_FILE).is_file():
-        raise ExportError(f"--checkpoint {path} is not a complete checkpoint (no {STATE_FILE}: its save did not "
-                          "finish); export an iter_NNNNNNN directory that training completed")
+        raise ExportError(
+            f"--checkpoint {path} is not a complete checkpoint (no {STATE_FILE}: its save did not "
+            "finish); export an iter_NNNNNNN directory that training completed"
+        )
     if not (path / ".metadata").is_file():
-        raise ExportError(f"--checkpoint {path} has no .metadata: its files are incomplete or it is not a "
-                          "torch_dist checkpoint")
+        raise ExportError(
+            f"--checkpoint {path} has no .metadata: its files are incomplete or it is not a torch_dist checkpoint"
+        )
     return path
 
 
@@ -80,8 +84,9 @@ class DistCheckpoint:
         except Exception as err:  # a truncated or foreign pickle
             raise ExportError(f"{path / '.metadata'} cannot be read ({err}); the checkpoint is incomplete") from None
         self.reader.set_up_storage_reader(self.metadata, True)
-        self.tensors = {k: v for k, v in self.metadata.state_dict_metadata.items()
-                        if isinstance(v, TensorStorageMetadata)}
+        self.tensors = {
+            k: v for k, v in self.metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)
+        }
 
     def _backend(self) -> str:
         try:
@@ -118,8 +123,10 @@ class DistCheckpoint:
             if not file.is_file():
                 raise ExportError(f"{file} is missing: the checkpoint is incomplete")
             if file.stat().st_size < length:
-                raise ExportError(f"{file} is truncated ({file.stat().st_size:,} of {length:,} bytes): the "
-                                  "checkpoint is incomplete or was copied partially")
+                raise ExportError(
+                    f"{file} is truncated ({file.stat().st_size:,} of {length:,} bytes): the "
+                    "checkpoint is incomplete or was copied partially"
+                )
 
     def read(self, name: str, layer: int | None):
         """The whole tensor `name` (one layer of it), assembled from every rank's shard that overlaps it."""
@@ -130,8 +137,10 @@ class DistCheckpoint:
         items = create_read_items_for_chunk_list(key, meta, [wanted])
         covered = sum(int(torch.Size(item.lengths).numel()) for item in items)
         if covered != out.numel():
-            raise ExportError(f"{self.path}: the shards of {key} cover {covered:,} of {out.numel():,} elements; "
-                              "the checkpoint is incomplete")
+            raise ExportError(
+                f"{self.path}: the shards of {key} cover {covered:,} of {out.numel():,} elements; "
+                "the checkpoint is incomplete"
+            )
         self.reader.read_data(LoadPlan(items), _Into(out)).wait()
         return out[0] if layer is not None and key == name else out
 
@@ -203,8 +212,9 @@ class _Progress:
     """Bytes done / total, with tensors done / total beside them."""
 
     def __init__(self, total_bytes: int, total_tensors: int, enabled: bool):
-        self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="export_hf", disable=not enabled,
-                        mininterval=1.0)
+        self.bar = tqdm(
+            total=total_bytes, unit="B", unit_scale=True, desc="export_hf", disable=not enabled, mininterval=1.0
+        )
         self.tensors, self.total_tensors = 0, total_tensors
 
     def add(self, nbytes: int, tensors: int = 1) -> None:
@@ -213,8 +223,14 @@ class _Progress:
         self.bar.set_postfix_str(f"{self.tensors}/{self.total_tensors} tensors", refresh=False)
 
 
-def _write_shard(target: Path, names: list[str], shapes: Mapping[str, tuple[int, ...]], dtype: str,
-                 tensors: HFTensors, progress: _Progress) -> None:
+def _write_shard(
+    target: Path,
+    names: list[str],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: str,
+    tensors: HFTensors,
+    progress: _Progress,
+) -> None:
     """One safetensors file, tensor by tensor, under a temporary name until it is complete."""
     torch_dtype = getattr(torch, dtype)
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
@@ -223,16 +239,26 @@ def _write_shard(target: Path, names: list[str], shapes: Mapping[str, tuple[int,
         for name in names:
             tensor = tensors.get(name).to(torch_dtype).contiguous()
             if tuple(tensor.shape) != tuple(shapes[name]):
-                raise ExportError(f"{tensors.ckpt.path}: {name} has shape {list(tensor.shape)} in the checkpoint, "
-                                  f"{list(shapes[name])} from the run's training.model")
+                raise ExportError(
+                    f"{tensors.ckpt.path}: {name} has shape {list(tensor.shape)} in the checkpoint, "
+                    f"{list(shapes[name])} from the run's training.model"
+                )
             f.write(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")
             progress.add(tensor.numel() * itemsize)
             del tensor
 
 
-def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config: Mapping[str, Any],
-           dtype: str = "bfloat16", max_shard_bytes: int = 5 * 10**9, tokenizer: str | None = None,
-           copy_tokenizer: bool = True, progress: bool = True) -> Path:
+def export(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    run_config: Mapping[str, Any],
+    dtype: str = "bfloat16",
+    max_shard_bytes: int = 5 * 10**9,
+    tokenizer: str | None = None,
+    copy_tokenizer: bool = True,
+    progress: bool = True,
+) -> Path:
     """Write the Hugging Face model of `checkpoint` (a run's training.model in `run_config`) into `out`."""
     model = run_config["training"]["model"]
     if dtype not in DTYPE_CODES:
@@ -257,8 +283,10 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config:
             _write_shard(target, names, shapes, dtype, tensors, bar)
     bar.bar.close()
 
-    index = {"metadata": {"total_size": total},
-             "weight_map": {n: shard_name(i, len(shards)) for i, names in enumerate(shards) for n in names}}
+    index = {
+        "metadata": {"total_size": total},
+        "weight_map": {n: shard_name(i, len(shards)) for i, names in enumerate(shards) for n in names},
+    }
     atomic_write(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     bos, eos = _copy_tokenizer(run_config, tokenizer, out) if copy_tokenizer else (None, None)
     config = hf_config.llama_config(model, torch_dtype=dtype, bos_token_id=bos, eos_token_id=eos)
@@ -278,8 +306,10 @@ def _prepare_out(out: Path, manifest: dict[str, Any]) -> None:
         except (OSError, ValueError):
             same = False
         if not same:
-            raise ExportError(f"--out {out} is not empty (and not an interrupted export of this checkpoint): choose "
-                              "a new directory or empty it")
+            raise ExportError(
+                f"--out {out} is not empty (and not an interrupted export of this checkpoint): choose "
+                "a new directory or empty it"
+            )
         return
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(marker, json.dumps(manifest))
@@ -295,12 +325,15 @@ def _tokenizer_source(run_config: Mapping[str, Any], override: str | None) -> Pa
         cached = hf_config.cached_snapshot(str(value))
         if cached is None:
             try:
-                cached = Path(hub.download(str(value), patterns=[*TOKENIZER_FILES, "generation_config.json",
-                                                                 "config.json"]))
+                cached = Path(
+                    hub.download(str(value), patterns=[*TOKENIZER_FILES, "generation_config.json", "config.json"])
+                )
             except Exception as err:  # offline, gated, not found: the hub's line; anything else by its kind
                 why = str(err) if isinstance(err, hub.HubError) else type(err).__name__
-                raise ExportError(f"tokenizer {value} is not in the Hugging Face cache and cannot be downloaded "
-                                  f"({why}); pass --tokenizer DIR or --no-tokenizer") from None
+                raise ExportError(
+                    f"tokenizer {value} is not in the Hugging Face cache and cannot be downloaded "
+                    f"({why}); pass --tokenizer DIR or --no-tokenizer"
+                ) from None
         return cached
     path = Path(str(value)).expanduser()
     if not path.exists():
@@ -308,8 +341,9 @@ def _tokenizer_source(run_config: Mapping[str, Any], override: str | None) -> Pa
     return path
 
 
-def _copy_tokenizer(run_config: Mapping[str, Any], override: str | None, out: Path
-                    ) -> tuple[int | None, int | list[int] | None]:
+def _copy_tokenizer(
+    run_config: Mapping[str, Any], override: str | None, out: Path
+) -> tuple[int | None, int | list[int] | None]:
     """Copy the run's tokenizer files; returns (bos_token_id, eos_token_id) for config.json."""
     source = _tokenizer_source(run_config, override)
     if source.is_file():
@@ -356,7 +390,7 @@ def _size(text: str) -> int:
     upper = text.strip().upper()
     for unit, factor in units.items():
         if upper.endswith(unit):
-            return int(float(upper[:-len(unit)]) * factor)
+            return int(float(upper[: -len(unit)]) * factor)
     return int(upper)
 
 
@@ -370,8 +404,11 @@ def run_config_for(checkpoint: Path, config: str | None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True,
-                        help="RUN_DIR/checkpoints/iter_NNNNNNN (a run directory: its newest complete checkpoint)")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="RUN_DIR/checkpoints/iter_NNNNNNN (a run directory: its newest complete checkpoint)",
+    )
     parser.add_argument("--out", required=True, help="directory to write the Hugging Face model into")
     parser.add_argument("--config", help="the run's config.yaml (default: two levels above the checkpoint)")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_CODES))
@@ -382,9 +419,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
-        out = export(checkpoint, args.out, run_config=run_config_for(checkpoint, args.config), dtype=args.dtype,
-                     max_shard_bytes=_size(args.max_shard_size), tokenizer=args.tokenizer,
-                     copy_tokenizer=not args.no_tokenizer, progress=not args.no_progress)
+        out = export(
+            checkpoint,
+            args.out,
+            run_config=run_config_for(checkpoint, args.config),
+            dtype=args.dtype,
+            max_shard_bytes=_size(args.max_shard_size),
+            tokenizer=args.tokenizer,
+            copy_tokenizer=not args.no_tokenizer,
+            progress=not args.no_progress,
+        )
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ ranks wait; compute nodes without internet use a directory fetched beforehand:
 
     python -m recipes.hf.importer fetch meta-llama/Llama-3.1-8B --local-dir /shared/models/Llama-3.1-8B
 """
+
 from __future__ import annotations
 
 import json
@@ -72,17 +73,22 @@ class SafetensorsDir:
                 raise SourceError(f"{index} is not a safetensors index (no weight_map); download it again") from None
             missing = sorted({f for f in weight_map.values() if not (self.directory / f).is_file()})
             if missing:
-                raise SourceError(f"{self.directory}: {INDEX_FILE} names {', '.join(missing)}, which "
-                                  f"{'is' if len(missing) == 1 else 'are'} missing; download the checkpoint again")
+                raise SourceError(
+                    f"{self.directory}: {INDEX_FILE} names {', '.join(missing)}, which "
+                    f"{'is' if len(missing) == 1 else 'are'} missing; download the checkpoint again"
+                )
             return dict(weight_map)
         if len(files) == 1:
             names = _header(self.directory / files[0])
             return {name: files[0] for name in names if name != METADATA_KEY}
         if not files:
-            raise SourceError(f"{KEY}={self.directory} has no *.safetensors files (only safetensors checkpoints "
-                              "are read; convert .bin/.pth weights with transformers' save_pretrained first)")
-        raise SourceError(f"{self.directory} has {len(files)} *.safetensors files but no {INDEX_FILE}: download the "
-                          "index too")
+            raise SourceError(
+                f"{KEY}={self.directory} has no *.safetensors files (only safetensors checkpoints "
+                "are read; convert .bin/.pth weights with transformers' save_pretrained first)"
+            )
+        raise SourceError(
+            f"{self.directory} has {len(files)} *.safetensors files but no {INDEX_FILE}: download the index too"
+        )
 
     def header(self, file: str) -> dict[str, Any]:
         if file not in self._headers:
@@ -95,8 +101,9 @@ class SafetensorsDir:
         file = self.weight_map[name]
         header = self.header(file)
         if name not in header:
-            raise SourceError(f"{self.directory / file} has no tensor {name} although {INDEX_FILE} says so; download "
-                              "it again")
+            raise SourceError(
+                f"{self.directory / file} has no tensor {name} although {INDEX_FILE} says so; download it again"
+            )
         return header[name]
 
     def dtype(self, name: str):
@@ -111,8 +118,9 @@ class SafetensorsDir:
         for name, shape in expected.items():
             found = tuple(self.entry(name)["shape"])
             if found != tuple(shape):
-                raise SourceError(f"{self.directory}: {name} has shape {list(found)}, training.model needs "
-                                  f"{list(shape)}")
+                raise SourceError(
+                    f"{self.directory}: {name} has shape {list(found)}, training.model needs {list(shape)}"
+                )
 
     def read(self, name: str, rows: slice, cols: slice | None):
         """Rows (and columns) of one tensor, read from its shard without loading the rest of it."""
@@ -126,8 +134,15 @@ class SafetensorsDir:
             raise SourceError(f"{path}: {err}; download it again") from None
 
 
-def read_region(src: SafetensorsDir, name: str, layer: int | None, model: Mapping[str, Any], padded_vocab: int,
-                start: list[int], size: list[int]):
+def read_region(
+    src: SafetensorsDir,
+    name: str,
+    layer: int | None,
+    model: Mapping[str, Any],
+    padded_vocab: int,
+    start: list[int],
+    size: list[int],
+):
     """The block [start, start + size) of megatron's global tensor `name` (one layer of it), from Hugging Face
     tensors: a TP shard of q/k/v or gate/up gathers its rows from several of them. Read in row blocks of at most
     READ_BLOCK_BYTES into one preallocated tensor, so a rank's host memory holds its slice and one block."""
@@ -140,7 +155,7 @@ def read_region(src: SafetensorsDir, name: str, layer: int | None, model: Mappin
         if lo < hi:
             if out is None:
                 out = torch.empty(size, dtype=src.dtype(piece.hf_name))
-            target = out[lo - first:hi - first]
+            target = out[lo - first : hi - first]
             if piece.repeat:
                 target.copy_(src.read(piece.hf_name, slice(piece.start, piece.start + 1), cols).expand_as(target))
             else:
@@ -148,7 +163,9 @@ def read_region(src: SafetensorsDir, name: str, layer: int | None, model: Mappin
                 for begin in range(0, hi - lo, step):
                     rows = min(step, hi - lo - begin)
                     first_row = piece.start + lo - row + begin
-                    target[begin:begin + rows].copy_(src.read(piece.hf_name, slice(first_row, first_row + rows), cols))
+                    target[begin : begin + rows].copy_(
+                        src.read(piece.hf_name, slice(first_row, first_row + rows), cols)
+                    )
         row += piece.rows
     if out is None or row < last:
         raise SourceError(f"{name}: rows {first}-{last} requested, training.model gives {row}")
@@ -161,7 +178,7 @@ def read_sharded_tensor(src: SafetensorsDir, sh_ten, model: Mapping[str, Any], p
     start, size = list(sh_ten.global_offset), list(sh_ten.local_shape)
     if sh_ten.prepend_axis_num:  # layers stacked along a leading axis: the offset there is the layer
         layer = start[0]
-        start = start[sh_ten.prepend_axis_num:]
+        start = start[sh_ten.prepend_axis_num :]
     try:
         tensor = read_region(src, name, layer, model, padded_vocab, start, size)
     except KeyError:
@@ -169,8 +186,9 @@ def read_sharded_tensor(src: SafetensorsDir, sh_ten, model: Mapping[str, Any], p
     return tensor.to(sh_ten.dtype)
 
 
-def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_vocab: int,
-                    say: Callable[[str], None], show_progress: bool) -> None:
+def load_hf_weights(
+    directory: str, chunks, model: Mapping[str, Any], padded_vocab: int, say: Callable[[str], None], show_progress: bool
+) -> None:
     """Fill this rank's model chunks from a Hugging Face directory: what dist_checkpointing.load does with a
     checkpoint of its own, with the Hugging Face files as the storage."""
     src = SafetensorsDir(directory)
@@ -183,8 +201,14 @@ def load_hf_weights(directory: str, chunks, model: Mapping[str, Any], padded_voc
         prepared.append(load_preprocess(sharded))
     local = [t for sharded, _, _ in prepared for t in _sharded_tensors(sharded)]
     count = len(local)
-    bar = tqdm(total=sum(t.data.numel() * t.data.element_size() for t in local), unit="B", unit_scale=True,
-               desc="init_from_hf", disable=not show_progress, mininterval=2.0)
+    bar = tqdm(
+        total=sum(t.data.numel() * t.data.element_size() for t in local),
+        unit="B",
+        unit_scale=True,
+        desc="init_from_hf",
+        disable=not show_progress,
+        mininterval=2.0,
+    )
     del local
     done = 0
 
@@ -215,10 +239,15 @@ def _sharded_tensors(sharded):
 def download(repo_id: str, local_dir: str | None = None) -> str:
     """A hub id's weights, configs and tokenizer, into the Hugging Face cache (or `local_dir`)."""
     try:
-        return hub.download(repo_id, local_dir, hub.MODEL_FILES, what=f"{KEY}={repo_id}",
-                            offline_fix=f"fetch it where the hub is reachable (python -m recipes.hf.importer fetch "
-                                        f"{repo_id} --local-dir DIR), into a directory every node sees, and set "
-                                        f"{KEY}=DIR")
+        return hub.download(
+            repo_id,
+            local_dir,
+            hub.MODEL_FILES,
+            what=f"{KEY}={repo_id}",
+            offline_fix=f"fetch it where the hub is reachable (python -m recipes.hf.importer fetch "
+            f"{repo_id} --local-dir DIR), into a directory every node sees, and set "
+            f"{KEY}=DIR",
+        )
     except hub.HubError as err:
         raise SourceError(str(err)) from None
 
@@ -246,8 +275,9 @@ def locate(value: str, run_dir: str, rank: int) -> str:
     if not hf_config.is_hub_id(value):
         path = Path(value).expanduser()
         if not path.is_dir():
-            raise SourceError(f"{KEY}={value} is not a directory on this node (rank {rank}): put it on a "
-                              "filesystem every node sees")
+            raise SourceError(
+                f"{KEY}={value} is not a directory on this node (rank {rank}): put it on a filesystem every node sees"
+            )
         return str(path)
     marker = Path(run_dir) / _MARKER
     if rank == 0:
@@ -256,9 +286,11 @@ def locate(value: str, run_dir: str, rank: int) -> str:
         return path
     path = _wait_for_marker(marker, value)
     if not Path(path, "config.json").is_file():
-        raise SourceError(f"rank {rank} cannot see {path}, where rank 0 downloaded {value}: set HF_HOME to a "
-                          "shared filesystem, or fetch it first (python -m recipes.hf.importer fetch "
-                          f"{value} --local-dir DIR) and set {KEY}=DIR")
+        raise SourceError(
+            f"rank {rank} cannot see {path}, where rank 0 downloaded {value}: set HF_HOME to a "
+            "shared filesystem, or fetch it first (python -m recipes.hf.importer fetch "
+            f"{value} --local-dir DIR) and set {KEY}=DIR"
+        )
     return path
 
 

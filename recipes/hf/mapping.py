@@ -5,6 +5,7 @@ one `linear_qkv`, gate and up into one `linear_fc1`, and pads the vocabulary.
 The table is in terms of megatron's *global* tensors as dist_checkpointing names them (`decoder.layers.<name>`
 with the layer as a leading axis, `embedding.word_embeddings.weight`, ...): every parallel layout is a slicing
 of those, so the import (recipes/hf/importer.py), the export (recipes/hf/exporter.py) and the tests share it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class Piece:
     """`rows` consecutive rows of a megatron tensor, taken from rows [start, start + rows) of the Hugging Face
     tensor `hf_name`; with `repeat`, row `start` repeated `rows` times: the vocabulary padding rows, copies of
     the last vocabulary row (what Megatron-LM's checkpoint converters do). An export drops repeated pieces."""
+
     hf_name: str
     start: int
     rows: int
@@ -62,7 +64,7 @@ def global_key(key: str) -> tuple[str, int | None]:
 
 
 def layer_suffix(name: str) -> str | None:
-    return name[len(LAYER_PREFIX):] if name.startswith(LAYER_PREFIX) else None
+    return name[len(LAYER_PREFIX) :] if name.startswith(LAYER_PREFIX) else None
 
 
 def pieces(name: str, layer: int | None, model: Mapping[str, Any], padded_vocab: int) -> list[Piece]:
@@ -108,37 +110,45 @@ def hf_shapes(model: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     q, kv = model["num_attention_heads"] * model["kv_channels"], model["num_query_groups"] * model["kv_channels"]
     shapes = {"model.embed_tokens.weight": (model["vocab_size"], h)}
     for layer in range(model["num_layers"]):
-        for suffix, shape in (("input_layernorm.weight", (h,)), ("self_attn.q_proj.weight", (q, h)),
-                              ("self_attn.k_proj.weight", (kv, h)), ("self_attn.v_proj.weight", (kv, h)),
-                              ("self_attn.o_proj.weight", (h, q)), ("post_attention_layernorm.weight", (h,)),
-                              ("mlp.gate_proj.weight", (ffn, h)), ("mlp.up_proj.weight", (ffn, h)),
-                              ("mlp.down_proj.weight", (h, ffn))):
+        for suffix, shape in (
+            ("input_layernorm.weight", (h,)),
+            ("self_attn.q_proj.weight", (q, h)),
+            ("self_attn.k_proj.weight", (kv, h)),
+            ("self_attn.v_proj.weight", (kv, h)),
+            ("self_attn.o_proj.weight", (h, q)),
+            ("post_attention_layernorm.weight", (h,)),
+            ("mlp.gate_proj.weight", (ffn, h)),
+            ("mlp.up_proj.weight", (ffn, h)),
+            ("mlp.down_proj.weight", (h, ffn)),
+        ):
             shapes[hf_layer_name(layer, suffix)] = shape
     shapes["model.norm.weight"] = (h,)
     shapes["lm_head.weight"] = (model["vocab_size"], h)
     return shapes
 
 
-def split_to_hf(name: str, layer: int | None, tensor: torch.Tensor, model: Mapping[str, Any]
-                ) -> dict[str, torch.Tensor]:
+def split_to_hf(
+    name: str, layer: int | None, tensor: torch.Tensor, model: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
     """One whole megatron tensor (one layer of it) -> the Hugging Face tensors it holds; padding rows dropped."""
     by_name: dict[str, list[torch.Tensor]] = {}
     row = 0
     for piece in pieces(name, layer, model, tensor.shape[0]):
         if not piece.repeat:
-            by_name.setdefault(piece.hf_name, []).append(tensor[row:row + piece.rows])
+            by_name.setdefault(piece.hf_name, []).append(tensor[row : row + piece.rows])
         row += piece.rows
     if row != tensor.shape[0]:
         raise ValueError(f"{name}: {tensor.shape[0]} rows in the checkpoint, {row} expected from training.model")
     return {hf: parts[0] if len(parts) == 1 else torch.cat(parts) for hf, parts in by_name.items()}
 
 
-def join_from_hf(name: str, layer: int | None, hf: Mapping[str, torch.Tensor], model: Mapping[str, Any],
-                 padded_vocab: int) -> torch.Tensor:
+def join_from_hf(
+    name: str, layer: int | None, hf: Mapping[str, torch.Tensor], model: Mapping[str, Any], padded_vocab: int
+) -> torch.Tensor:
     """The whole megatron tensor (one layer of it) from in-memory Hugging Face tensors."""
     parts = []
     for piece in pieces(name, layer, model, padded_vocab):
-        rows = hf[piece.hf_name][piece.start:piece.start + (1 if piece.repeat else piece.rows)]
+        rows = hf[piece.hf_name][piece.start : piece.start + (1 if piece.repeat else piece.rows)]
         parts.append(rows.expand(piece.rows, *rows.shape[1:]) if piece.repeat else rows)
     return torch.cat(parts)
 
@@ -157,25 +167,44 @@ def megatron_to_hf(state: Mapping[str, torch.Tensor], model: Mapping[str, Any]) 
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def hf_to_megatron(state: Mapping[str, torch.Tensor], model: Mapping[str, Any],
-                   padded_vocab_size: int) -> dict[str, torch.Tensor]:
+def hf_to_megatron(
+    state: Mapping[str, torch.Tensor], model: Mapping[str, Any], padded_vocab_size: int
+) -> dict[str, torch.Tensor]:
     """LlamaForCausalLM state dict -> unsharded GPTModel state dict (vocabulary padding: copies of the last row)."""
-    return {_state_key(name, layer): join_from_hf(name, layer, state, model, padded_vocab_size).contiguous()
-            for name, layer in global_names(model)}
+    return {
+        _state_key(name, layer): join_from_hf(name, layer, state, model, padded_vocab_size).contiguous()
+        for name, layer in global_names(model)
+    }
 
 
 def hf_config_kwargs(model: Mapping[str, Any], max_position_embeddings: int | None = None) -> dict[str, Any]:
     """transformers.LlamaConfig arguments for a training.model config (the Llama 3.1 RoPE scaling included)."""
-    rope = {"rope_type": "llama3", "factor": float(model["rope_scaling_factor"]), "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192} if model["rope_scaling"] else None
+    rope = (
+        {
+            "rope_type": "llama3",
+            "factor": float(model["rope_scaling_factor"]),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
+        if model["rope_scaling"]
+        else None
+    )
     kwargs = dict(
-        vocab_size=model["vocab_size"], hidden_size=model["hidden_size"],
-        intermediate_size=model["ffn_hidden_size"], num_hidden_layers=model["num_layers"],
-        num_attention_heads=model["num_attention_heads"], num_key_value_heads=model["num_query_groups"],
+        vocab_size=model["vocab_size"],
+        hidden_size=model["hidden_size"],
+        intermediate_size=model["ffn_hidden_size"],
+        num_hidden_layers=model["num_layers"],
+        num_attention_heads=model["num_attention_heads"],
+        num_key_value_heads=model["num_query_groups"],
         head_dim=model["kv_channels"],
         max_position_embeddings=max_position_embeddings or model.get("max_position_embeddings", 131072),
-        rms_norm_eps=model["norm_epsilon"], tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-        hidden_act="silu")
+        rms_norm_eps=model["norm_epsilon"],
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+    )
     from transformers import LlamaConfig  # only tests and references use it; the training image need not have it
 
     if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:  # transformers >= 5

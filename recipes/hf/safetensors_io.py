@@ -1,6 +1,7 @@
 """The safetensors file format, as the import reads it and the export writes it: an 8-byte little-endian header
 length, a JSON header (each tensor's dtype, shape and [begin, end) byte offsets into the data that follows), then
 the data; a directory of several files names which file holds each tensor in its index file."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,9 @@ def read_header(path: Path) -> dict[str, Any]:
     data_end = max((entry["data_offsets"][1] for name, entry in header.items() if name != METADATA_KEY), default=0)
     size, expected = path.stat().st_size, 8 + length + data_end
     if size < expected:
-        raise SafetensorsFileError(f"{path} is truncated: {size:,} bytes, its header declares {expected:,}; "
-                                   "download it again")
+        raise SafetensorsFileError(
+            f"{path} is truncated: {size:,} bytes, its header declares {expected:,}; download it again"
+        )
     return header
 
 

@@ -17,6 +17,7 @@ The score is run_stop - run_start. Samples are training sequences (`samples_coun
 The logging rank is the last one: it is on the last pipeline stage, holds the validation loss and prints the
 job's progress lines.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,9 @@ def precision_keys(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[str, str]]:
     ]
 
 
-def run_keys(cfg: Mapping[str, Any], plan: Plan, run_name: str, gpu_name: str,
-             init_checkpoint_step: int) -> list[tuple[str, Any]]:
+def run_keys(
+    cfg: Mapping[str, Any], plan: Plan, run_name: str, gpu_name: str, init_checkpoint_step: int
+) -> list[tuple[str, Any]]:
     """Every key logged once before run_start, with the values this run trains with."""
     ml, train = cfg["mlperf"], cfg["training"]
     opt, sched = train["optimizer"], train["scheduler"]
@@ -122,14 +124,29 @@ class MLPerfLog:
     """The MLLOG writer of the logging rank; on the other ranks and for runs without an `mlperf` section every
     method does nothing. `clock` (seconds) stamps the events; tests drive it by hand."""
 
-    def __init__(self, mllogger=None, cfg: Mapping[str, Any] | None = None, plan: Plan | None = None,
-                 run_dir: str = "", gpu_name: str = "", clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        mllogger=None,
+        cfg: Mapping[str, Any] | None = None,
+        plan: Plan | None = None,
+        run_dir: str = "",
+        gpu_name: str = "",
+        clock: Callable[[], float] = time.time,
+    ):
         self._mllog = mllogger
         self.cfg, self.plan, self.run_dir, self.gpu_name, self.clock = cfg, plan, run_dir, gpu_name, clock
 
     @classmethod
-    def open(cls, run_dir: str, cfg: Mapping[str, Any], plan: Plan, logs_here: bool,
-             cache_cleared: bool, gpu_name: str = "", clock: Callable[[], float] = time.time) -> "MLPerfLog":
+    def open(
+        cls,
+        run_dir: str,
+        cfg: Mapping[str, Any],
+        plan: Plan,
+        logs_here: bool,
+        cache_cleared: bool,
+        gpu_name: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> "MLPerfLog":
         """Start the log (cache_clear, init_start) on the logging rank of an MLPerf run."""
         if not cfg.get("mlperf") or not logs_here:
             return cls()
@@ -138,8 +155,11 @@ class MLPerfLog:
         path = os.path.join(run_dir, cfg["mlperf"]["log_file"])
         # stack offset 4: the file and line in each event's metadata are the trainer's call of the observer
         # (recipes/observability/observers.py) that calls this class.
-        writer = mllog.MLLogger(logger=_stream_logger(path), default_stack_offset=4,
-                                root_dir=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        writer = mllog.MLLogger(
+            logger=_stream_logger(path),
+            default_stack_offset=4,
+            root_dir=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        )
         log = cls(writer, cfg, plan, run_dir, gpu_name, clock)
         log._log("event", "cache_clear", cache_cleared)
         log._log("start", "init_start")
@@ -151,14 +171,16 @@ class MLPerfLog:
 
     def _log(self, kind: str, key: str, value: Any = None, **metadata: Any) -> None:
         if self._mllog is not None:
-            getattr(self._mllog, kind)(key=key, value=value, metadata=metadata or None,
-                                       time_ms=int(self.clock() * 1000))
+            getattr(self._mllog, kind)(
+                key=key, value=value, metadata=metadata or None, time_ms=int(self.clock() * 1000)
+            )
 
     def run_start(self, consumed_samples: int, init_checkpoint_step: int = 0) -> None:
         if not self.enabled:
             return
-        for key, value in run_keys(self.cfg, self.plan, os.path.basename(self.run_dir), self.gpu_name,
-                                   init_checkpoint_step):
+        for key, value in run_keys(
+            self.cfg, self.plan, os.path.basename(self.run_dir), self.gpu_name, init_checkpoint_step
+        ):
             self._log("event", key, value)
         self._log("end", "init_stop")
         self._log("start", "run_start")
@@ -184,8 +206,7 @@ class MLPerfLog:
             self._mllog = None
 
 
-def start(run_dir: str, cfg: Mapping[str, Any], plan: Plan, local_rank: int,
-          logs_here: bool) -> MLPerfLog:
+def start(run_dir: str, cfg: Mapping[str, Any], plan: Plan, local_rank: int, logs_here: bool) -> MLPerfLog:
     """On every rank, before the model is built: for an MLPerf run, drop the page cache once per node (when
     mlperf.drop_caches) and open the log on the logging rank. Other runs get a log that does nothing."""
     ml = cfg.get("mlperf")
@@ -194,9 +215,11 @@ def start(run_dir: str, cfg: Mapping[str, Any], plan: Plan, local_rank: int,
     try:  # on every rank, before any collective: a missing package stops every rank instead of hanging the rest
         import mlperf_logging.mllog  # noqa: F401
     except ImportError:
-        raise SystemExit("MLPerf runs log with mlperf-logging, which this Python does not have: pip install "
-                         "'mlperf-logging>=4.1.68' (its mllog and compliance checker need no more than pyyaml: "
-                         "--no-deps is enough)") from None
+        raise SystemExit(
+            "MLPerf runs log with mlperf-logging, which this Python does not have: pip install "
+            "'mlperf-logging>=4.1.68' (its mllog and compliance checker need no more than pyyaml: "
+            "--no-deps is enough)"
+        ) from None
     dropped = drop_page_cache() if ml["drop_caches"] and local_rank == 0 else True
     cleared = bool(ml["drop_caches"]) and not any_rank(not dropped)
     return MLPerfLog.open(run_dir, cfg, plan, logs_here, cleared, gpu_name=torch.cuda.get_device_name())

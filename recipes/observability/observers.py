@@ -2,6 +2,7 @@
 profiling window (recipes/observability/profiling.py), GPU telemetry (recipes/observability/telemetry.py) and MLPerf
 logging (recipes/observability/mlperf.py), each only where its config enables it and on the ranks that do it. Every
 call is cheap and safe when the feature is off."""
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +45,11 @@ class Observers:
         self.sampler: telemetry.Sampler | None = None
         self.mllog = mlperf.MLPerfLog()  # logs nothing until init_starts opens an MLPerf run's log
         profile_cfg = cfg.get("profile")
-        self.window = (profiling.ProfileWindow(run_dir, profile_cfg, rank, say=_print)
-                       if profiling.profiled_here(profile_cfg, rank) else None)
+        self.window = (
+            profiling.ProfileWindow(run_dir, profile_cfg, rank, say=_print)
+            if profiling.profiled_here(profile_cfg, rank)
+            else None
+        )
         telemetry_cfg = cfg.get("telemetry") or {}
         if telemetry_cfg.get("enabled") and local_rank == 0:
             gpus = telemetry.job_gpu_ids(int(plan.gpus_per_node))

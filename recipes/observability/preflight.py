@@ -10,6 +10,7 @@ pairs of neighbouring nodes, and names the nodes (or node pairs) well below thei
 
 Writes RUN_DIR/preflight.json. `--device cpu` runs the same over gloo on CPUs (for testing the stage without
 GPUs)."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ MIB = 2**20
 @dataclass
 class Measurement:
     size_bytes: int
-    seconds: float   # per all-reduce, the slowest rank's
+    seconds: float  # per all-reduce, the slowest rank's
     gpus: int
     label: str = ""  # which training message this size is, if any
 
@@ -62,8 +63,9 @@ def training_messages(cfg: Mapping[str, Any], plan: Plan) -> dict[str, int]:
     messages: dict[str, int] = {}
     if plan.dp * plan.cp > 1:
         local_params = plan.num_parameters // (plan.tp * plan.pp)
-        elements = min(max(40_000_000, 1_000_000 * plan.dp), local_params) if par["overlap_grad_reduce"] \
-            else local_params
+        elements = (
+            min(max(40_000_000, 1_000_000 * plan.dp), local_params) if par["overlap_grad_reduce"] else local_params
+        )
         messages["gradient bucket"] = elements * (4 if par["grad_reduce_in_fp32"] else 2)
     if plan.tp > 1:
         hidden = cfg["training"]["model"]["hidden_size"]
@@ -130,8 +132,9 @@ def below_peers(values: Mapping[Hashable, float], fraction: float) -> list[Hasha
     return [key for key, value in values.items() if value < fraction * median]
 
 
-def locate_slow(per_node: Mapping[int, float], per_pair: Mapping[tuple[int, int], float], fraction: float
-                ) -> tuple[list[int], list[tuple[int, int]]]:
+def locate_slow(
+    per_node: Mapping[int, float], per_pair: Mapping[tuple[int, int], float], fraction: float
+) -> tuple[list[int], list[tuple[int, int]]]:
     """(slow nodes, slow pairs not explained by them). A node is slow when it alone (its NVLink domain) is below
     its peers, or when every pair it is part of is below the other pairs; a slow pair whose nodes are otherwise
     fine is a slow link between them."""
@@ -154,18 +157,26 @@ def size_text(size_bytes: int) -> str:
 
 
 def format_row(m: Measurement) -> str:
-    return (f"{size_text(m.size_bytes):>10}  {m.seconds * 1e6:>11.1f}  {m.algbw_gbps:>10.2f}  {m.busbw_gbps:>10.2f}"
-            + (f"  ({m.label})" if m.label else ""))
+    return f"{size_text(m.size_bytes):>10}  {m.seconds * 1e6:>11.1f}  {m.algbw_gbps:>10.2f}  {m.busbw_gbps:>10.2f}" + (
+        f"  ({m.label})" if m.label else ""
+    )
 
 
 TABLE_HEADER = f"{'size':>10}  {'time us':>11}  {'algbw GB/s':>10}  {'busbw GB/s':>10}"
 
 
-def verdict(largest: Measurement, limit: float | None, source: str, slow_nodes: Sequence[str] = (),
-            slow_pairs: Sequence[str] = ()) -> tuple[bool, str]:
+def verdict(
+    largest: Measurement,
+    limit: float | None,
+    source: str,
+    slow_nodes: Sequence[str] = (),
+    slow_pairs: Sequence[str] = (),
+) -> tuple[bool, str]:
     """(passed, the one line that says so)."""
-    measured = (f"all-reduce bus bandwidth {largest.busbw_gbps:.1f} GB/s at {size_text(largest.size_bytes)} over "
-                f"{largest.gpus} GPUs")
+    measured = (
+        f"all-reduce bus bandwidth {largest.busbw_gbps:.1f} GB/s at {size_text(largest.size_bytes)} over "
+        f"{largest.gpus} GPUs"
+    )
     if limit is None:
         return True, f"preflight: passed: {measured} ({source})"
     if largest.busbw_gbps >= limit:
@@ -175,8 +186,10 @@ def verdict(largest: Measurement, limit: float | None, source: str, slow_nodes: 
         where += f"; slow nodes: {', '.join(slow_nodes)}"
     if slow_pairs:
         where += f"; slow links between nodes: {', '.join(slow_pairs)}"
-    return False, (f"preflight: FAILED: {measured} is below {limit:g} GB/s ({source}){where}; training was not "
-                   "started (fix or exclude the nodes, or lower preflight.min_busbw_gbps to accept)")
+    return False, (
+        f"preflight: FAILED: {measured} is below {limit:g} GB/s ({source}){where}; training was not "
+        "started (fix or exclude the nodes, or lower preflight.min_busbw_gbps to accept)"
+    )
 
 
 # --------------------------------------------------------------------------- collectives
@@ -193,8 +206,9 @@ class Collectives:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
 
-    def time_all_reduce(self, size_bytes: int, group, group_size: int, warmup: int, iterations: int,
-                        label: str = "") -> Measurement:
+    def time_all_reduce(
+        self, size_bytes: int, group, group_size: int, warmup: int, iterations: int, label: str = ""
+    ) -> Measurement:
         torch, dist = self.torch, self.dist
         element = torch.tensor([], dtype=self.dtype).element_size()
         buffer = torch.zeros(size_bytes // element, dtype=self.dtype, device=self.device)  # zeros never overflow
@@ -215,8 +229,9 @@ def buffer_bytes(size_bytes: int, element: int) -> int:
     return size_bytes // element * element
 
 
-def diagnose(coll: Collectives, rank: int, blocks: list[list[int]], size_bytes: int, warmup: int, iterations: int
-             ) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+def diagnose(
+    coll: Collectives, rank: int, blocks: list[list[int]], size_bytes: int, warmup: int, iterations: int
+) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
     """Bus bandwidth of every node alone (all nodes at once) and of neighbouring node pairs (round by round), at
     one message size. Every rank takes part; every rank gets the results."""
     dist = coll.dist
@@ -246,19 +261,33 @@ def diagnose(coll: Collectives, rank: int, blocks: list[list[int]], size_bytes: 
 
 
 # --------------------------------------------------------------------------- the stage
-def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank: int,
-        world_size: int, device: str, say: Callable[[str], None]) -> int:
+def run(
+    run_dir: str,
+    cfg: Mapping[str, Any],
+    plan: Plan,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    device: str,
+    say: Callable[[str], None],
+) -> int:
     """Every rank runs this; rank 0 prints and writes preflight.json. Returns the exit status."""
     pre = cfg["preflight"]
     limit, source = threshold(cfg, plan)
-    report: dict[str, Any] = {"gpus": world_size, "nodes": plan.num_nodes, "threshold_gbps": limit,
-                              "threshold_source": source}
+    report: dict[str, Any] = {
+        "gpus": world_size,
+        "nodes": plan.num_nodes,
+        "threshold_gbps": limit,
+        "threshold_source": source,
+    }
     if world_size == 1:
         line = "preflight: passed: one GPU, no communication to measure"
         say(line)
         if rank == 0:
-            atomic_write(os.path.join(run_dir, "preflight.json"),
-                          json.dumps({**report, "passed": True, "verdict": line}, indent=2) + "\n")
+            atomic_write(
+                os.path.join(run_dir, "preflight.json"),
+                json.dumps({**report, "passed": True, "verdict": line}, indent=2) + "\n",
+            )
         return 0
     coll = Collectives(device, local_rank, "fp32" if cfg["parallelism"]["grad_reduce_in_fp32"] else "bf16")
     dist = coll.dist
@@ -272,10 +301,12 @@ def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank:
     if device == "cuda":
         version = torch.cuda.nccl.version()
         backend = "NCCL " + (".".join(map(str, version)) if isinstance(version, tuple) else str(version))
-    say(f"preflight: all-reduce over {world_size} GPUs ({len(blocks)} node{'s' if len(blocks) > 1 else ''} x "
+    say(
+        f"preflight: all-reduce over {world_size} GPUs ({len(blocks)} node{'s' if len(blocks) > 1 else ''} x "
         f"{len(blocks[0])}), {backend}, {pre['warmup_iterations']} warm-up + {pre['iterations']} timed "
-        f"iterations per size; threshold: " + (f"{limit:g} GB/s bus bandwidth at the largest size ({source})"
-                                                if limit is not None else source))
+        f"iterations per size; threshold: "
+        + (f"{limit:g} GB/s bus bandwidth at the largest size ({source})" if limit is not None else source)
+    )
     say(TABLE_HEADER)
     results = []
     for size, label in message_sizes(cfg, plan):
@@ -287,10 +318,13 @@ def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank:
     slow_nodes: list[str] = []
     slow_pairs: list[str] = []
     if not passed and len(blocks) > 1:
-        say(f"preflight: below the threshold; measuring each node alone and pairs of nodes at "
-            f"{size_text(largest.size_bytes)}")
-        per_node, per_pair = diagnose(coll, rank, blocks, largest.size_bytes, int(pre["warmup_iterations"]),
-                                      int(pre["iterations"]))
+        say(
+            f"preflight: below the threshold; measuring each node alone and pairs of nodes at "
+            f"{size_text(largest.size_bytes)}"
+        )
+        per_node, per_pair = diagnose(
+            coll, rank, blocks, largest.size_bytes, int(pre["warmup_iterations"]), int(pre["iterations"])
+        )
         for node, bw in sorted(per_node.items()):
             say(f"  node {node_names[node]}: {bw:.1f} GB/s")
         for (a, b), bw in sorted(per_pair.items()):
@@ -299,12 +333,20 @@ def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank:
         slow_nodes = [node_names[n] for n in nodes]
         slow_pairs = [f"{node_names[a]}-{node_names[b]}" for a, b in links]
         passed, line = verdict(largest, limit, source, slow_nodes, slow_pairs)
-        report.update(per_node={node_names[k]: v for k, v in per_node.items()},
-                      per_pair={f"{node_names[a]}-{node_names[b]}": v for (a, b), v in per_pair.items()})
+        report.update(
+            per_node={node_names[k]: v for k, v in per_node.items()},
+            per_pair={f"{node_names[a]}-{node_names[b]}": v for (a, b), v in per_pair.items()},
+        )
     say(line)
     if rank == 0:
-        report.update(passed=passed, verdict=line, node_names=node_names, slow_nodes=slow_nodes,
-                      slow_pairs=slow_pairs, results=[m.as_dict() for m in results])
+        report.update(
+            passed=passed,
+            verdict=line,
+            node_names=node_names,
+            slow_nodes=slow_nodes,
+            slow_pairs=slow_pairs,
+            results=[m.as_dict() for m in results],
+        )
         atomic_write(os.path.join(run_dir, "preflight.json"), json.dumps(report, indent=2) + "\n")
     return 0 if passed else 1
 
@@ -312,8 +354,12 @@ def run(run_dir: str, cfg: Mapping[str, Any], plan: Plan, rank: int, local_rank:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, help="run directory holding config.yaml and plan.json")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda: NCCL over the GPUs (the stage); cpu: gloo over CPUs (testing without GPUs)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cuda: NCCL over the GPUs (the stage); cpu: gloo over CPUs (testing without GPUs)",
+    )
     args = parser.parse_args(argv)
     die_with_torchrun()
     run_dir = os.path.abspath(args.run_dir)
@@ -325,8 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {err}") from None
     info = rank_info()
     if info.world_size != plan.num_gpus:
-        raise SystemExit(f"plan.json expects {plan.num_gpus} ranks but this job started {info.world_size}; "
-                         "launch the preflight with the job in the run directory")
+        raise SystemExit(
+            f"plan.json expects {plan.num_gpus} ranks but this job started {info.world_size}; "
+            "launch the preflight with the job in the run directory"
+        )
 
     def say(message: str) -> None:
         if info.rank == 0:
@@ -340,9 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(info.local_rank)
     torch.distributed.init_process_group(
         backend="nccl" if args.device == "cuda" else "gloo",
-        init_method=f"tcp://{info.master_addr}:{info.master_port}", rank=info.rank, world_size=info.world_size,
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
         timeout=timedelta(minutes=10),
-        device_id=torch.device("cuda", info.local_rank) if args.device == "cuda" else None)
+        device_id=torch.device("cuda", info.local_rank) if args.device == "cuda" else None,
+    )
     try:
         return run(run_dir, cfg, plan, info.rank, info.local_rank, info.world_size, args.device, say)
     finally:

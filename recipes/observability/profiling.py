@@ -8,6 +8,7 @@
 Named ranges mark forward and backward (through megatron-core's `config.timers` hook, which its schedules call
 around every microbatch's compute and pipeline communication), the optimizer step and checkpoint saves: NVTX
 ranges for nsys, record_function ranges for the torch profiler."""
+
 from __future__ import annotations
 
 import contextlib
@@ -88,8 +89,14 @@ class RangeTimers:
 class ProfileWindow:
     """Opens the profiler before the window's first step and closes it after its last one, on this rank only."""
 
-    def __init__(self, run_dir: str, profile_cfg: Mapping[str, Any], rank: int,
-                 say: Callable[[str], None] = print, backend: RangeBackend | None = None):
+    def __init__(
+        self,
+        run_dir: str,
+        profile_cfg: Mapping[str, Any],
+        rank: int,
+        say: Callable[[str], None] = print,
+        backend: RangeBackend | None = None,
+    ):
         self.run_dir = run_dir
         self.cfg = profile_cfg
         self.rank = rank
@@ -135,8 +142,10 @@ class ProfileWindow:
             if torch.cuda.is_available():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self._torch_profiler = torch.profiler.profile(
-                activities=activities, record_shapes=bool(self.cfg.get("record_shapes")),
-                with_stack=bool(self.cfg.get("with_stack")))
+                activities=activities,
+                record_shapes=bool(self.cfg.get("record_shapes")),
+                with_stack=bool(self.cfg.get("with_stack")),
+            )
             self._torch_profiler.start()
         self.active = True
 
@@ -146,8 +155,10 @@ class ProfileWindow:
         last = self.last if step is None else step
         if self.tool == "nsys":
             torch.cuda.profiler.stop()
-            self.say(f"profile: rank {self.rank} steps {self.first}-{last} captured by nsys "
-                     f"({os.path.join(self.run_dir, 'profile', f'nsys_rank{self.rank}.nsys-rep')} when the run ends)")
+            self.say(
+                f"profile: rank {self.rank} steps {self.first}-{last} captured by nsys "
+                f"({os.path.join(self.run_dir, 'profile', f'nsys_rank{self.rank}.nsys-rep')} when the run ends)"
+            )
         else:
             self._torch_profiler.stop()
             path = trace_path(self.run_dir, self.rank, self.first, last)

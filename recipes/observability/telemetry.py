@@ -5,6 +5,7 @@ sample fell in and what else the trainer was doing (startup until its first step
 
 NVML calls release the GIL (ctypes), so sampling a node's GPUs once a second costs the trainer nothing it would
 notice; a thread (unlike a process) also ends with the trainer however it ends."""
+
 from __future__ import annotations
 
 import csv
@@ -17,8 +18,22 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-COLUMNS = ["time", "node", "step", "gpu", "util_pct", "mem_util_pct", "mem_used_mib", "mem_total_mib",
-           "power_w", "temp_c", "sm_clock_mhz", "sm_clock_max_mhz", "clock_events", "activity"]
+COLUMNS = [
+    "time",
+    "node",
+    "step",
+    "gpu",
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_mib",
+    "mem_total_mib",
+    "power_w",
+    "temp_c",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "clock_events",
+    "activity",
+]
 
 # NVML clock event reasons (nvmlClocksEventReason*; the older name is "throttle reasons"), as bits.
 CLOCK_EVENTS = [
@@ -49,8 +64,10 @@ def csv_path(run_dir: str, node: str) -> str:
 
 def missing_package(cfg: dict) -> str | None:
     if (cfg.get("telemetry") or {}).get("enabled") and importlib.util.find_spec("pynvml") is None:
-        return ("telemetry.enabled=true needs NVML's Python bindings: pip install nvidia-ml-py, or set "
-                "telemetry.enabled=false")
+        return (
+            "telemetry.enabled=true needs NVML's Python bindings: pip install nvidia-ml-py, or set "
+            "telemetry.enabled=false"
+        )
     return None
 
 
@@ -80,8 +97,15 @@ class Sampler:
     (startup), while it saves a checkpoint or validates: those samples are not the steps' and the report leaves
     them out."""
 
-    def __init__(self, nvml: Any, gpu_ids: Sequence[str], path: str, node: str, interval_s: float,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        nvml: Any,
+        gpu_ids: Sequence[str],
+        path: str,
+        node: str,
+        interval_s: float,
+        clock: Callable[[], float] = time.time,
+    ):
         self.nvml = nvml
         self.path = path
         self.node = node
@@ -103,8 +127,10 @@ class Sampler:
             return self.nvml.nvmlDeviceGetHandleByIndex(position)
 
     def _clock_events(self, handle) -> int:
-        get = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        get = (
+            getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         return int(get(handle))
 
     def sample(self) -> list[list[str]]:
@@ -115,18 +141,24 @@ class Sampler:
             util = _try(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h))
             memory = _try(lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h))
             events = _try(lambda h=handle: self._clock_events(h))
-            rows.append([
-                f"{now:.3f}", self.node, str(step), str(index),
-                "" if util is None else str(util.gpu), "" if util is None else str(util.memory),
-                "" if memory is None else f"{memory.used / 2**20:.0f}",
-                "" if memory is None else f"{memory.total / 2**20:.0f}",
-                _read(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h), scale=1e-3),
-                _read(lambda h=handle: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU), digits=0),
-                _read(lambda h=handle: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM), digits=0),
-                _read(lambda h=handle: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM), digits=0),
-                "" if events is None else clock_event_names(events),
-                activity,
-            ])
+            rows.append(
+                [
+                    f"{now:.3f}",
+                    self.node,
+                    str(step),
+                    str(index),
+                    "" if util is None else str(util.gpu),
+                    "" if util is None else str(util.memory),
+                    "" if memory is None else f"{memory.used / 2**20:.0f}",
+                    "" if memory is None else f"{memory.total / 2**20:.0f}",
+                    _read(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h), scale=1e-3),
+                    _read(lambda h=handle: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU), digits=0),
+                    _read(lambda h=handle: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM), digits=0),
+                    _read(lambda h=handle: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM), digits=0),
+                    "" if events is None else clock_event_names(events),
+                    activity,
+                ]
+            )
         return rows
 
     def start(self) -> "Sampler":
@@ -167,8 +199,9 @@ def _try(call: Callable[[], Any]) -> Any:
         return None
 
 
-def start(run_dir: str, telemetry_cfg: dict, gpu_ids: Sequence[str], nvml: Any = None,
-          node: str | None = None) -> Sampler:
+def start(
+    run_dir: str, telemetry_cfg: dict, gpu_ids: Sequence[str], nvml: Any = None, node: str | None = None
+) -> Sampler:
     if nvml is None:
         import pynvml as nvml  # nvidia-ml-py, an optional package: only telemetry.enabled needs it
     node = node or node_name()

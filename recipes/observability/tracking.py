@@ -4,6 +4,7 @@ and, when enabled, a Weights & Biases run (online, or offline into RUN_DIR/wandb
 A resumed run continues the same curves: TensorBoard's writer starts with purge_step = the resumed step + 1, so
 readers drop whatever the interrupted run logged after its checkpoint; the W&B run id is kept in the run
 directory and W&B ignores steps at or below the last one it holds."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, is_dataclass
@@ -64,11 +65,14 @@ def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
     problems = []
     logging = cfg.get("logging") or {}
     if logging.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
-        problems.append("logging.tensorboard=true needs the tensorboard package: pip install tensorboard, or set "
-                        "logging.tensorboard=false")
+        problems.append(
+            "logging.tensorboard=true needs the tensorboard package: pip install tensorboard, or set "
+            "logging.tensorboard=false"
+        )
     if (logging.get("wandb") or {}).get("enabled") and importlib.util.find_spec("wandb") is None:
-        problems.append("logging.wandb.enabled=true needs the wandb package: pip install wandb, or set "
-                        "logging.wandb.enabled=false")
+        problems.append(
+            "logging.wandb.enabled=true needs the wandb package: pip install wandb, or set logging.wandb.enabled=false"
+        )
     return problems
 
 
@@ -92,8 +96,12 @@ def _has_api_key(environ: Mapping[str, str]) -> bool:
         return False
 
 
-def wandb_mode(configured: str, environ: Mapping[str, str] = os.environ,
-               reachable: Callable[[], bool] | None = None, has_key: Callable[[], bool] | None = None) -> str:
+def wandb_mode(
+    configured: str,
+    environ: Mapping[str, str] = os.environ,
+    reachable: Callable[[], bool] | None = None,
+    has_key: Callable[[], bool] | None = None,
+) -> str:
     """online | offline. `auto` is online only when the W&B server answers and an API key is there: compute nodes
     without internet log offline instead of failing or hanging."""
     if configured in ("online", "offline"):
@@ -142,8 +150,9 @@ def sync_command(run_dir: str) -> str | None:
 class Tracker:
     """Holds the open TensorBoard writer and W&B run of the rank that logs metrics (the last rank)."""
 
-    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, resume_step: int,
-                 say: Callable[[str], None] = print):
+    def __init__(
+        self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, resume_step: int, say: Callable[[str], None] = print
+    ):
         self.run_dir = run_dir
         self.say = say
         self.tensorboard = None
@@ -185,9 +194,15 @@ class Tracker:
 
         self.wandb_mode = wandb_mode(wandb_cfg.get("mode") or "auto")
         run_id = wandb_run_id(self.run_dir, lambda: secrets.token_hex(6))
-        settings = dict(project=wandb_cfg.get("project"), entity=wandb_cfg.get("entity"),
-                        name=wandb_cfg.get("name") or cfg.get("run_name"), id=run_id, resume="allow",
-                        dir=self.run_dir, config={"config": dict(cfg), "plan": plan.to_json_dict()})
+        settings = dict(
+            project=wandb_cfg.get("project"),
+            entity=wandb_cfg.get("entity"),
+            name=wandb_cfg.get("name") or cfg.get("run_name"),
+            id=run_id,
+            resume="allow",
+            dir=self.run_dir,
+            config={"config": dict(cfg), "plan": plan.to_json_dict()},
+        )
         # W&B's service process must outlive Slurm's SIGTERM/SIGUSR1 until the trainer has saved and finished.
         with helpers_immune_to_stop_signals():
             try:
@@ -220,5 +235,7 @@ class Tracker:
             self.wandb_run.finish()
             self.wandb_run = None
             if self.wandb_mode == "offline":
-                self.say(f"wandb: offline run in {os.path.join(self.run_dir, 'wandb')}; upload it from a machine "
-                         f"with internet: {sync_command(self.run_dir)}")
+                self.say(
+                    f"wandb: offline run in {os.path.join(self.run_dir, 'wandb')}; upload it from a machine "
+                    f"with internet: {sync_command(self.run_dir)}"
+                )

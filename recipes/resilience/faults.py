@@ -1,6 +1,7 @@
 """resilience.inject_fault: a chosen rank hangs, crashes or is killed at a chosen step, once. The fault is recorded
 in the run's events (common/run_events.py) before it happens, and a rank that finds it recorded does not inject it
 again: the restart it causes runs through, and its test compares the losses with an uninterrupted run's."""
+
 from __future__ import annotations
 
 import os
@@ -12,12 +13,23 @@ from common import run_events
 
 
 class FaultInjector:
-    def __init__(self, run_dir: str, fault: Mapping[str, Any], rank: int, events: list[dict[str, Any]],
-                 say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        run_dir: str,
+        fault: Mapping[str, Any],
+        rank: int,
+        events: list[dict[str, Any]],
+        say: Callable[[str], None] = print,
+    ):
         self.run_dir, self.say = run_dir, say
         self.kind, self.step, self.during = fault.get("kind"), fault.get("step"), fault.get("during", "step")
-        done = any(e["event"] == "fault" and e.get("kind") == self.kind and e.get("step") == self.step
-                   and e.get("during", "step") == self.during for e in events)
+        done = any(
+            e["event"] == "fault"
+            and e.get("kind") == self.kind
+            and e.get("step") == self.step
+            and e.get("during", "step") == self.during
+            for e in events
+        )
         self.armed = bool(self.kind) and rank == fault.get("rank") and not done
         self.rank = rank
 
@@ -27,8 +39,10 @@ class FaultInjector:
             return
         self.armed = False
         run_events.record(self.run_dir, "fault", kind=self.kind, rank=self.rank, step=step, during=during)
-        self.say(f"resilience.inject_fault: rank {self.rank} {self._doing()} at step {step}"
-                 + (" while its checkpoint is being written" if during == "save" else ""))
+        self.say(
+            f"resilience.inject_fault: rank {self.rank} {self._doing()} at step {step}"
+            + (" while its checkpoint is being written" if during == "save" else "")
+        )
         if self.kind == "hang":
             while True:  # as a rank stuck in a collective: alive, silent
                 time.sleep(3600)

@@ -5,6 +5,7 @@ One difference: Slurm's and Grid Engine's warning before the time limit (SIGUSR1
 job, ft_launcher included, and SIGUSR1 ends a Python process that does not handle it; the ranks would die with
 their launcher before saving. Here it becomes SIGTERM, on which ft_launcher already does the right thing: it
 passes SIGTERM to every rank (which checkpoints and exits) and waits for them."""
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,11 @@ try:
 except ImportError:  # named in one line below; the image or environment lacks the package
     launcher = None
 
-MISSING = ("error: resilience.in_job_restarts runs the ranks under nvidia-resiliency-ext's ft_launcher, which this "
-           "Python cannot import: install it in the image (pip install nvidia-resiliency-ext; the NeMo containers "
-           "have it), or set resilience.in_job_restarts=0")
+MISSING = (
+    "error: resilience.in_job_restarts runs the ranks under nvidia-resiliency-ext's ft_launcher, which this "
+    "Python cannot import: install it in the image (pip install nvidia-resiliency-ext; the NeMo containers "
+    "have it), or set resilience.in_job_restarts=0"
+)
 
 
 def _time_limit_warning(signum, frame) -> None:

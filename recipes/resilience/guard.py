@@ -2,6 +2,7 @@
 that detects hangs under ft_launcher (monitor.py), the fault injected on purpose (faults.py), the straggler
 reports (straggler.py), and the run's events (common/run_events.py) from which the report tells each restart's
 time, cause, steps lost and time lost. Every call is cheap and does nothing where its feature is off."""
+
 from __future__ import annotations
 
 import contextlib
@@ -58,14 +59,20 @@ class RunGuard:
     def training_starts(self, resumed_step: int, local_rank: int) -> None:
         """The state is loaded (resumed_step: its step); called before the metrics writer opens metrics.jsonl."""
         if (self.cfg.get("straggler_detection") or {}).get("enabled"):
-            self.straggler = straggler_reports.StragglerReports(self.cfg["straggler_detection"], self.rank,
-                                                                local_rank)
+            self.straggler = straggler_reports.StragglerReports(self.cfg["straggler_detection"], self.rank, local_rank)
         if not self.records:
             return
         last, when = last_logged_step(os.path.join(self.run_dir, "metrics.jsonl"))
-        run_events.record(self.run_dir, "start", job_id=job_id(), cycle=int(os.environ.get(
-            "TORCHELASTIC_RESTART_COUNT", 0)), process_start=round(self.process_start, 3), resumed_step=resumed_step,
-            last_step=last, last_step_time=when)
+        run_events.record(
+            self.run_dir,
+            "start",
+            job_id=job_id(),
+            cycle=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            process_start=round(self.process_start, 3),
+            resumed_step=resumed_step,
+            last_step=last,
+            last_step_time=when,
+        )
         if last is not None and when is not None:
             # Time lost: from the last step before to that step again (steps were lost), or to the first step after
             # it (none were: the restart itself, plus one step).
@@ -79,8 +86,9 @@ class RunGuard:
 
     def ended(self, step: int, finished: bool, reason: str | None = None) -> None:
         if self.records:
-            run_events.record(self.run_dir, "end", step=step, finished=finished,
-                              **({"reason": reason} if reason else {}))
+            run_events.record(
+                self.run_dir, "end", step=step, finished=finished, **({"reason": reason} if reason else {})
+            )
 
     # ------------------------------------------------------------------ steps and saves
     @contextlib.contextmanager
@@ -89,7 +97,7 @@ class RunGuard:
         if self.monitor:
             self.monitor.step_begins()
         self.faults.at(step, "step")
-        with (self.straggler.step() if self.straggler else contextlib.nullcontext()):
+        with self.straggler.step() if self.straggler else contextlib.nullcontext():
             yield
         if self.monitor:
             self.monitor.step_ended()
@@ -98,8 +106,9 @@ class RunGuard:
         """After every step, on every rank: the step a restarted process catches up with, and every
         interval_steps the straggler report (a collective), which it returns for the step's record."""
         if self._catch_up and step == self._catch_up[0]:
-            run_events.record(self.run_dir, "recovered", step=step,
-                              time_lost_s=round(time.time() - self._catch_up[1], 1))
+            run_events.record(
+                self.run_dir, "recovered", step=step, time_lost_s=round(time.time() - self._catch_up[1], 1)
+            )
             self._catch_up = None
         if not (self.straggler and self.straggler.due(step)):
             return None

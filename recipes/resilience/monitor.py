@@ -10,6 +10,7 @@ part's timeout (the job script passes them: launcher/jobs/commands.py, ft_launch
 
 So a slow start or a long save is never taken for a hang, and a hung collective is found after hang_timeout_s
 rather than NCCL's 30 minutes."""
+
 from __future__ import annotations
 
 import contextlib

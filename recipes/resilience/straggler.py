@@ -3,6 +3,7 @@ training step on every rank; every interval_steps each rank's GPU speed relative
 fast, 0.5: twice as slow) is gathered, printed by the logging rank, written into that step's metrics.jsonl
 record (`gpu_relative_perf`: [rank, node, GPU, score] per rank) and, for the ranks below the threshold, recorded
 in the run's events; the report names them (launcher/report/restarts.py)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,10 @@ try:
 except ImportError:  # the plan's check names the package before anything runs (cluster=local); see enabled()
     Detector = None
 
-MISSING = ("error: resilience.straggler_detection.enabled=true needs nvidia-resiliency-ext, which this Python "
-           "cannot import: install it (pip install nvidia-resiliency-ext), or turn the detection off")
+MISSING = (
+    "error: resilience.straggler_detection.enabled=true needs nvidia-resiliency-ext, which this Python "
+    "cannot import: install it (pip install nvidia-resiliency-ext), or turn the detection off"
+)
 
 
 class StragglerReports:
@@ -29,8 +32,9 @@ class StragglerReports:
         self.interval, self.threshold = int(cfg["interval_steps"]), float(cfg["threshold"])
         self.rank, self.local_rank, self.node = rank, local_rank, socket.gethostname()
         # Relative scores only (each rank against the fastest), each rank's own: the gathering is ours.
-        Detector.initialize(scores_to_compute=["relative_perf_scores"], gather_on_rank0=False,
-                            profiling_interval=1, node_name=self.node)
+        Detector.initialize(
+            scores_to_compute=["relative_perf_scores"], gather_on_rank0=False, profiling_interval=1, node_name=self.node
+        )
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -62,6 +66,8 @@ def summary(step: int, scores: list[list[Any]], threshold: float) -> str:
     rank, node, gpu, low = ordered[0]
     median = ordered[len(ordered) // 2][3]
     below = [f"{n} GPU {g} (rank {r}) {s:.2f}" for r, n, g, s in ordered if s < threshold]
-    return (f"straggler detection at step {step}: relative GPU speed min {low:.2f} ({node} GPU {gpu}, rank {rank}), "
-            f"median {median:.2f} over {len(scores)} GPUs; "
-            + (f"below {threshold:g}: " + ", ".join(below) if below else f"none below {threshold:g}"))
+    return (
+        f"straggler detection at step {step}: relative GPU speed min {low:.2f} ({node} GPU {gpu}, rank {rank}), "
+        f"median {median:.2f} over {len(scores)} GPUs; "
+        + (f"below {threshold:g}: " + ", ".join(below) if below else f"none below {threshold:g}")
+    )

@@ -1,6 +1,7 @@
 """When the training loop acts: the decisions it asks for after every step (save a checkpoint, evaluate, log,
 collect garbage, stop), as plain values and functions. No torch: where ranks must agree (a collective), the loop
 does the agreeing and these say what about."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any, Callable, Mapping
 class StepEnd:
     """How the step that just ran ends the run: finished (the last step, or the validation target reached) or
     stopping (a stop signal every rank agreed on, when it was not finishing anyway); else the run goes on."""
+
     finished: bool
     reached: bool
     stopping: bool
@@ -50,14 +52,18 @@ def logs_step(step: int, log_interval: int, evaluated: bool) -> bool:
 class SavePolicy:
     """When the checkpointer saves (training.checkpoint): every `interval` steps (0: never), after the last step
     (save_at_end), on an agreed stop signal, and the initial weights before the first step (save_initial)."""
+
     interval: int
     at_end: bool
     initial: bool
 
     @classmethod
     def from_config(cls, checkpoint: Mapping[str, Any]) -> "SavePolicy":
-        return cls(interval=checkpoint["interval"], at_end=bool(checkpoint["save_at_end"]),
-                   initial=bool(checkpoint.get("save_initial")))
+        return cls(
+            interval=checkpoint["interval"],
+            at_end=bool(checkpoint["save_at_end"]),
+            initial=bool(checkpoint.get("save_initial")),
+        )
 
     def saves_before_training(self, step: int) -> bool:
         return self.initial and step == 0
@@ -70,6 +76,7 @@ class SavePolicy:
 class EvalPolicy:
     """When the validator evaluates: every training.val_interval steps (0: never) and after the last step; and
     whether training.target_val_loss (None: train every step) is watched."""
+
     interval: int
     last_step: int
     target: float | None
@@ -95,6 +102,7 @@ class EvalPolicy:
 class GCPolicy:
     """Python's garbage collector off during training and run every `every` steps, at the same point on every
     rank: a collection at a random moment on one rank would stall all the others at the next collective."""
+
     every: int = 100
 
     def start(self) -> None:

@@ -1,6 +1,7 @@
 """Checkpoints with megatron-core's dist_checkpointing: model, optimizer, LR scheduler, RNG, step and data
 position. A checkpoint is written under a partial name and renamed once every rank has finished, so only
 complete checkpoints carry the `iter_NNNNNNN` name; resume picks the newest of those."""
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -18,8 +19,16 @@ import numpy as np
 import torch
 
 from common import run_events
-from common.checkpoints import (STATE_FILE, TrainState, finalize_checkpoint, latest_checkpoint, partial_path,
-                                prune_checkpoints, read_train_state, remove_partials)
+from common.checkpoints import (
+    STATE_FILE,
+    TrainState,
+    finalize_checkpoint,
+    latest_checkpoint,
+    partial_path,
+    prune_checkpoints,
+    read_train_state,
+    remove_partials,
+)
 from recipes.trainer.cadence import SavePolicy, StepEnd
 from recipes.trainer.model import unwrap
 from recipes.trainer.stop_signals import helpers_die_with_the_trainer, helpers_immune_to_stop_signals
@@ -53,10 +62,13 @@ def _rng_state():
         "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
     }
     # Identical across data-parallel replicas; one copy per (PP, TP) position.
-    return ShardedObject("rng_state", state,
-                         (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
-                         (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
-                         replica_id=ps.get_data_parallel_rank(with_context_parallel=True))
+    return ShardedObject(
+        "rng_state",
+        state,
+        (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
+        (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
+        replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
+    )
 
 
 def _set_rng_state(state: dict) -> None:
@@ -73,8 +85,7 @@ _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 def sharded_state(chunks, optimizer, scheduler, is_loading: bool) -> dict[str, Any]:
     state = _model_sharded_state(chunks)
     # The optimizer maps its shards onto the model's sharded tensors.
-    state["optimizer"] = optimizer.sharded_state_dict(dict(state), is_loading=is_loading,
-                                                      metadata=_OPTIMIZER_METADATA)
+    state["optimizer"] = optimizer.sharded_state_dict(dict(state), is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
     state["scheduler"] = scheduler.state_dict()
     state["rng_state"] = _rng_state()
     return state
@@ -112,8 +123,15 @@ class Checkpointer:
         """After `step`, which ended as `end` (the periodic save, the last one, a stop signal's)."""
         return self.policy.saves_after(step, end)
 
-    def save(self, chunks, optimizer, scheduler, state: TrainState, log: Callable[[str], None],
-             in_flight: Callable[[int], None] | None = None) -> None:
+    def save(
+        self,
+        chunks,
+        optimizer,
+        scheduler,
+        state: TrainState,
+        log: Callable[[str], None],
+        in_flight: Callable[[int], None] | None = None,
+    ) -> None:
         """`in_flight(step)` is called once the shards are being written (async) or written, and the checkpoint
         is not complete yet (resilience.inject_fault.during=save)."""
         started = time.perf_counter()
@@ -132,16 +150,22 @@ class Checkpointer:
                 prune_checkpoints(self.root, self.keep_last)
                 log(f"saved checkpoint {path}")
                 # What the save cost: the time training was held (blocking_s) and until the checkpoint was complete.
-                run_events.record(os.path.dirname(self.root), "checkpoint", step=snapshot.step,
-                                  blocking_s=round(blocking[0], 3), complete_s=round(time.perf_counter() - started, 3),
-                                  **{"async": self.async_save})
+                run_events.record(
+                    os.path.dirname(self.root),
+                    "checkpoint",
+                    step=snapshot.step,
+                    blocking_s=round(blocking[0], 3),
+                    complete_s=round(time.perf_counter() - started, 3),
+                    **{"async": self.async_save},
+                )
             torch.distributed.barrier()
 
         blocking = [0.0]
 
         with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
-            request = dist_checkpointing.save(sharded_state(chunks, optimizer, scheduler, is_loading=False),
-                                              partial, **extra)
+            request = dist_checkpointing.save(
+                sharded_state(chunks, optimizer, scheduler, is_loading=False), partial, **extra
+            )
             if request is not None:
                 request.add_finalize_fn(finalize)
                 self._queue.schedule_async_request(request)
@@ -173,8 +197,9 @@ class Checkpointer:
         torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
         if latest is None or steps.item() != latest[0]:
             if latest is not None:
-                raise SystemExit(f"ranks disagree on the latest checkpoint under {self.root}: is it on a shared "
-                                 "filesystem?")
+                raise SystemExit(
+                    f"ranks disagree on the latest checkpoint under {self.root}: is it on a shared filesystem?"
+                )
             return None
         step, path = latest
         log(f"resuming from {path}")

@@ -1,6 +1,7 @@
 """Training data: megatron's GPTDataset over the data-preparation outputs (or its mock dataset), a sampler that
 resumes at any consumed-sample count, and per-rank batches (loaded once per TP group and broadcast; sliced
 for context parallelism)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ BATCH_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
 class MockTokenizer:
     """What megatron's mock dataset needs of a tokenizer: vocabulary size, end-of-document id, and identifiers
     for the hash naming its cached sample indices. Real data uses data_prep's tokenizer, which has all three."""
+
     vocab_size: int
     eod: int
 
@@ -76,9 +78,11 @@ class InOrderSequences(torch.utils.data.Dataset):
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
         available = max(0, int(self.offsets[-1]) - 1) // seq_length
         if num_samples > available:
-            raise SystemExit(f"training.data.valid_blend holds {available} sequences of {seq_length} tokens but an "
-                             f"evaluation reads {num_samples} (training.val_samples); prepare more validation data "
-                             "or evaluate fewer sequences")
+            raise SystemExit(
+                f"training.data.valid_blend holds {available} sequences of {seq_length} tokens but an "
+                f"evaluation reads {num_samples} (training.val_samples); prepare more validation data "
+                "or evaluate fewer sequences"
+            )
         self.num_samples = num_samples
 
     def __len__(self) -> int:
@@ -95,9 +99,12 @@ class InOrderSequences(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         start = index * self.seq_length
         window = torch.from_numpy(self._tokens(start, start + self.seq_length + 1))
-        return {"tokens": window[:-1], "labels": window[1:],
-                "loss_mask": torch.ones(self.seq_length, dtype=torch.float32),
-                "position_ids": torch.arange(self.seq_length, dtype=torch.int64)}
+        return {
+            "tokens": window[:-1],
+            "labels": window[1:],
+            "loss_mask": torch.ones(self.seq_length, dtype=torch.float32),
+            "position_ids": torch.arange(self.seq_length, dtype=torch.int64),
+        }
 
 
 def build_tokenizer(cfg: Mapping[str, Any]):
@@ -108,8 +115,10 @@ def build_tokenizer(cfg: Mapping[str, Any]):
         return MockTokenizer(vocab_size=vocab, eod=min(128001, vocab - 1))
     tokenizer = load_tokenizer(train["tokenizer"]["type"], train["tokenizer"]["path"], key="training.tokenizer")
     if tokenizer.vocab_size > train["model"]["vocab_size"]:
-        raise SystemExit(f"training.tokenizer has {tokenizer.vocab_size} tokens but training.model.vocab_size is "
-                         f"{train['model']['vocab_size']}; raise the model's vocab_size")
+        raise SystemExit(
+            f"training.tokenizer has {tokenizer.vocab_size} tokens but training.model.vocab_size is "
+            f"{train['model']['vocab_size']}; raise the model's vocab_size"
+        )
     return tokenizer
 
 
@@ -133,8 +142,9 @@ def build_datasets(cfg: Mapping[str, Any], plan: Plan, tokenizer, build_here: bo
     )
     val_samples = eval_samples(train, plan.global_batch_size)
     separate = bool(data.get("valid_blend")) and not data["mock"]
-    sizes = split_sizes(train["train_steps"], plan.global_batch_size, train["val_interval"],
-                        0 if separate else val_samples)
+    sizes = split_sizes(
+        train["train_steps"], plan.global_batch_size, train["val_interval"], 0 if separate else val_samples
+    )
     cls = MockGPTDataset if data["mock"] else GPTDataset
     train_ds, valid_ds, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: build_here, config).build()
     if separate and build_here and train["val_interval"] > 0:
@@ -142,8 +152,9 @@ def build_datasets(cfg: Mapping[str, Any], plan: Plan, tokenizer, build_here: bo
     return train_ds, valid_ds
 
 
-def sample_indices(consumed_samples: int, total_samples: int, micro_batch_size: int, dp_rank: int,
-                   dp_size: int) -> Iterator[list[int]]:
+def sample_indices(
+    consumed_samples: int, total_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int
+) -> Iterator[list[int]]:
     """Megatron's pretraining order: global positions walk the dataset in order; each step of mbs*dp samples
     gives DP rank r the slice [r*mbs, (r+1)*mbs). Starting at consumed_samples resumes the exact order."""
     stride = micro_batch_size * dp_size
@@ -170,12 +181,24 @@ def _stack_fields(samples: list[dict]) -> torch.Tensor:
     return torch.stack(fields)  # [4, mbs, seq]
 
 
-def make_loader(dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
-                num_workers: int) -> Iterator[torch.Tensor]:
-    sampler = _IndexBatches(consumed_samples=consumed_samples, total_samples=len(dataset),
-                            micro_batch_size=micro_batch_size, dp_rank=dp_rank, dp_size=dp_size)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                                         collate_fn=_stack_fields, pin_memory=True, persistent_workers=False)
+def make_loader(
+    dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int, num_workers: int
+) -> Iterator[torch.Tensor]:
+    sampler = _IndexBatches(
+        consumed_samples=consumed_samples,
+        total_samples=len(dataset),
+        micro_batch_size=micro_batch_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+    )
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=_stack_fields,
+        pin_memory=True,
+        persistent_workers=False,
+    )
     with helpers_immune_to_stop_signals():  # the workers start here
         return iter(loader)
 

@@ -1,4 +1,5 @@
 """Process groups: torch.distributed over NCCL and megatron-core's model-parallel groups, from the plan's layout."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -14,15 +15,21 @@ from recipes.trainer.ranks import RankInfo, rank_info
 def initialize(plan: Plan, seed: int) -> RankInfo:
     info = rank_info()
     if info.world_size != plan.num_gpus:
-        raise SystemExit(f"plan.json expects {plan.num_gpus} ranks but this job started {info.world_size}; "
-                         "launch with the command in plan.json")
+        raise SystemExit(
+            f"plan.json expects {plan.num_gpus} ranks but this job started {info.world_size}; "
+            "launch with the command in plan.json"
+        )
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU is visible to this process; the training recipe needs one GPU per rank")
     torch.cuda.set_device(info.local_rank)
     torch.distributed.init_process_group(
-        backend="nccl", init_method=f"tcp://{info.master_addr}:{info.master_port}", rank=info.rank,
-        world_size=info.world_size, timeout=timedelta(minutes=30),
-        device_id=torch.device("cuda", info.local_rank))
+        backend="nccl",
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timedelta(minutes=30),
+        device_id=torch.device("cuda", info.local_rank),
+    )
     initialize_model_parallel(plan)
     graphs = plan.cuda_graphs != "none"
     # CUDA graphs need graph-safe RNG states (registered with every captured graph), as Megatron-LM seeds them.
@@ -36,8 +43,13 @@ def initialize(plan: Plan, seed: int) -> RankInfo:
 
 def model_parallel_kwargs(plan: Plan) -> dict:
     """megatron-core's initialize_model_parallel arguments for the plan's layout and rank order."""
-    return dict(tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
-                virtual_pipeline_model_parallel_size=plan.vp, context_parallel_size=plan.cp, order=plan.rank_order)
+    return dict(
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
+        virtual_pipeline_model_parallel_size=plan.vp,
+        context_parallel_size=plan.cp,
+        order=plan.rank_order,
+    )
 
 
 def initialize_model_parallel(plan: Plan) -> None:

@@ -18,6 +18,7 @@ were released, outlives them into the process-group teardown, which then blocks:
 users of full-iteration and per-layer graphs report. Here no evaluation graph exists, and `release` drops every
 graph before the process groups are destroyed, whatever ended the run (last step, stop signal, divergence,
 error)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -27,9 +28,17 @@ class CudaGraphs:
     """The loop calls `training_schedule` once, `before_step` / `after_step` around every training step, and
     `release` before the process groups go."""
 
-    def __init__(self, mode: str, warmup_steps: int, chunks: Sequence[Any] = (), *,
-                 overlap_param_gather: bool = False, helper_factory: Callable[[], Any] | None = None,
-                 wrapper_factory: Callable[[Callable], Any] | None = None, say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        mode: str,
+        warmup_steps: int,
+        chunks: Sequence[Any] = (),
+        *,
+        overlap_param_gather: bool = False,
+        helper_factory: Callable[[], Any] | None = None,
+        wrapper_factory: Callable[[Callable], Any] | None = None,
+        say: Callable[[str], None] = print,
+    ):
         self.mode = mode
         self.warmup_steps = warmup_steps
         self.chunks = list(chunks)
@@ -53,19 +62,35 @@ class CudaGraphs:
             # The helper sizes its capture from megatron's global microbatch calculator, which this trainer
             # (which takes the microbatch count from the plan) does not otherwise set.
             if microbatches._GLOBAL_NUM_MICROBATCHES_CALCULATOR is None:
-                microbatches.init_num_microbatches_calculator(torch.distributed.get_rank(), None,
-                                                              plan.global_batch_size, plan.micro_batch_size, plan.dp)
-            return TECudaGraphHelper(model=chunks, config=config, seq_length=plan.seq_length,
-                                     micro_batch_size=plan.micro_batch_size, optimizers=[optimizer])
+                microbatches.init_num_microbatches_calculator(
+                    torch.distributed.get_rank(), None, plan.global_batch_size, plan.micro_batch_size, plan.dp
+                )
+            return TECudaGraphHelper(
+                model=chunks,
+                config=config,
+                seq_length=plan.seq_length,
+                micro_batch_size=plan.micro_batch_size,
+                optimizers=[optimizer],
+            )
 
         def wrapper(forward_backward):
             from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 
-            return FullCudaGraphWrapper(forward_backward, cuda_graph_warmup_steps=warmup,
-                                        use_single_mempool=config.cuda_graph_use_single_mempool)
+            return FullCudaGraphWrapper(
+                forward_backward,
+                cuda_graph_warmup_steps=warmup,
+                use_single_mempool=config.cuda_graph_use_single_mempool,
+            )
 
-        return cls(mode, warmup, chunks, overlap_param_gather=overlap_param_gather, helper_factory=helper,
-                   wrapper_factory=wrapper, say=say)
+        return cls(
+            mode,
+            warmup,
+            chunks,
+            overlap_param_gather=overlap_param_gather,
+            helper_factory=helper,
+            wrapper_factory=wrapper,
+            say=say,
+        )
 
     def training_schedule(self, forward_backward: Callable) -> Callable:
         """The schedule function training steps call (evaluation keeps `forward_backward`)."""

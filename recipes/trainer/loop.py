@@ -3,6 +3,7 @@ asking its components when to act (recipes/trainer/cadence.py: the checkpointer 
 policy when to validate, the GC policy when to collect) and telling its observers (tracking, profiling,
 telemetry, MLPerf logging) what happened. The training entry (recipes/train.py) imports it once the stack check
 passed."""
+
 from __future__ import annotations
 
 import contextlib
@@ -98,22 +99,29 @@ class Trainer:
         if plan.tp_comm_overlap:
             init_userbuffers(cfg, plan)
         chunks = build_model_chunks(self.config, cfg, plan)
-        self.say(f"model: {count_parameters(chunks) / 1e6:.1f}M parameters on rank 0 "
-                 f"({plan.num_parameters / 1e9:.2f}B in all)")
+        self.say(
+            f"model: {count_parameters(chunks) / 1e6:.1f}M parameters on rank 0 "
+            f"({plan.num_parameters / 1e9:.2f}B in all)"
+        )
         self.chunks = wrap_data_parallel(chunks, self.config, settings.ddp_config(cfg, plan))
         self.optimizer = get_megatron_optimizer(settings.optimizer_config(cfg), self.chunks)
         self.scheduler = OptimizerParamScheduler(self.optimizer, **settings.scheduler_kwargs(cfg))
         self.forward_backward = get_forward_backward_func()
         self._configure_overlap()
         # CUDA graphs (training.cuda_graphs) for training steps only: evaluation keeps the eager schedule.
-        self.graphs = graphs.CudaGraphs.for_trainer(plan, self.config, self.chunks, self.optimizer,
-                                                    self._overlap_param_gather, self.say)
+        self.graphs = graphs.CudaGraphs.for_trainer(
+            plan, self.config, self.chunks, self.optimizer, self._overlap_param_gather, self.say
+        )
         self.train_forward_backward = self.graphs.training_schedule(self.forward_backward)
 
         # State: resume from this run's checkpoints, else optionally initialise from another checkpoint.
         ckpt_cfg = self.train_cfg["checkpoint"]
-        self.checkpointer = checkpoint.Checkpointer(os.path.join(run_dir, "checkpoints"), ckpt_cfg["keep_last"],
-                                                    ckpt_cfg["async_save"], cadence.SavePolicy.from_config(ckpt_cfg))
+        self.checkpointer = checkpoint.Checkpointer(
+            os.path.join(run_dir, "checkpoints"),
+            ckpt_cfg["keep_last"],
+            ckpt_cfg["async_save"],
+            cadence.SavePolicy.from_config(ckpt_cfg),
+        )
         state = None
         if ckpt_cfg["load"]:
             state = self.checkpointer.load_latest(self.chunks, self.optimizer, self.scheduler, self.say)
@@ -122,8 +130,14 @@ class Trainer:
             if ckpt_cfg.get("init_from"):
                 checkpoint.load_model_weights(ckpt_cfg["init_from"], self.chunks, self.say)
             elif hf_weights:
-                importer.load_hf_weights(hf_weights, self.chunks, cfg["training"]["model"],
-                                          plan.padded_vocab_size, self.say, show_progress=self.info.rank == 0)
+                importer.load_hf_weights(
+                    hf_weights,
+                    self.chunks,
+                    cfg["training"]["model"],
+                    plan.padded_vocab_size,
+                    self.say,
+                    show_progress=self.info.rank == 0,
+                )
             if ckpt_cfg.get("init_from") or hf_weights:
                 # The optimizer's fp32 master weights were copied from the random init: copy them again.
                 self.optimizer.reload_model_params()
@@ -137,8 +151,7 @@ class Trainer:
         needs_data = [unwrap(c).pre_process or unwrap(c).post_process for c in self.chunks]
         reads = any(needs_data) and ps.get_tensor_model_parallel_rank() == 0
         self.tokenizer = data.build_tokenizer(cfg)
-        train_ds, self.valid_ds = data.build_datasets(cfg, plan, self.tokenizer, reads,
-                                                      data.dataset_cache_dir(run_dir))
+        train_ds, self.valid_ds = data.build_datasets(cfg, plan, self.tokenizer, reads, data.dataset_cache_dir(run_dir))
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()
         self.needs_data = needs_data
@@ -208,8 +221,14 @@ class Trainer:
         shape = (self.plan.micro_batch_size, self.plan.seq_length)
         loader = None
         if dataset is not None:
-            loader = data.make_loader(dataset, consumed_samples, self.plan.micro_batch_size, self.dp_rank,
-                                      self.dp_size, self.train_cfg["data"]["num_workers"])
+            loader = data.make_loader(
+                dataset,
+                consumed_samples,
+                self.plan.micro_batch_size,
+                self.dp_rank,
+                self.dp_size,
+                self.train_cfg["data"]["num_workers"],
+            )
         # One source serves the single chunk on this rank that reads data (first or last pipeline stage).
         source = data.MicrobatchSource(loader, shape) if any(self.needs_data) else None
         iters = [source if needs else None for needs in self.needs_data]
@@ -219,11 +238,15 @@ class Trainer:
     def _run_schedule(self, iterators, num_microbatches: int, forward_only: bool):
         schedule = self.forward_backward if forward_only else self.train_forward_backward
         return schedule(
-            forward_step_func=forward_step, data_iterator=iterators,
+            forward_step_func=forward_step,
+            data_iterator=iterators,
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
-            num_microbatches=num_microbatches, seq_length=self.plan.seq_length,
-            micro_batch_size=self.plan.micro_batch_size, decoder_seq_length=self.plan.seq_length,
-            forward_only=forward_only)
+            num_microbatches=num_microbatches,
+            seq_length=self.plan.seq_length,
+            micro_batch_size=self.plan.micro_batch_size,
+            decoder_seq_length=self.plan.seq_length,
+            forward_only=forward_only,
+        )
 
     def train_step(self) -> tuple[float | None, float]:
         self.graphs.before_step()
@@ -259,8 +282,9 @@ class Trainer:
 
     def save(self) -> None:
         with self._synced_params(), self.observers.range("checkpoint"), self.guard.checkpointing():
-            self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state, self.say,
-                                   in_flight=self.guard.save_in_flight)
+            self.checkpointer.save(
+                self.chunks, self.optimizer, self.scheduler, self.state, self.say, in_flight=self.guard.save_in_flight
+            )
 
     def _last_good_checkpoint(self) -> str:
         latest = latest_checkpoint(self.checkpointer.root)
@@ -299,8 +323,9 @@ class Trainer:
             reached = self._target_reached(val_loss)
             self.gc_policy.after_step(state.step)
 
-            end = cadence.step_end(state.step, train_steps, reached,
-                                   signal_agreed=lambda: distributed.any_rank(stop.received is not None))
+            end = cadence.step_end(
+                state.step, train_steps, reached, signal_agreed=lambda: distributed.any_rank(stop.received is not None)
+            )
             if evaluated:
                 self.observers.evaluation_ended(state.consumed_samples, val_loss, run_goes_on=end.run_goes_on)
             if not end.run_goes_on:
@@ -312,12 +337,14 @@ class Trainer:
                     self.checkpointer.wait()
                 self.guard.stopped(state.step, stop.received)
                 stopped = True
-                self.say(f"stopped by signal at step {state.step}; checkpoint saved. Run the same command again "
-                         "to continue.")
+                self.say(
+                    f"stopped by signal at step {state.step}; checkpoint saved. Run the same command again to continue."
+                )
                 break
             if end.reached:
-                self.say(f"validation loss reached training.target_val_loss={self.evaluation.target} at step "
-                         f"{state.step}")
+                self.say(
+                    f"validation loss reached training.target_val_loss={self.evaluation.target} at step {state.step}"
+                )
                 break
             last_time = time.perf_counter()  # checkpoint and eval time stays out of the next step's timing
         with self.guard.checkpointing():
@@ -330,9 +357,12 @@ class Trainer:
 
     def _stop_diverged(self, what: str) -> None:
         if self.is_last_rank:  # it knows both the loss and the (global) grad norm
-            print(f"[recipes] ERROR: {what} at step {self.state.step}: training stopped. Last good checkpoint: "
-                  f"{self._last_good_checkpoint()} (lower training.optimizer.lr, check the data, and resume from "
-                  "it)", flush=True)
+            print(
+                f"[recipes] ERROR: {what} at step {self.state.step}: training stopped. Last good checkpoint: "
+                f"{self._last_good_checkpoint()} (lower training.optimizer.lr, check the data, and resume from "
+                "it)",
+                flush=True,
+            )
         self.observers.run_stops(False, self.state.consumed_samples)
 
     def _validate(self) -> float | None:
@@ -340,18 +370,33 @@ class Trainer:
         with self.observers.range("validation"):
             return self.evaluate()
 
-    def _log_step(self, loss: float | None, grad_norm: float, step_time: float, val_loss: float | None,
-                  evaluated: bool, gpu_perf: list | None = None) -> None:
+    def _log_step(
+        self,
+        loss: float | None,
+        grad_norm: float,
+        step_time: float,
+        val_loss: float | None,
+        evaluated: bool,
+        gpu_perf: list | None = None,
+    ) -> None:
         """The progress line, metrics.jsonl and the trackers (last rank); every rank joins the peak-memory
         reduction of a logged step."""
         state = self.state
         log_now = cadence.logs_step(state.step, self.train_cfg["log_interval"], evaluated)
         peak_memory = self._peak_memory_gib() if log_now else None
         if self.is_last_rank and log_now:
-            record = metrics.step_metrics(self.plan, step=state.step, loss=loss, lr=self.scheduler.get_lr(
-                self.optimizer.param_groups[0]), grad_norm=grad_norm, step_time_s=step_time,
-                consumed_samples=state.consumed_samples, val_loss=val_loss, peak_memory_gib=peak_memory,
-                gpu_relative_perf=gpu_perf)
+            record = metrics.step_metrics(
+                self.plan,
+                step=state.step,
+                loss=loss,
+                lr=self.scheduler.get_lr(self.optimizer.param_groups[0]),
+                grad_norm=grad_norm,
+                step_time_s=step_time,
+                consumed_samples=state.consumed_samples,
+                val_loss=val_loss,
+                peak_memory_gib=peak_memory,
+                gpu_relative_perf=gpu_perf,
+            )
             print(metrics.progress_line(record, self.train_cfg["train_steps"]), flush=True)
             self.metrics_writer.write(record)
             self.observers.log(record)

@@ -1,5 +1,6 @@
 """Per-step numbers: throughput and MFU (REFERENCE.md's formulas), the NeMo-compatible progress line, and
 metrics.jsonl."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -28,18 +29,38 @@ class StepMetrics:
     gpu_relative_perf: list | None = None
 
 
-def step_metrics(plan: Plan, *, step: int, loss: float, lr: float, grad_norm: float,
-                 step_time_s: float, consumed_samples: int, val_loss: float | None = None,
-                 peak_memory_gib: float | None = None, gpu_relative_perf: list | None = None) -> StepMetrics:
+def step_metrics(
+    plan: Plan,
+    *,
+    step: int,
+    loss: float,
+    lr: float,
+    grad_norm: float,
+    step_time_s: float,
+    consumed_samples: int,
+    val_loss: float | None = None,
+    peak_memory_gib: float | None = None,
+    gpu_relative_perf: list | None = None,
+) -> StepMetrics:
     tokens = plan.global_batch_size * plan.seq_length
     flops_per_gpu = plan.global_batch_size * plan.model_flops_per_sample / step_time_s / plan.num_gpus
     peak = plan.peak_flops_per_gpu
     return StepMetrics(
-        step=step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=step_time_s,
-        tokens_per_s=tokens / step_time_s, tokens_per_s_per_gpu=tokens / step_time_s / plan.num_gpus,
-        tflops_per_gpu=flops_per_gpu / 1e12, mfu=(flops_per_gpu / peak) if peak else None,
-        mfu_peak_flops=peak, consumed_samples=consumed_samples, val_loss=val_loss,
-        peak_memory_gib=peak_memory_gib, gpu_relative_perf=gpu_relative_perf)
+        step=step,
+        loss=loss,
+        lr=lr,
+        grad_norm=grad_norm,
+        step_time_s=step_time_s,
+        tokens_per_s=tokens / step_time_s,
+        tokens_per_s_per_gpu=tokens / step_time_s / plan.num_gpus,
+        tflops_per_gpu=flops_per_gpu / 1e12,
+        mfu=(flops_per_gpu / peak) if peak else None,
+        mfu_peak_flops=peak,
+        consumed_samples=consumed_samples,
+        val_loss=val_loss,
+        peak_memory_gib=peak_memory_gib,
+        gpu_relative_perf=gpu_relative_perf,
+    )
 
 
 def progress_line(m: StepMetrics, train_steps: int) -> str:

@@ -1,4 +1,5 @@
 """Llama 3.1 as megatron-core GPTModel chunks with the Transformer Engine layer spec, wrapped for data parallel."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -29,10 +30,13 @@ def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch
     for stage in range(plan.vp or 1):
         vp_stage = stage if plan.vp else None
         model = GPTModel(
-            config, spec,
+            config,
+            spec,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-            vp_stage=vp_stage, **kwargs)
+            vp_stage=vp_stage,
+            **kwargs,
+        )
         model.model_type = ModelType.encoder_or_decoder
         for param in model.parameters():
             set_defaults_if_not_set_tensor_model_parallel_attributes(param)
@@ -70,8 +74,14 @@ def init_userbuffers(cfg: Mapping[str, Any], plan: Plan) -> None:
 
     ub = settings.userbuffer_settings(cfg, plan)
     modes = [UserBufferQuantizationMode.FP8 if ub["fp8"] else UserBufferQuantizationMode.NONE]
-    initialize_ub(shape=ub["shape"], tp_size=ub["tp_size"], quantization_modes=modes, dtype=torch.bfloat16,
-                  ub_cfgs=ub["ub_cfgs"], bootstrap_backend="nccl")
+    initialize_ub(
+        shape=ub["shape"],
+        tp_size=ub["tp_size"],
+        quantization_modes=modes,
+        dtype=torch.bfloat16,
+        ub_cfgs=ub["ub_cfgs"],
+        bootstrap_backend="nccl",
+    )
 
 
 def count_parameters(chunks: list[torch.nn.Module]) -> int:

@@ -1,5 +1,6 @@
 """Which rank this process is, from whichever launcher started it (torchrun, srun, mpirun, bcprun): the one place
 that reads each platform's variables. No torch: the training entry asks before its stack check."""
+
 from __future__ import annotations
 
 import ctypes

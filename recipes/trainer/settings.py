@@ -1,5 +1,6 @@
 """The resolved config and plan, mapped onto megatron-core's config objects. Every size comes from the plan;
 this module only translates names."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -82,12 +83,13 @@ def cuda_graph_kwargs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
 
 def layer_spec_kwargs(config) -> dict[str, Any]:
     """Arguments of get_gpt_layer_with_transformer_engine_spec that follow the TransformerConfig."""
-    return dict(use_te_op_fuser=bool(config.use_transformer_engine_op_fuser),
-                use_te_activation_func=bool(config.use_te_activation_func))
+    return dict(
+        use_te_op_fuser=bool(config.use_transformer_engine_op_fuser),
+        use_te_activation_func=bool(config.use_te_activation_func),
+    )
 
 
-def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *,
-                              grad_accum_fusion: bool) -> dict[str, Any]:
+def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *, grad_accum_fusion: bool) -> dict[str, Any]:
     model = cfg["training"]["model"]
     par = cfg["parallelism"]
     vp = plan.vp

@@ -4,6 +4,7 @@ Slurm delivers them to every process of the job step, helpers included: data-loa
 an asynchronous checkpoint save starts. A helper killed by the signal takes the trainer down before it can
 checkpoint, so helpers are started with the signals blocked (the mask is inherited across fork and exec) and
 exit with the trainer; the trainer itself only records the signal and stops at the next step boundary."""
+
 from __future__ import annotations
 
 import contextlib

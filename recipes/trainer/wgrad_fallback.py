@@ -6,6 +6,7 @@ Transformer Engine layers do this themselves; megatron-core's own linear layers 
 apex's kernel. These two functions do the same with cuBLAS through torch, so the fusion (and the
 `defer_embedding_wgrad_compute` that needs it) work without apex. The NeMo container has apex; there this
 module is not used."""
+
 from __future__ import annotations
 
 import sys
@@ -41,6 +42,7 @@ def install() -> bool:
     code ran), those globals are set too."""
     try:
         import fused_weight_gradient_mlp_cuda  # noqa: F401
+
         return False
     except ImportError:
         pass

@@ -1,4 +1,5 @@
 """The one atomic write every side uses: the new contents or the old, never half, and nothing left behind."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Fixtures for the data-preparation tests (helpers live in dataprep_helpers.py)."""
+
 from __future__ import annotations
 
 import http.server
@@ -50,10 +51,13 @@ def tokenizer_spec(request, tokenizers_dir):
 def prepared(tmp_path_factory, tokenizers_dir) -> Path:
     """Two finished shards, a (40 documents) and b (30), made by the pipeline with the sentencepiece model."""
     d = tmp_path_factory.mktemp("prepared")
-    inputs = [str(write_shard(d / "a.jsonl", make_docs(40, seed=1)).path),
-              str(write_shard(d / "b.jsonl.gz", make_docs(30, seed=2)).path)]
-    cfg = write_config(d / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), d / "out",
-                       inputs=inputs, workers=1)
+    inputs = [
+        str(write_shard(d / "a.jsonl", make_docs(40, seed=1)).path),
+        str(write_shard(d / "b.jsonl.gz", make_docs(30, seed=2)).path),
+    ]
+    cfg = write_config(
+        d / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), d / "out", inputs=inputs, workers=1
+    )
     dp = load_section(str(cfg))
     results = Pipeline(Settings.from_config(dp), log=lambda _: None).run(list_shards(dp), progress=False)
     assert [r.status for r in results] == ["done", "done"]

@@ -1,5 +1,6 @@
 """Helpers for the data-preparation tests: a local HTTP server (Range support and injectable faults), a small
 deterministic corpus with known bad lines, and config files built from the real conf/data_preparation/*.yaml."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # -- HTTP server -------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Server:
@@ -90,9 +92,27 @@ def make_handler(server: Server):
 
 # -- corpus ------------------------------------------------------------------------------------------------
 
-WORDS = ["the", "data", "token", "model", "naïve", "café", "東京", "Ελληνικά", "emoji🙂", "tab\there",
-         "x" * 30,
-         "12345", "3.14", "C++", "<tag>", "quote\"s", "back\\slash", "ünïcödé", "end."]
+WORDS = [
+    "the",
+    "data",
+    "token",
+    "model",
+    "naïve",
+    "café",
+    "東京",
+    "Ελληνικά",
+    "emoji🙂",
+    "tab\there",
+    "x" * 30,
+    "12345",
+    "3.14",
+    "C++",
+    "<tag>",
+    'quote"s',
+    "back\\slash",
+    "ünïcödé",
+    "end.",
+]
 
 
 def make_docs(n: int, seed: int, words_max: int = 60) -> list[str]:
@@ -101,8 +121,9 @@ def make_docs(n: int, seed: int, words_max: int = 60) -> list[str]:
     rng = random.Random(seed)
     docs = []
     for _ in range(n):
-        paragraphs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, words_max)))
-                      for _ in range(rng.randint(1, 3))]
+        paragraphs = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, words_max))) for _ in range(rng.randint(1, 3))
+        ]
         text = "\n\n".join(paragraphs)
         if rng.random() < 0.2:
             text = "  " + text + " \n"
@@ -158,6 +179,7 @@ def write_shard(path: Path, docs: list[str], broken: bool = False, seed: int = 0
 
 # -- configs -----------------------------------------------------------------------------------------------
 
+
 def write_config(path: Path, name: str, tokenizer: tuple[str, str], output_dir: Path, **overrides) -> Path:
     """A run-directory style config.yaml: the real conf/data_preparation/<name>.yaml with test overrides, plus the
     training.tokenizer keys it interpolates."""
@@ -170,8 +192,9 @@ def write_config(path: Path, name: str, tokenizer: tuple[str, str], output_dir: 
     dp.download.timeout_s = 10
     for key, value in overrides.items():
         OmegaConf.update(dp, key, value, merge=False)
-    cfg = OmegaConf.create({"training": {"tokenizer": {"type": tokenizer[0], "path": tokenizer[1]}},
-                            "data_preparation": dp})
+    cfg = OmegaConf.create(
+        {"training": {"tokenizer": {"type": tokenizer[0], "path": tokenizer[1]}}, "data_preparation": dp}
+    )
     OmegaConf.save(cfg, path)
     return path
 

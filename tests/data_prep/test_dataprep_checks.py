@@ -1,5 +1,6 @@
 """The launcher's plan-time data checks (data_prep.checks): real .bin/.idx pairs made by the pipeline, then
 damaged; data_preparation sections as main.py composes them, then given bad values."""
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def megatron_index(prefix: str):
 
 # -- prepared data -----------------------------------------------------------------------------------------
 
+
 def test_sound_pairs_have_no_problems(prepared, tokenizers_dir):
     prefixes = [str(prepared / "a_text_document"), str(prepared / "b_text_document")]
     assert prepared_data_problems(KEY, prefixes, sp_tokenizer(tokenizers_dir)) == []
@@ -52,8 +54,11 @@ def test_the_header_reads_as_megatron_reads_it(prepared):
     with open(prefix + ".idx", "rb") as f:
         header = checks.read_index_header(f, os.path.getsize(prefix + ".idx"))
         needed = checks._data_bytes(f, header)
-    assert (header.dtype, header.sequences, header.documents) == (index.dtype.__name__, len(index.sequence_lengths),
-                                                                  len(index.document_indices))
+    assert (header.dtype, header.sequences, header.documents) == (
+        index.dtype.__name__,
+        len(index.sequence_lengths),
+        len(index.document_indices),
+    )
     assert needed == os.path.getsize(prefix + ".bin") == int(index.sequence_lengths.sum()) * header.itemsize
     # the dtype table stays megatron's
     assert checks.INDEX_DTYPES == {d.value: (d.name, DType.size(d.value)) for d in DType}
@@ -72,7 +77,8 @@ def test_missing_files(prepared, tmp_path, tokenizers_dir):
         f"{KEY}: no {b}.bin; run the data_preparation stage first (stages=[data_preparation,training]) or fix the "
         "prefix",
         f"{KEY}: no {gone}.bin/.idx; run the data_preparation stage first (stages=[data_preparation,training]) or "
-        "fix the prefix"]
+        "fix the prefix",
+    ]
 
 
 def _truncate(path: str, by: int) -> None:
@@ -92,12 +98,16 @@ DAMAGE = {
     "truncated .bin": (lambda p: _truncate(p + ".bin", 2), ".bin has "),
     "longer .bin": (lambda p: open(p + ".bin", "ab").write(b"\0\0"), ".bin has "),
     "truncated .idx": (lambda p: _truncate(p + ".idx", 8), "document entries) needs "),
-    "random .idx": (lambda p: Path(p + ".idx").write_bytes(os.urandom(os.path.getsize(p + ".idx"))),
-                    ".idx is not a megatron index (it starts with "),
+    "random .idx": (
+        lambda p: Path(p + ".idx").write_bytes(os.urandom(os.path.getsize(p + ".idx"))),
+        ".idx is not a megatron index (it starts with ",
+    ),
     "index version 2": (lambda p: _patch(p + ".idx", 9, struct.pack("<Q", 2)), "has index version 2"),
     "unknown dtype": (lambda p: _patch(p + ".idx", 17, b"\x09"), "has an unknown dtype code 9"),
-    "wrong last document index": (lambda p: _patch(p + ".idx", os.path.getsize(p + ".idx") - 8,
-                                                   struct.pack("<q", 7)), "has document indices 0..7, not 0..40"),
+    "wrong last document index": (
+        lambda p: _patch(p + ".idx", os.path.getsize(p + ".idx") - 8, struct.pack("<q", 7)),
+        "has document indices 0..7, not 0..40",
+    ),
 }
 
 
@@ -109,16 +119,19 @@ def test_each_damage_is_one_line_naming_the_file_and_the_fix(prepared, tmp_path,
     do(a)
     (line,) = prepared_data_problems(KEY, [a, b], sp_tokenizer(tokenizers_dir))
     assert line.startswith(f"{KEY}: {a}") and says in line, line
-    assert line.endswith("; prepare it again (the data_preparation stage; python -m data_prep run --force if it "
-                         "says already done)")
+    assert line.endswith(
+        "; prepare it again (the data_preparation stage; python -m data_prep run --force if it says already done)"
+    )
 
 
 def test_index_from_another_shard(prepared, tmp_path):
     a = copy_of(prepared, "a", tmp_path)
     shutil.copy(prepared / "b_text_document.idx", a + ".idx")
     b_size = os.path.getsize(prepared / "b_text_document.bin")
-    assert pair_problem(a).startswith(f"{a}.bin has {os.path.getsize(a + '.bin'):,} bytes, its .idx says "
-                                      f"{b_size:,} (truncated, or the two come from different runs)")
+    assert pair_problem(a).startswith(
+        f"{a}.bin has {os.path.getsize(a + '.bin'):,} bytes, its .idx says "
+        f"{b_size:,} (truncated, or the two come from different runs)"
+    )
 
 
 def test_multimodal_indexes_keep_their_mode_bytes(prepared, tmp_path):
@@ -142,6 +155,7 @@ def test_an_index_of_no_documents(tmp_path):
 
 # -- the tokenizer the data was made with ------------------------------------------------------------------
 
+
 def test_another_tokenizer_is_one_line_naming_both(prepared, tmp_path, tokenizers_dir):
     a = copy_of(prepared, "a", tmp_path)
     b = copy_of(prepared, "b", tmp_path)
@@ -153,7 +167,9 @@ def test_another_tokenizer_is_one_line_naming_both(prepared, tmp_path, tokenizer
         f"{KEY}: {p} was tokenized with another tokenizer: sentencepiece:{tokenizers_dir['sentencepiece']} (vocab "
         f"{sp.vocab_size}, eod {sp.eod}), training.tokenizer is huggingface:{tokenizers_dir['huggingface']} (vocab "
         f"{bpe.vocab_size}, eod {bpe.eod}); prepare the data with training's tokenizer or set training.tokenizer to "
-        "the one the data was made with" for p in (a, b)]
+        "the one the data was made with"
+        for p in (a, b)
+    ]
 
 
 def test_same_setting_is_not_loaded(prepared, tmp_path, tokenizers_dir, monkeypatch):
@@ -202,8 +218,9 @@ def test_hub_tokenizer_in_the_cache_is_compared(prepared, tmp_path, tokenizers_d
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tokenizers_dir["huggingface"]) / name, snapshot / name)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    (line,) = prepared_data_problems(KEY, [str(prepared / "a_text_document")],
-                                     {"type": "huggingface", "path": "some-org/bpe"})
+    (line,) = prepared_data_problems(
+        KEY, [str(prepared / "a_text_document")], {"type": "huggingface", "path": "some-org/bpe"}
+    )
     assert "was tokenized with another tokenizer" in line and "training.tokenizer is huggingface:some-org/bpe" in line
 
 
@@ -212,11 +229,14 @@ def test_an_unusable_training_tokenizer_is_said_once(prepared, tmp_path):
     corpus.write_text(json.dumps({"text": "not a tokenizer"}) + "\n")
     prefixes = [str(prepared / "a_text_document"), str(prepared / "b_text_document")]
     (line,) = prepared_data_problems(KEY, prefixes, {"type": "sentencepiece", "path": str(corpus)})
-    assert line.startswith("training.tokenizer: cannot be loaded to compare it with the data's tokenizer: "
-                           f"training.tokenizer.path={corpus} is a JSON lines file")
+    assert line.startswith(
+        "training.tokenizer: cannot be loaded to compare it with the data's tokenizer: "
+        f"training.tokenizer.path={corpus} is a JSON lines file"
+    )
 
 
 # -- the data_preparation section --------------------------------------------------------------------------
+
 
 def composed(*overrides: str):
     """The data_preparation section as main.py composes it."""
@@ -236,8 +256,11 @@ def test_a_plain_section_and_a_composed_one_alike(tmp_path):
 
     dp = composed("data_preparation.workers=0")
     plain = OmegaConf.to_container(dp, resolve=True, enum_to_str=True)  # what to_plain gives the launcher
-    assert preparation_problems(dp) == preparation_problems(plain) == [
-        "data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"]
+    assert (
+        preparation_problems(dp)
+        == preparation_problems(plain)
+        == ["data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"]
+    )
 
 
 @pytest.fixture
@@ -249,13 +272,23 @@ def files_cfg(tmp_path, tokenizers_dir):
     def make(*overrides: str):
         """The section as a run directory's config.yaml holds it (plain values), with the overrides applied to the
         file: data_prep reads such files itself, so it checks the values the schema would refuse in main.py too."""
-        section = OmegaConf.create(OmegaConf.to_container(composed(
-            "data_preparation=files", f"data_preparation.inputs=[{src.path}]", "training.tokenizer.type=sentencepiece",
-            f"training.tokenizer.path={tokenizers_dir['sentencepiece']}"), resolve=True, enum_to_str=True))
+        section = OmegaConf.create(
+            OmegaConf.to_container(
+                composed(
+                    "data_preparation=files",
+                    f"data_preparation.inputs=[{src.path}]",
+                    "training.tokenizer.type=sentencepiece",
+                    f"training.tokenizer.path={tokenizers_dir['sentencepiece']}",
+                ),
+                resolve=True,
+                enum_to_str=True,
+            )
+        )
         for override in overrides:
             key, value = override.split("=", 1)
             OmegaConf.update(section, key.removeprefix("data_preparation."), yaml.safe_load(value), merge=False)
         return OmegaConf.to_container(section)
+
     return make
 
 
@@ -263,27 +296,49 @@ def test_a_sound_files_section(files_cfg):
     assert preparation_problems(files_cfg()) == []
 
 
-@pytest.mark.parametrize("override, line", [
-    ("workers=0", "data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"),
-    ("workers=abc", "data_preparation.workers='abc': expected a positive integer (tokenizer processes) or auto"),
-    ("chunk_bytes=0", "data_preparation.chunk_bytes=0: expected a number of bytes from 4096 to 1073741824 "
-                      "(default 262144; it only tunes speed)"),
-    ("chunk_bytes=-5", "data_preparation.chunk_bytes=-5: expected a number of bytes from 4096 to 1073741824 "
-                       "(default 262144; it only tunes speed)"),
-    ("chunk_bytes=100", "data_preparation.chunk_bytes=100: expected a number of bytes from 4096 to 1073741824 "
-                        "(default 262144; it only tunes speed)"),
-    ("append_eod=maybe", "data_preparation.append_eod='maybe': expected true or false"),
-    ("format=csv", "data_preparation.format='csv' is not one of auto, jsonl, text"),
-    ("download.retries=-1", "data_preparation.download.retries=-1: expected a whole number, at least 0"),
-    ("checksums_file=/nowhere/SHA256SUMS", "data_preparation.checksums_file=/nowhere/SHA256SUMS does not exist: "
-                                           "give a sha256sum list's path or URL, or null"),
-    ("tokenizer.type=tiktoken", "data_preparation.tokenizer.type='tiktoken' is not one of huggingface, "
-                                "sentencepiece"),
-    ("inputs=[/nowhere/a.jsonl,/nowhere/*.zst]", "data_preparation.inputs: nothing matches /nowhere/a.jsonl, "
-                                                 "/nowhere/*.zst"),
-    ("output_dir=data/files", "data_preparation.output_dir: 'data/files' is relative; give an absolute path (jobs "
-                              "do not run in the directory you launch from)"),
-])
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("workers=0", "data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"),
+        ("workers=abc", "data_preparation.workers='abc': expected a positive integer (tokenizer processes) or auto"),
+        (
+            "chunk_bytes=0",
+            "data_preparation.chunk_bytes=0: expected a number of bytes from 4096 to 1073741824 "
+            "(default 262144; it only tunes speed)",
+        ),
+        (
+            "chunk_bytes=-5",
+            "data_preparation.chunk_bytes=-5: expected a number of bytes from 4096 to 1073741824 "
+            "(default 262144; it only tunes speed)",
+        ),
+        (
+            "chunk_bytes=100",
+            "data_preparation.chunk_bytes=100: expected a number of bytes from 4096 to 1073741824 "
+            "(default 262144; it only tunes speed)",
+        ),
+        ("append_eod=maybe", "data_preparation.append_eod='maybe': expected true or false"),
+        ("format=csv", "data_preparation.format='csv' is not one of auto, jsonl, text"),
+        ("download.retries=-1", "data_preparation.download.retries=-1: expected a whole number, at least 0"),
+        (
+            "checksums_file=/nowhere/SHA256SUMS",
+            "data_preparation.checksums_file=/nowhere/SHA256SUMS does not exist: "
+            "give a sha256sum list's path or URL, or null",
+        ),
+        (
+            "tokenizer.type=tiktoken",
+            "data_preparation.tokenizer.type='tiktoken' is not one of huggingface, sentencepiece",
+        ),
+        (
+            "inputs=[/nowhere/a.jsonl,/nowhere/*.zst]",
+            "data_preparation.inputs: nothing matches /nowhere/a.jsonl, /nowhere/*.zst",
+        ),
+        (
+            "output_dir=data/files",
+            "data_preparation.output_dir: 'data/files' is relative; give an absolute path (jobs "
+            "do not run in the directory you launch from)",
+        ),
+    ],
+)
 def test_each_bad_value_is_one_line(files_cfg, override, line):
     assert preparation_problems(files_cfg(f"data_preparation.{override}")) == [line]
 
@@ -299,25 +354,38 @@ def test_tokenizer_paths_of_the_wrong_kind(files_cfg, tmp_path, tokenizers_dir):
 
 
 def test_every_problem_at_once(files_cfg):
-    problems = preparation_problems(files_cfg("data_preparation.workers=0", "data_preparation.chunk_bytes=0",
-                                              "data_preparation.tokenizer.type=bpe",
-                                              "data_preparation.inputs=[/nowhere/x.jsonl]"))
+    problems = preparation_problems(
+        files_cfg(
+            "data_preparation.workers=0",
+            "data_preparation.chunk_bytes=0",
+            "data_preparation.tokenizer.type=bpe",
+            "data_preparation.inputs=[/nowhere/x.jsonl]",
+        )
+    )
     assert [p.split("=")[0].split(":")[0] for p in problems] == [
-        "data_preparation.workers", "data_preparation.chunk_bytes", "data_preparation.tokenizer.type",
-        "data_preparation.inputs"]
+        "data_preparation.workers",
+        "data_preparation.chunk_bytes",
+        "data_preparation.tokenizer.type",
+        "data_preparation.inputs",
+    ]
 
 
 def test_pile_numbers_and_a_local_mirror(tmp_path):
     assert preparation_problems(composed("data_preparation.file_numbers=28-31")) == [
-        "data_preparation.file_numbers: [30, 31] outside 0-29 (the source has 30 shards)"]
+        "data_preparation.file_numbers: [30, 31] outside 0-29 (the source has 30 shards)"
+    ]
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     (mirror / "00.jsonl.zst").write_bytes(b"")
-    dp = composed(f"data_preparation.base_url={mirror}", "data_preparation.file_numbers=0-2",
-                  f"data_preparation.output_dir={tmp_path / 'out'}")
+    dp = composed(
+        f"data_preparation.base_url={mirror}",
+        "data_preparation.file_numbers=0-2",
+        f"data_preparation.output_dir={tmp_path / 'out'}",
+    )
     assert preparation_problems(dp) == [
         f"data_preparation.base_url={mirror}: 2 of the 3 local input files do not exist (first: "
-        f"{mirror / '01.jsonl.zst'}); fix data_preparation.base_url or put the files there"]
+        f"{mirror / '01.jsonl.zst'}); fix data_preparation.base_url or put the files there"
+    ]
     (tmp_path / "out").mkdir()
     for n in (1, 2):  # finished shards do not read their inputs again
         (tmp_path / "out" / f"my-llama_{n:02d}_text_document.done.json").write_text("{}")
@@ -344,10 +412,21 @@ def test_the_checks_import_nothing_heavy(prepared, tokenizers_dir):
         "assert preparation_problems(dp) == [], preparation_problems(dp)\n"
         "heavy = [m for m in ('torch', 'numpy', 'megatron', 'tokenizers', 'sentencepiece', 'omegaconf', 'zstandard',"
         " 'tqdm', 'huggingface_hub', 'transformers') if m in sys.modules]\n"
-        "assert not heavy, heavy\n")
+        "assert not heavy, heavy\n"
+    )
     dp = json.loads(json.dumps(composed_plain()))
-    subprocess.run([sys.executable, "-c", code, str(prepared / "a_text_document"), tokenizers_dir["sentencepiece"],
-                    json.dumps(dp)], check=True, cwd=REPO)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(prepared / "a_text_document"),
+            tokenizers_dir["sentencepiece"],
+            json.dumps(dp),
+        ],
+        check=True,
+        cwd=REPO,
+    )
 
 
 def composed_plain() -> dict:

@@ -1,4 +1,5 @@
 """Downloads against a local HTTP server: resume, restart, retries, checksums, clear failures."""
+
 from __future__ import annotations
 
 import hashlib
@@ -79,8 +80,14 @@ def test_retries_run_out_with_a_clear_error(http_server, tmp_path, payload):
     assert len(http_server.requests) == 4 and time.time() - t0 < 5
 
 
-@pytest.mark.parametrize("code, message", [(404, "HTTP 404 Not Found: .*check data_preparation.base_url"),
-                                           (401, "HTTP 401 .*access denied"), (403, "HTTP 403 .*access denied")])
+@pytest.mark.parametrize(
+    "code, message",
+    [
+        (404, "HTTP 404 Not Found: .*check data_preparation.base_url"),
+        (401, "HTTP 401 .*access denied"),
+        (403, "HTTP 403 .*access denied"),
+    ],
+)
 def test_permanent_errors_fail_at_once(http_server, tmp_path, code, message):
     if code != 404:
         http_server.behavior["f.bin"] = {"status": code}

@@ -1,4 +1,5 @@
 """generate_dataset.sh turns its environment into main.py overrides and passes the user's own through."""
+
 from __future__ import annotations
 
 import os
@@ -15,10 +16,19 @@ def args_of(tmp_path, env: dict, *extra: str) -> list[str]:
     stub = tmp_path / "python"
     stub.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
     stub.chmod(0o755)
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("DATASET", "STAGE_PATH", "TOKENIZER_PATH", "TOKENIZER_TYPE", "FILE_NUMBERS", "WORKERS")}
-    out = subprocess.run(["bash", str(REPO / "generate_dataset.sh"), *extra], env={**clean, **env, "PYTHON": str(stub)},
-                         cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATASET", "STAGE_PATH", "TOKENIZER_PATH", "TOKENIZER_TYPE", "FILE_NUMBERS", "WORKERS")
+    }
+    out = subprocess.run(
+        ["bash", str(REPO / "generate_dataset.sh"), *extra],
+        env={**clean, **env, "PYTHON": str(stub)},
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.splitlines()
 
 
@@ -27,8 +37,14 @@ def test_defaults_add_only_the_stage(tmp_path):
 
 
 def test_environment_and_passthrough(tmp_path):
-    env = {"DATASET": "pile", "STAGE_PATH": "/lustre/my stage/", "TOKENIZER_PATH": "/models/llama 3",
-           "TOKENIZER_TYPE": "huggingface", "FILE_NUMBERS": "0-29", "WORKERS": "32"}
+    env = {
+        "DATASET": "pile",
+        "STAGE_PATH": "/lustre/my stage/",
+        "TOKENIZER_PATH": "/models/llama 3",
+        "TOKENIZER_TYPE": "huggingface",
+        "FILE_NUMBERS": "0-29",
+        "WORKERS": "32",
+    }
     assert args_of(tmp_path, env, "cluster=bcm", "dry_run=true")[1:] == [
         "stages=[data_preparation]",
         "data_preparation=pile",
@@ -47,13 +63,27 @@ def test_stage_path_follows_the_dataset(tmp_path):
     assert "data_preparation=c4" in args and "data_preparation.output_dir='/s/data/c4'" in args
 
 
-VARIABLES = ("DATASET", "STAGE_PATH", "TOKENIZER_PATH", "TOKENIZER_TYPE", "FILE_NUMBERS", "WORKERS", "HF_TOKEN",
-             "PYTHON")
+VARIABLES = (
+    "DATASET",
+    "STAGE_PATH",
+    "TOKENIZER_PATH",
+    "TOKENIZER_TYPE",
+    "FILE_NUMBERS",
+    "WORKERS",
+    "HF_TOKEN",
+    "PYTHON",
+)
 
 
 def run_script(tmp_path, python: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "generate_dataset.sh"), *args], env={**os.environ, "PYTHON": python},
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", str(REPO / "generate_dataset.sh"), *args],
+        env={**os.environ, "PYTHON": python},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
@@ -76,8 +106,10 @@ def test_an_interpreter_without_the_projects_packages_is_one_line(tmp_path):
     out = run_script(tmp_path, str(bare))
     assert out.returncode == 2 and out.stderr.splitlines() == [
         f"generate_dataset.sh: {bare} ({bare}) cannot import hydra, which main.py needs; run it in the project's "
-        "environment (bash dev.sh bash generate_dataset.sh ...) or set PYTHON=/path/to/.venv/bin/python"]
+        "environment (bash dev.sh bash generate_dataset.sh ...) or set PYTHON=/path/to/.venv/bin/python"
+    ]
     out = run_script(tmp_path, "no-such-python3")
     assert out.returncode == 2 and out.stderr.splitlines() == [
         "generate_dataset.sh: PYTHON=no-such-python3 not found; run it in the project's environment (bash dev.sh "
-        "bash generate_dataset.sh ...) or set PYTHON=/path/to/.venv/bin/python"]
+        "bash generate_dataset.sh ...) or set PYTHON=/path/to/.venv/bin/python"
+    ]

@@ -1,5 +1,6 @@
 """.bin/.idx written with numpy alone (data_prep/indexed.py): the same bytes as megatron-core's own builder, and
 a data preparation run that never imports torch or megatron-core."""
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,7 @@ def test_the_files_are_megatrons_byte_for_byte(tmp_path, dtype, empty):
         for tokens, lengths in data:
             pos = 0
             for n in lengths.tolist():
-                builder.add_document(tokens[pos:pos + n], [n])
+                builder.add_document(tokens[pos : pos + n], [n])
                 pos += n
         builder.finalize(prefix + ".idx")
 
@@ -69,14 +70,23 @@ def test_a_run_imports_neither_torch_nor_megatron(tmp_path, tokenizers_dir):
     """Importing them took seconds before the first token of every data preparation task."""
     corpus = tmp_path / "in.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(50)))
-    config = write_config(tmp_path / "config.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
-                          tmp_path / "out", inputs=[str(corpus)], workers=1)
-    code = ("import sys\n"
-            "from data_prep.cli import main\n"
-            "assert main(['run', '--config', sys.argv[1], '--no-progress']) == 0\n"
-            "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))\n")
-    result = subprocess.run([sys.executable, "-c", code, str(config)], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
+    config = write_config(
+        tmp_path / "config.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        tmp_path / "out",
+        inputs=[str(corpus)],
+        workers=1,
+    )
+    code = (
+        "import sys\n"
+        "from data_prep.cli import main\n"
+        "assert main(['run', '--config', sys.argv[1], '--no-progress']) == 0\n"
+        "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(config)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines()[-1] == "[]", result.stdout
     assert (tmp_path / "out" / "in_text_document.idx").exists()

@@ -1,5 +1,6 @@
 """End to end on fixtures, offline: download from a local HTTP server, extract, tokenize, write .bin/.idx, read
 back with megatron-core, resume after interruption."""
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,7 @@ def served(http_server):
 def test_end_to_end_over_http(tmp_path, capsys, http_server, served, tokenizer_spec):
     out = tmp_path / "data"
     urls = [http_server.url(p.path.name) for p in served.values()]
-    cfg = write_config(tmp_path / "config.yaml", "files", tokenizer_spec, out, inputs=urls, workers=2,
-                       chunk_bytes=4096)
+    cfg = write_config(tmp_path / "config.yaml", "files", tokenizer_spec, out, inputs=urls, workers=2, chunk_bytes=4096)
     rc, stdout, stderr = run_cli(capsys, "run", "--config", cfg)
     assert rc == 0, stderr
     tok = load_tokenizer(*tokenizer_spec)
@@ -92,10 +92,17 @@ def test_end_to_end_over_http(tmp_path, capsys, http_server, served, tokenizer_s
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-        config = GPTDatasetConfig(random_seed=1234, sequence_length=48, blend=(prefixes, [0.5, 0.3, 0.2]),
-                                  split="90,10,0", tokenizer=tok, reset_position_ids=False,
-                                  reset_attention_mask=False, eod_mask_loss=False,
-                                  path_to_cache=str(tmp_path / "cache"))
+        config = GPTDatasetConfig(
+            random_seed=1234,
+            sequence_length=48,
+            blend=(prefixes, [0.5, 0.3, 0.2]),
+            split="90,10,0",
+            tokenizer=tok,
+            reset_position_ids=False,
+            reset_attention_mask=False,
+            eod_mask_loss=False,
+            path_to_cache=str(tmp_path / "cache"),
+        )
         train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [64, 8, 0], lambda: True, config).build()
         assert len(train) >= 64 and len(valid) >= 8  # (the blend rounds up per dataset)
         for i in (0, 17, 63):
@@ -105,14 +112,17 @@ def test_end_to_end_over_http(tmp_path, capsys, http_server, served, tokenizer_s
 
 
 def test_workers_and_chunking_never_change_the_bytes(tmp_path, capsys, tokenizers_dir):
-    inputs = [str(write_shard(tmp_path / "a.jsonl.zst", make_docs(400, seed=11), broken=True).path),
-              str(write_shard(tmp_path / "b.json.gz", make_docs(300, seed=12)).path)]
+    inputs = [
+        str(write_shard(tmp_path / "a.jsonl.zst", make_docs(400, seed=11), broken=True).path),
+        str(write_shard(tmp_path / "b.json.gz", make_docs(300, seed=12)).path),
+    ]
     spec = ("huggingface", tokenizers_dir["huggingface"])
     outputs = []
     for workers, chunk in [(1, 1 << 20), (2, 4096), (3, 5000)]:  # (4096: the smallest chunk_bytes allowed)
         out = tmp_path / f"out_{workers}"
-        cfg = write_config(tmp_path / f"c{workers}.yaml", "files", spec, out, inputs=inputs, workers=workers,
-                           chunk_bytes=chunk)
+        cfg = write_config(
+            tmp_path / f"c{workers}.yaml", "files", spec, out, inputs=inputs, workers=workers, chunk_bytes=chunk
+        )
         assert run_cli(capsys, "run", "--config", cfg)[0] == 0
         outputs.append(files_of(out))
     assert len(outputs[0]) == 4 and outputs[0] == outputs[1] == outputs[2]
@@ -124,28 +134,53 @@ def test_pile_and_c4_layouts_over_http(tmp_path, capsys, http_server, tokenizers
     www = http_server.root
     (www / "pile").mkdir()
     (www / "en").mkdir()
-    pile = [write_shard(www / "pile" / f"{n:02d}.jsonl.zst", make_docs(40, seed=20 + n), broken=n == 1, seed=n)
-            for n in range(2)]
-    train = [write_shard(www / "en" / f"c4-train.{i:05d}-of-00004.json.gz", make_docs(25, seed=30 + i))
-             for i in range(4)]
-    val = [write_shard(www / "en" / f"c4-validation.{i:05d}-of-00002.json.gz", make_docs(30, seed=40 + i))
-           for i in range(2)]
+    pile = [
+        write_shard(www / "pile" / f"{n:02d}.jsonl.zst", make_docs(40, seed=20 + n), broken=n == 1, seed=n)
+        for n in range(2)
+    ]
+    train = [
+        write_shard(www / "en" / f"c4-train.{i:05d}-of-00004.json.gz", make_docs(25, seed=30 + i)) for i in range(4)
+    ]
+    val = [
+        write_shard(www / "en" / f"c4-validation.{i:05d}-of-00002.json.gz", make_docs(30, seed=40 + i))
+        for i in range(2)
+    ]
 
     out = tmp_path / "pile"
-    cfg = write_config(tmp_path / "pile.yaml", "pile", spec, out, base_url=http_server.url("pile"), num_files=2,
-                       workers=1)
+    cfg = write_config(
+        tmp_path / "pile.yaml", "pile", spec, out, base_url=http_server.url("pile"), num_files=2, workers=1
+    )
     assert run_cli(capsys, "run", "--config", cfg)[0] == 0
     for n in range(2):
         assert_round_trip(str(out / f"my-llama_{n:02d}_text_document"), tok, pile[n].docs)
 
     out = tmp_path / "c4"
-    cfg = write_config(tmp_path / "c4.yaml", "c4", spec, out, base_url=http_server.url("en"), workers=2, **{
-        "train.file_template": "c4-train.{:05d}-of-00004.json.gz", "train.num_files": 4, "train.merged_files": 2,
-        "train.tokenize": "0-1", "validation.file_template": "c4-validation.{:05d}-of-00002.json.gz",
-        "validation.num_files": 2, "validation.max_documents": 45})
+    cfg = write_config(
+        tmp_path / "c4.yaml",
+        "c4",
+        spec,
+        out,
+        base_url=http_server.url("en"),
+        workers=2,
+        **{
+            "train.file_template": "c4-train.{:05d}-of-00004.json.gz",
+            "train.num_files": 4,
+            "train.merged_files": 2,
+            "train.tokenize": "0-1",
+            "validation.file_template": "c4-validation.{:05d}-of-00002.json.gz",
+            "validation.num_files": 2,
+            "validation.max_documents": 45,
+        },
+    )
     rc, stdout, _ = run_cli(capsys, "list", "--config", cfg, "--prefixes")
-    assert stdout.split() == [str(out / n) for n in ("c4-train.en_0_text_document", "c4-train.en_1_text_document",
-                                                     "c4-validation-45-samples.en_text_document")]
+    assert stdout.split() == [
+        str(out / n)
+        for n in (
+            "c4-train.en_0_text_document",
+            "c4-train.en_1_text_document",
+            "c4-validation-45-samples.en_text_document",
+        )
+    ]
     assert run_cli(capsys, "run", "--config", cfg)[0] == 0
     # merged file k = train files 2k, 2k+1 in order; validation = the first 45 lines across both files
     assert_round_trip(str(out / "c4-train.en_0_text_document"), tok, train[0].docs + train[1].docs)
@@ -163,8 +198,9 @@ def test_a_bad_shard_fails_alone_with_a_clear_reason(tmp_path, capsys, http_serv
     inputs = [str(tmp_path / n) for n in ("good.jsonl.zst", "garbage.jsonl.zst", "truncated.jsonl.zst", "empty.jsonl")]
     inputs.append(http_server.url("missing.jsonl.zst"))
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out,
-                       inputs=inputs, workers=2)
+    cfg = write_config(
+        tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out, inputs=inputs, workers=2
+    )
     rc, stdout, stderr = run_cli(capsys, "run", "--config", cfg)
     assert rc == 1
     failures = [line for line in stderr.splitlines() if line.startswith("data_prep: shard")]
@@ -174,29 +210,43 @@ def test_a_bad_shard_fails_alone_with_a_clear_reason(tmp_path, capsys, http_serv
     assert "shard 3 (empty) failed: no documents in 0 input lines" in failures[2]
     assert "shard 4 (missing) failed: HTTP 404 Not Found" in failures[3]
     assert "1 done, 4 failed (5 shards)" in stdout
-    assert_round_trip(str(out / "good_text_document"), load_tokenizer("sentencepiece", tokenizers_dir["sentencepiece"]),
-                      good.docs)
+    assert_round_trip(
+        str(out / "good_text_document"), load_tokenizer("sentencepiece", tokenizers_dir["sentencepiece"]), good.docs
+    )
     for name in ("garbage", "truncated", "empty", "missing"):  # nothing that looks finished, or still running
-        assert not any((out / f"{name}_text_document{ext}").exists()
-                       for ext in (".bin", ".idx", ".done.json", ".lock"))
+        assert not any((out / f"{name}_text_document{ext}").exists() for ext in (".bin", ".idx", ".done.json", ".lock"))
 
 
 def test_wrong_text_key_fails_with_a_hint(tmp_path, capsys, tokenizers_dir):
     src = write_shard(tmp_path / "a.jsonl", make_docs(20, seed=1))
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
-                       tmp_path / "out", inputs=[str(src.path)], text_key="content", workers=1)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        tmp_path / "out",
+        inputs=[str(src.path)],
+        text_key="content",
+        workers=1,
+    )
     rc, _, stderr = run_cli(capsys, "run", "--config", cfg)
     assert rc == 1 and "no documents in 20 input lines (missing_text_key 20); check data_preparation.text_key" in stderr
 
 
 def test_unusable_tokenizer_is_one_clear_error(tmp_path, capsys):
     src = write_shard(tmp_path / "a.jsonl", make_docs(5, seed=1))
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", str(tmp_path / "nope.model")), tmp_path / "out",
-                       inputs=[str(src.path)], workers=1)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", str(tmp_path / "nope.model")),
+        tmp_path / "out",
+        inputs=[str(src.path)],
+        workers=1,
+    )
     rc, _, stderr = run_cli(capsys, "run", "--config", cfg)
     assert rc == 2 and stderr.strip().splitlines() == [
         f"data_prep: error: data_preparation.tokenizer.path={tmp_path / 'nope.model'} does not exist "
-        "(and is not a hub id like org/name)"]
+        "(and is not a hub id like org/name)"
+    ]
 
 
 def test_rerun_skips_finished_and_redoes_incomplete_or_changed(tmp_path, capsys, tokenizers_dir):
@@ -222,8 +272,9 @@ def test_rerun_skips_finished_and_redoes_incomplete_or_changed(tmp_path, capsys,
     assert (out / "a_text_document.bin").stat().st_mtime_ns == stamps["a_text_document.bin"]
 
     # another tokenizer makes every shard stale
-    cfg = write_config(tmp_path / "c.yaml", "files", ("huggingface", tokenizers_dir["huggingface"]), out,
-                       inputs=inputs, workers=2)
+    cfg = write_config(
+        tmp_path / "c.yaml", "files", ("huggingface", tokenizers_dir["huggingface"]), out, inputs=inputs, workers=2
+    )
     rc, stdout, _ = run_cli(capsys, "run", "--config", cfg)
     assert rc == 0 and stdout.count("done in") == 3 and "made with other settings" in stdout
     assert files_of(out) != first and marker(str(out / "a_text_document"))["tokenizer"]["type"] == "huggingface"
@@ -231,9 +282,11 @@ def test_rerun_skips_finished_and_redoes_incomplete_or_changed(tmp_path, capsys,
 
 def test_interrupted_run_resumes_byte_identical(tmp_path, capsys, tokenizers_dir):
     """Kill the whole process group while the second of three shards is being written, then rerun."""
-    inputs = [str(write_shard(tmp_path / "s0.jsonl.zst", make_docs(200, seed=1)).path),
-              str(write_shard(tmp_path / "s1.jsonl.zst", make_docs(6000, seed=2, words_max=120), broken=True).path),
-              str(write_shard(tmp_path / "s2.jsonl.zst", make_docs(200, seed=3)).path)]
+    inputs = [
+        str(write_shard(tmp_path / "s0.jsonl.zst", make_docs(200, seed=1)).path),
+        str(write_shard(tmp_path / "s1.jsonl.zst", make_docs(6000, seed=2, words_max=120), broken=True).path),
+        str(write_shard(tmp_path / "s2.jsonl.zst", make_docs(200, seed=3)).path),
+    ]
     spec = ("huggingface", tokenizers_dir["huggingface"])
     ref = tmp_path / "reference"
     cfg_ref = write_config(tmp_path / "ref.yaml", "files", spec, ref, inputs=inputs, workers=2, chunk_bytes=65536)
@@ -241,8 +294,13 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, capsys, tokenizers_dir
 
     out = tmp_path / "out"
     cfg = write_config(tmp_path / "c.yaml", "files", spec, out, inputs=inputs, workers=2, chunk_bytes=65536)
-    proc = subprocess.Popen([sys.executable, "-m", "data_prep", "run", "--config", str(cfg), "--no-progress"],
-                            cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "data_prep", "run", "--config", str(cfg), "--no-progress"],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     tmp_bin = out / "s1_text_document.bin.tmp"
     deadline = time.time() + 120
     while not ((out / "s0_text_document.done.json").exists() and tmp_bin.exists() and tmp_bin.stat().st_size > 0):
@@ -267,8 +325,14 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, capsys, tokenizers_dir
 
 def test_verify_catches_damage(tmp_path, capsys, tokenizers_dir):
     src = write_shard(tmp_path / "a.jsonl", make_docs(30, seed=1))
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
-                       tmp_path / "out", inputs=[str(src.path)], workers=1)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        tmp_path / "out",
+        inputs=[str(src.path)],
+        workers=1,
+    )
     assert run_cli(capsys, "run", "--config", cfg)[0] == 0
     bin_path = tmp_path / "out" / "a_text_document.bin"
     data = bytearray(bin_path.read_bytes())
@@ -284,8 +348,9 @@ def test_verify_catches_damage(tmp_path, capsys, tokenizers_dir):
 def test_shard_selection_and_slurm_array(tmp_path, capsys, monkeypatch, tokenizers_dir):
     inputs = [str(write_shard(tmp_path / f"{n}.jsonl", make_docs(10, seed=i)).path) for i, n in enumerate("abc")]
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out,
-                       inputs=inputs, workers=1)
+    cfg = write_config(
+        tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out, inputs=inputs, workers=1
+    )
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
     rc, stdout, _ = run_cli(capsys, "run", "--config", cfg)
     assert rc == 0 and sorted(p.name for p in out.glob("*.bin")) == ["b_text_document.bin"]
@@ -295,15 +360,26 @@ def test_shard_selection_and_slurm_array(tmp_path, capsys, monkeypatch, tokenize
     rc, _, stderr = run_cli(capsys, "run", "--config", cfg)
     assert rc == 2 and "SLURM_ARRAY_TASK_ID=3: shard 3 does not exist" in stderr
     rc, stdout, _ = run_cli(capsys, "run", "--config", cfg, "--shard", "all", "data_preparation.workers=2")
-    assert rc == 0 and "b: already done" in stdout and sorted(p.name for p in out.glob("*.bin")) == [
-        "a_text_document.bin", "b_text_document.bin", "c_text_document.bin"]
+    assert (
+        rc == 0
+        and "b: already done" in stdout
+        and sorted(p.name for p in out.glob("*.bin"))
+        == ["a_text_document.bin", "b_text_document.bin", "c_text_document.bin"]
+    )
 
 
 def test_downloads_removed_when_not_kept(tmp_path, capsys, http_server, tokenizers_dir):
     write_shard(http_server.root / "x.jsonl.gz", make_docs(10, seed=1))
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out,
-                       inputs=[http_server.url("x.jsonl.gz")], keep_downloads=False, workers=1)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        out,
+        inputs=[http_server.url("x.jsonl.gz")],
+        keep_downloads=False,
+        workers=1,
+    )
     assert run_cli(capsys, "run", "--config", cfg)[0] == 0
     assert (out / "x_text_document.bin").exists() and not (out / "raw" / "x.jsonl.gz").exists()
 
@@ -316,8 +392,17 @@ def test_plain_text_lines_or_files(tmp_path, capsys, tokenizers_dir):
     spec = ("sentencepiece", tokenizers_dir["sentencepiece"])
     tok = load_tokenizer(*spec)
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "c.yaml", "files", spec, out, inputs=[str(tmp_path / "doc*.txt")], merge=True,
-                       output_name="books", text_document="file", workers=1)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        spec,
+        out,
+        inputs=[str(tmp_path / "doc*.txt")],
+        merge=True,
+        output_name="books",
+        text_document="file",
+        workers=1,
+    )
     assert run_cli(capsys, "run", "--config", cfg)[0] == 0
     assert_round_trip(str(out / "books_text_document"), tok, docs)
     cfg = write_config(tmp_path / "c.yaml", "files", spec, out, inputs=[str(tmp_path / "lines.txt")], workers=1)
@@ -352,8 +437,14 @@ def test_documents_without_eod_as_in_mlperf_c4(tmp_path, capsys, tokenizers_dir)
 
 def test_append_eod_must_be_a_boolean(tmp_path, capsys, tokenizers_dir):
     src = write_shard(tmp_path / "d.jsonl", make_docs(3, seed=2))
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
-                       tmp_path / "out", inputs=[str(src.path)], append_eod="no")
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        tmp_path / "out",
+        inputs=[str(src.path)],
+        append_eod="no",
+    )
     rc, _, err = run_cli(capsys, "run", "--config", cfg)
     assert rc == 2 and "data_preparation.append_eod='no': expected true or false" in err
 
@@ -376,20 +467,29 @@ def test_shard_lock_is_released_on_every_way_out(tmp_path, error):
     assert not os.path.exists(prefix + ".lock")
 
 
-@pytest.mark.parametrize("override, line", [
-    ("chunk_bytes=0", "data_preparation.chunk_bytes=0: expected a number of bytes from 4096 to 1073741824"),
-    ("chunk_bytes=-5", "data_preparation.chunk_bytes=-5: expected a number of bytes from 4096"),
-    ("chunk_bytes=abc", "data_preparation.chunk_bytes='abc': expected a number of bytes from 4096"),
-    ("workers=0", "data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"),
-    ("workers=abc", "data_preparation.workers='abc': expected a positive integer (tokenizer processes) or auto"),
-    ("keep_downloads=maybe", "data_preparation.keep_downloads='maybe': expected true or false"),
-    ("download.timeout_s=0", "data_preparation.download.timeout_s=0: expected seconds, above 0"),
-])
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("chunk_bytes=0", "data_preparation.chunk_bytes=0: expected a number of bytes from 4096 to 1073741824"),
+        ("chunk_bytes=-5", "data_preparation.chunk_bytes=-5: expected a number of bytes from 4096"),
+        ("chunk_bytes=abc", "data_preparation.chunk_bytes='abc': expected a number of bytes from 4096"),
+        ("workers=0", "data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"),
+        ("workers=abc", "data_preparation.workers='abc': expected a positive integer (tokenizer processes) or auto"),
+        ("keep_downloads=maybe", "data_preparation.keep_downloads='maybe': expected true or false"),
+        ("download.timeout_s=0", "data_preparation.download.timeout_s=0: expected seconds, above 0"),
+    ],
+)
 def test_bad_settings_stop_before_anything_is_written(tmp_path, capsys, tokenizers_dir, override, line):
     src = write_shard(tmp_path / "a.jsonl", make_docs(3, seed=2))
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out,
-                       inputs=[str(src.path)], workers=1)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        out,
+        inputs=[str(src.path)],
+        workers=1,
+    )
     rc, stdout, stderr = run_cli(capsys, "run", "--config", cfg, f"data_preparation.{override}")
     assert rc == 2 and len(stderr.splitlines()) == 1 and stderr.startswith(f"data_prep: error: {line}"), stderr
     assert not stdout and not out.exists()
@@ -397,40 +497,77 @@ def test_bad_settings_stop_before_anything_is_written(tmp_path, capsys, tokenize
 
 def test_every_bad_setting_is_reported_at_once(tmp_path, capsys, tokenizers_dir):
     src = write_shard(tmp_path / "a.jsonl", make_docs(3, seed=2))
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
-                       tmp_path / "out", inputs=[str(src.path), str(tmp_path / "gone.jsonl"), "/nowhere/*.txt"])
-    rc, _, stderr = run_cli(capsys, "run", "--config", cfg, "data_preparation.workers=0",
-                            "data_preparation.chunk_bytes=0", f"data_preparation.tokenizer.path={src.path}")
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        tmp_path / "out",
+        inputs=[str(src.path), str(tmp_path / "gone.jsonl"), "/nowhere/*.txt"],
+    )
+    rc, _, stderr = run_cli(
+        capsys,
+        "run",
+        "--config",
+        cfg,
+        "data_preparation.workers=0",
+        "data_preparation.chunk_bytes=0",
+        f"data_preparation.tokenizer.path={src.path}",
+    )
     assert rc == 2
     assert [line.split(": ")[2].split("=")[0] for line in stderr.splitlines()] == [
-        "data_preparation.workers", "data_preparation.chunk_bytes", "data_preparation.tokenizer.path",
-        "data_preparation.inputs"]
+        "data_preparation.workers",
+        "data_preparation.chunk_bytes",
+        "data_preparation.tokenizer.path",
+        "data_preparation.inputs",
+    ]
     assert f"nothing matches {tmp_path / 'gone.jsonl'}, /nowhere/*.txt" in stderr
 
 
 def test_zero_chunk_bytes_cannot_hang(tmp_path, tokenizers_dir):
     """It used to spin forever at 100% CPU once the input was read; now the config is refused."""
     src = write_shard(tmp_path / "a.jsonl", make_docs(3, seed=2))
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]),
-                       tmp_path / "out", inputs=[str(src.path)], workers=1, chunk_bytes=0)
-    proc = subprocess.run([sys.executable, "-m", "data_prep", "run", "--config", str(cfg), "--no-progress"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        tmp_path / "out",
+        inputs=[str(src.path)],
+        workers=1,
+        chunk_bytes=0,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "data_prep", "run", "--config", str(cfg), "--no-progress"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         "data_prep: error: data_preparation.chunk_bytes=0: expected a number of bytes from 4096 to 1073741824 "
-        "(default 262144; it only tunes speed)"]
+        "(default 262144; it only tunes speed)"
+    ]
 
 
-@pytest.mark.parametrize("kind, name, says", [
-    ("huggingface", "empty_dir", "is a directory without tokenizer.json"),
-    ("huggingface", "sp_model",
-     "is a sentencepiece model, not a Hugging Face tokenizer: set data_preparation.tokenizer.type=sentencepiece"),
-    ("sentencepiece", "corpus", "is a JSON lines file (a corpus?), not a sentencepiece model"),
-])
+@pytest.mark.parametrize(
+    "kind, name, says",
+    [
+        ("huggingface", "empty_dir", "is a directory without tokenizer.json"),
+        (
+            "huggingface",
+            "sp_model",
+            "is a sentencepiece model, not a Hugging Face tokenizer: set data_preparation.tokenizer.type=sentencepiece",
+        ),
+        ("sentencepiece", "corpus", "is a JSON lines file (a corpus?), not a sentencepiece model"),
+    ],
+)
 def test_tokenizer_of_the_wrong_kind_is_one_line(tmp_path, capsys, tokenizers_dir, kind, name, says):
     src = write_shard(tmp_path / "a.jsonl", make_docs(3, seed=2))
     (tmp_path / "empty_dir").mkdir()
-    path = {"empty_dir": str(tmp_path / "empty_dir"), "sp_model": tokenizers_dir["sentencepiece"],
-            "corpus": str(src.path)}[name]
+    path = {
+        "empty_dir": str(tmp_path / "empty_dir"),
+        "sp_model": tokenizers_dir["sentencepiece"],
+        "corpus": str(src.path),
+    }[name]
     cfg = write_config(tmp_path / "c.yaml", "files", (kind, path), tmp_path / "out", inputs=[str(src.path)])
     rc, _, stderr = run_cli(capsys, "run", "--config", cfg)
     (line,) = stderr.splitlines()
@@ -442,8 +579,14 @@ def test_truncated_local_input_names_the_file_and_keeps_it(tmp_path, capsys, tok
     whole = write_shard(tmp_path / "w.jsonl.gz", make_docs(300, seed=2), frames=1).path.read_bytes()
     (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), out,
-                       inputs=[str(tmp_path / "cut.jsonl.gz")], workers=1)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        "files",
+        ("sentencepiece", tokenizers_dir["sentencepiece"]),
+        out,
+        inputs=[str(tmp_path / "cut.jsonl.gz")],
+        workers=1,
+    )
     rc, _, stderr = run_cli(capsys, "run", "--config", cfg)
     (line,) = [x for x in stderr.splitlines() if x.startswith("data_prep: shard")]
     assert rc == 1 and f"cannot read {tmp_path / 'cut.jsonl.gz'}: gzip data ends in the middle of a frame" in line

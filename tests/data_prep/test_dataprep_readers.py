@@ -1,4 +1,5 @@
 """Reading sources: decompression, chunking at line boundaries, head -n, corrupt input."""
+
 from __future__ import annotations
 
 import gzip

@@ -1,4 +1,5 @@
 """Shard listing: what the launcher sizes the Slurm array with, composed from the real configs."""
+
 from __future__ import annotations
 
 import subprocess
@@ -24,10 +25,12 @@ def composed(*overrides: str):
 
 
 def test_shards_module_imports_nothing_heavy():
-    code = ("import sys, data_prep.shards\n"
-            "heavy = [m for m in ('torch', 'numpy', 'megatron', 'tokenizers', 'sentencepiece', 'zstandard', 'tqdm',"
-            " 'omegaconf') if m in sys.modules]\n"
-            "assert not heavy, heavy\n")
+    code = (
+        "import sys, data_prep.shards\n"
+        "heavy = [m for m in ('torch', 'numpy', 'megatron', 'tokenizers', 'sentencepiece', 'zstandard', 'tqdm',"
+        " 'omegaconf') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -35,16 +38,19 @@ def test_pile_default_is_two_shards_like_the_public_recipe():
     shards = list_shards(composed())
     assert [s.index for s in shards] == [0, 1]
     assert [s.name for s in shards] == ["my-llama_00", "my-llama_01"]
-    assert [s.output_prefix for s in shards] == ["/data/out/my-llama_00_text_document",
-                                                 "/data/out/my-llama_01_text_document"]
+    assert [s.output_prefix for s in shards] == [
+        "/data/out/my-llama_00_text_document",
+        "/data/out/my-llama_01_text_document",
+    ]
     src = shards[1].sources[0]
     assert src.uri == "https://huggingface.co/datasets/monology/pile-uncopyrighted/resolve/main/train/01.jsonl.zst"
     assert src.local_path == "/data/out/raw/01.jsonl.zst"
     assert (src.compression, src.kind, src.remote) == ("zstd", "jsonl", True)
 
 
-@pytest.mark.parametrize("numbers, expected", [("0-29", list(range(30))), ("3", [3]), ("'0,2,5-7'", [0, 2, 5, 6, 7]),
-                                               ("[4,1]", [1, 4])])
+@pytest.mark.parametrize(
+    "numbers, expected", [("0-29", list(range(30))), ("3", [3]), ("'0,2,5-7'", [0, 2, 5, 6, 7]), ("[4,1]", [1, 4])]
+)
 def test_pile_file_numbers(numbers, expected):
     shards = list_shards(composed(f"data_preparation.file_numbers={numbers}"))
     assert [s.name for s in shards] == [f"my-llama_{n:02d}" for n in expected]
@@ -74,8 +80,11 @@ def test_c4_mlperf_layout():
 
 
 def test_c4_all_merged_files_cover_every_train_file_once():
-    shards = list_shards(composed("data_preparation=c4", "data_preparation.train.tokenize=0-7",
-                                  "data_preparation.validation.enabled=false"))
+    shards = list_shards(
+        composed(
+            "data_preparation=c4", "data_preparation.train.tokenize=0-7", "data_preparation.validation.enabled=false"
+        )
+    )
     assert [s.name for s in shards] == [f"c4-train.en_{k}" for k in range(8)]
     files = [src.file_name for s in shards for src in s.sources]
     assert files == [f"c4-train.{i:05d}-of-01024.json.gz" for i in range(1024)]
@@ -92,36 +101,59 @@ def test_files_globs_sorted_and_merge(tmp_path):
     dp = composed("data_preparation=files", f"data_preparation.inputs=[{tmp_path}/*.json*,{tmp_path}/c.txt]")
     shards = list_shards(dp)
     assert [s.name for s in shards] == ["a", "b", "c"]
-    assert [(s.sources[0].compression, s.sources[0].kind) for s in shards] == [("gzip", "jsonl"), ("zstd", "jsonl"),
-                                                                                ("none", "text")]
+    assert [(s.sources[0].compression, s.sources[0].kind) for s in shards] == [
+        ("gzip", "jsonl"),
+        ("zstd", "jsonl"),
+        ("none", "text"),
+    ]
     assert output_prefixes(dp) == [f"/data/out/{n}_text_document" for n in "abc"]
-    merged = list_shards(composed("data_preparation=files", f"data_preparation.inputs=[{tmp_path}/*.json*]",
-                                  "data_preparation.merge=true", "data_preparation.output_name=all"))
-    assert len(merged) == 1 and merged[0].name == "all" and [s.file_name for s in merged[0].sources] == [
-        "a.json.gz", "b.jsonl.zst"]
+    merged = list_shards(
+        composed(
+            "data_preparation=files",
+            f"data_preparation.inputs=[{tmp_path}/*.json*]",
+            "data_preparation.merge=true",
+            "data_preparation.output_name=all",
+        )
+    )
+    assert (
+        len(merged) == 1
+        and merged[0].name == "all"
+        and [s.file_name for s in merged[0].sources] == ["a.json.gz", "b.jsonl.zst"]
+    )
 
 
 def test_files_urls_download_into_download_dir():
-    shards = list_shards(composed("data_preparation=files",
-                                  "data_preparation.inputs=[https://mirror.example/x/part-1.jsonl.gz]"))
+    shards = list_shards(
+        composed("data_preparation=files", "data_preparation.inputs=[https://mirror.example/x/part-1.jsonl.gz]")
+    )
     assert shards[0].sources[0].local_path == "/data/out/raw/part-1.jsonl.gz" and shards[0].name == "part-1"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data_preparation.file_numbers=30"], "file_numbers: [30] outside 0-29"),
-    (["data_preparation.file_numbers=2-1"], "is empty"),
-    (["data_preparation.file_numbers=abc"], "cannot read 'abc'"),
-    (["data_preparation=files"], "data_preparation.inputs is empty"),
-    (["data_preparation=files", "data_preparation.inputs=[/nonexistent/*.jsonl]"],
-     "nothing matches /nonexistent/*.jsonl"),
-    (["data_preparation=files", "data_preparation.inputs=[corpus/*.jsonl]"], "inputs: 'corpus/*.jsonl' is relative"),
-    (["data_preparation.output_dir=data/pile"], "output_dir: 'data/pile' is relative"),
-    (["data_preparation.base_url=mirror/pile"], "base_url: 'mirror/pile/00.jsonl.zst' is relative"),
-    (["data_preparation=c4", "data_preparation.train.merged_files=7"], "must divide train.num_files=1024"),
-    (["data_preparation=c4", "data_preparation.train.tokenize=8"], "merged file 8 does not exist"),
-    (["data_preparation=c4", "data_preparation.train.tokenize=[]", "data_preparation.validation.enabled=false"],
-     "selects nothing"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data_preparation.file_numbers=30"], "file_numbers: [30] outside 0-29"),
+        (["data_preparation.file_numbers=2-1"], "is empty"),
+        (["data_preparation.file_numbers=abc"], "cannot read 'abc'"),
+        (["data_preparation=files"], "data_preparation.inputs is empty"),
+        (
+            ["data_preparation=files", "data_preparation.inputs=[/nonexistent/*.jsonl]"],
+            "nothing matches /nonexistent/*.jsonl",
+        ),
+        (
+            ["data_preparation=files", "data_preparation.inputs=[corpus/*.jsonl]"],
+            "inputs: 'corpus/*.jsonl' is relative",
+        ),
+        (["data_preparation.output_dir=data/pile"], "output_dir: 'data/pile' is relative"),
+        (["data_preparation.base_url=mirror/pile"], "base_url: 'mirror/pile/00.jsonl.zst' is relative"),
+        (["data_preparation=c4", "data_preparation.train.merged_files=7"], "must divide train.num_files=1024"),
+        (["data_preparation=c4", "data_preparation.train.tokenize=8"], "merged file 8 does not exist"),
+        (
+            ["data_preparation=c4", "data_preparation.train.tokenize=[]", "data_preparation.validation.enabled=false"],
+            "selects nothing",
+        ),
+    ],
+)
 def test_config_errors_name_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:
         list_shards(composed(*overrides))

@@ -1,4 +1,5 @@
 """The tokenizer interface shared with training: encode/decode, vocab_size, eod; clear errors."""
+
 from __future__ import annotations
 
 import json
@@ -102,38 +103,75 @@ def files(tmp_path, tokenizers_dir):
     (tmp_path / "empty").mkdir()
     (tmp_path / "sp_dir").mkdir()
     (tmp_path / "sp_dir" / "tokenizer.model").write_bytes(open(tokenizers_dir["sentencepiece"], "rb").read())
-    return {"sp": tokenizers_dir["sentencepiece"], "json": tokenizers_dir["huggingface"] + "/tokenizer.json",
-            "hf_dir": tokenizers_dir["huggingface"], "corpus": str(tmp_path / "corpus.jsonl"),
-            "text": str(tmp_path / "notes.txt"), "binary": str(tmp_path / "data.bin"),
-            "empty": str(tmp_path / "empty"), "sp_dir": str(tmp_path / "sp_dir")}
+    return {
+        "sp": tokenizers_dir["sentencepiece"],
+        "json": tokenizers_dir["huggingface"] + "/tokenizer.json",
+        "hf_dir": tokenizers_dir["huggingface"],
+        "corpus": str(tmp_path / "corpus.jsonl"),
+        "text": str(tmp_path / "notes.txt"),
+        "binary": str(tmp_path / "data.bin"),
+        "empty": str(tmp_path / "empty"),
+        "sp_dir": str(tmp_path / "sp_dir"),
+    }
 
 
 def test_file_kind_from_the_first_bytes(files):
     kinds = {name: file_kind(files[name]) for name in ("sp", "json", "corpus", "text", "binary")}
-    assert kinds == {"sp": "sentencepiece", "json": "tokenizer.json", "corpus": "json lines", "text": "text",
-                     "binary": "binary"}
+    assert kinds == {
+        "sp": "sentencepiece",
+        "json": "tokenizer.json",
+        "corpus": "json lines",
+        "text": "text",
+        "binary": "binary",
+    }
 
 
 KEY = "data_preparation.tokenizer"
 
 
-@pytest.mark.parametrize("kind, name, expected", [
-    ("huggingface", "sp", "is a sentencepiece model, not a Hugging Face tokenizer: set {key}.type=sentencepiece"),
-    ("huggingface", "sp_dir", "is a directory without tokenizer.json; it holds a sentencepiece tokenizer.model: "
-                              "set {key}.type=sentencepiece"),
-    ("huggingface", "empty", "is a directory without tokenizer.json; point {key}.path at a directory holding "
-                             "tokenizer.json, or at the file"),
-    ("huggingface", "corpus", "is a JSON lines file (a corpus?), not a Hugging Face tokenizer: point {key}.path at "
-                              "a tokenizer.json or the directory holding it"),
-    ("huggingface", "binary", "is a binary file, not a Hugging Face tokenizer"),
-    ("sentencepiece", "json", "is a Hugging Face tokenizer.json, not a sentencepiece model: "
-                              "set {key}.type=huggingface"),
-    ("sentencepiece", "hf_dir", "is a directory without tokenizer.model; it holds a Hugging Face tokenizer.json: "
-                                "set {key}.type=huggingface"),
-    ("sentencepiece", "corpus", "is a JSON lines file (a corpus?), not a sentencepiece model: point {key}.path at "
-                                "a .model file or the directory holding tokenizer.model"),
-    ("sentencepiece", "text", "is a text file, not a sentencepiece model"),
-])
+@pytest.mark.parametrize(
+    "kind, name, expected",
+    [
+        ("huggingface", "sp", "is a sentencepiece model, not a Hugging Face tokenizer: set {key}.type=sentencepiece"),
+        (
+            "huggingface",
+            "sp_dir",
+            "is a directory without tokenizer.json; it holds a sentencepiece tokenizer.model: "
+            "set {key}.type=sentencepiece",
+        ),
+        (
+            "huggingface",
+            "empty",
+            "is a directory without tokenizer.json; point {key}.path at a directory holding "
+            "tokenizer.json, or at the file",
+        ),
+        (
+            "huggingface",
+            "corpus",
+            "is a JSON lines file (a corpus?), not a Hugging Face tokenizer: point {key}.path at "
+            "a tokenizer.json or the directory holding it",
+        ),
+        ("huggingface", "binary", "is a binary file, not a Hugging Face tokenizer"),
+        (
+            "sentencepiece",
+            "json",
+            "is a Hugging Face tokenizer.json, not a sentencepiece model: set {key}.type=huggingface",
+        ),
+        (
+            "sentencepiece",
+            "hf_dir",
+            "is a directory without tokenizer.model; it holds a Hugging Face tokenizer.json: "
+            "set {key}.type=huggingface",
+        ),
+        (
+            "sentencepiece",
+            "corpus",
+            "is a JSON lines file (a corpus?), not a sentencepiece model: point {key}.path at "
+            "a .model file or the directory holding tokenizer.model",
+        ),
+        ("sentencepiece", "text", "is a text file, not a sentencepiece model"),
+    ],
+)
 def test_a_path_of_the_wrong_kind_is_one_line_naming_the_key_and_the_fix(files, kind, name, expected):
     line = tokenizer_problem(kind, files[name], KEY)
     assert line.startswith(f"{KEY}.path={files[name]} ") and expected.format(key=KEY) in line
@@ -142,8 +180,10 @@ def test_a_path_of_the_wrong_kind_is_one_line_naming_the_key_and_the_fix(files, 
     assert str(err.value) == line
 
 
-@pytest.mark.parametrize("kind, name", [("huggingface", "json"), ("huggingface", "hf_dir"),
-                                        ("sentencepiece", "sp"), ("sentencepiece", "sp_dir")])
+@pytest.mark.parametrize(
+    "kind, name",
+    [("huggingface", "json"), ("huggingface", "hf_dir"), ("sentencepiece", "sp"), ("sentencepiece", "sp_dir")],
+)
 def test_usable_paths_have_no_problem(files, kind, name):
     assert tokenizer_problem(kind, files[name], KEY) is None
     assert load_tokenizer(kind, files[name]).vocab_size > 256
@@ -152,7 +192,8 @@ def test_usable_paths_have_no_problem(files, kind, name):
 def test_other_paths_and_types(tmp_path):
     assert tokenizer_problem("huggingface", "meta-llama/Llama-3.1-8B", KEY) is None  # not looked up
     assert tokenizer_problem("sentencepiece", str(tmp_path / "gone.model"), KEY) == (
-        f"{KEY}.path={tmp_path / 'gone.model'} does not exist (and is not a hub id like org/name)")
+        f"{KEY}.path={tmp_path / 'gone.model'} does not exist (and is not a hub id like org/name)"
+    )
     assert tokenizer_problem("tiktoken", "x", KEY) == f"{KEY}.type='tiktoken' is not one of huggingface, sentencepiece"
     assert tokenizer_problem("huggingface", "", KEY).startswith(f"{KEY}.path is not set")
 

@@ -1,4 +1,5 @@
 """Launcher test fixtures: configs composed as `python main.py` would, with results in the test's temp dir."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,6 +17,8 @@ def results(tmp_path: Path) -> Path:
 @pytest.fixture
 def cfg_for(results: Path):
     """compose(overrides) with results_dir in the test's temp dir."""
+
     def make(*overrides: str) -> dict:
         return compose([*overrides, f"results_dir={results}"])
+
     return make

@@ -1,5 +1,6 @@
 """Shared by the launcher tests: GPU sets to plan against, `python main.py` in a subprocess, and golden files for
 the rendered jobs (tests/golden/, machine paths replaced by placeholders; UPDATE_GOLDEN=1 rewrites them)."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,14 @@ def planned(cfg, local_gpus=None):
 def run_main(*args: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python main.py ARGS` as a user runs it, with no GPU visible (so cluster=local never trains here)."""
     full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    return subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 GOLDEN = REPO / "tests" / "golden"
@@ -36,8 +43,7 @@ GOLDEN = REPO / "tests" / "golden"
 
 def normalise(text: str, tmp: Path) -> str:
     # The interpreter's bin dir may lie inside the repository (.venv): replace it first.
-    return (text.replace(python_bin_dir(), "<PYTHON_BIN>").replace(str(tmp), "<TMP>")
-            .replace(str(REPO), "<REPO>"))
+    return text.replace(python_bin_dir(), "<PYTHON_BIN>").replace(str(tmp), "<TMP>").replace(str(REPO), "<REPO>")
 
 
 def check_golden(name: str, text: str, tmp: Path, shell: bool = True) -> None:
@@ -52,7 +58,9 @@ def check_golden(name: str, text: str, tmp: Path, shell: bool = True) -> None:
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(actual)
     assert path.exists(), f"no golden file {path}; create it with UPDATE_GOLDEN=1"
-    assert actual == path.read_text(), f"{name} differs from its golden file (UPDATE_GOLDEN=1 after a deliberate change)"
+    assert actual == path.read_text(), (
+        f"{name} differs from its golden file (UPDATE_GOLDEN=1 after a deliberate change)"
+    )
 
 
 def rendered(cfg, local_gpus=None) -> dict[str, str]:

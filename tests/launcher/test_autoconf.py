@@ -1,6 +1,7 @@
 """parallelism=auto: the enumeration keeps exactly the layouts the plan accepts and the memory estimate fits, the
 ranking is stable and its table explains it, the pick is written as a command line that gives the same run
 directory, and the errors are one line (no layout fits: the smallest GPU count that would)."""
+
 from __future__ import annotations
 
 import itertools
@@ -30,8 +31,9 @@ def auto_cfg(model: str, gpu: str, num_gpus: int, *overrides: str) -> dict:
     """parallelism=auto on Slurm nodes of 8 GPUs; composed once per model, GPU type and extra overrides."""
     key = (model, gpu, *overrides)
     if key not in _composed:
-        _composed[key] = compose([f"training=llama31/{model}", "parallelism=auto", "cluster=bcm",
-                                  f"cluster.gpu_type={gpu}", *overrides])
+        _composed[key] = compose(
+            [f"training=llama31/{model}", "parallelism=auto", "cluster=bcm", f"cluster.gpu_type={gpu}", *overrides]
+        )
     base = _composed[key]
     return {**base, "parallelism": {**base["parallelism"], "num_gpus": num_gpus}}
 
@@ -120,9 +122,16 @@ def test_the_ranking_is_stable_and_ordered_by_predicted_step_time(model, num_gpu
     shuffled = list(ranked)
     random.Random(0).shuffle(shuffled)
     assert [r.layout for r in autoconf.rank(shuffled)] == [r.layout for r in ranked]
-    reordered = {**cfg, "parallelism": {**cfg["parallelism"], "auto": {
-        **cfg["parallelism"]["auto"], "search": {k: list(reversed(v)) for k, v in
-                                                 cfg["parallelism"]["auto"]["search"].items()}}}}
+    reordered = {
+        **cfg,
+        "parallelism": {
+            **cfg["parallelism"],
+            "auto": {
+                **cfg["parallelism"]["auto"],
+                "search": {k: list(reversed(v)) for k, v in cfg["parallelism"]["auto"]["search"].items()},
+            },
+        },
+    }
     assert [r.layout for r in autoconf.search(reordered).ranked] == [r.layout for r in ranked]
     best = min(r.time.total_s for r in ranked)
     bins = [round(r.time.total_s / best / autoconf.TIE) for r in ranked]
@@ -157,8 +166,15 @@ def _same_run_command(stdout: str) -> list[str]:
 
 def test_the_pick_is_written_exactly_as_its_command_line_gives_it(tmp_path):
     results = tmp_path / "results"
-    out = run_main("training=llama31/70b", "parallelism=auto", "parallelism.num_gpus=256", "cluster=bcm",
-                   "cluster.gpu_type=h100", "dry_run=true", f"results_dir={results}")
+    out = run_main(
+        "training=llama31/70b",
+        "parallelism=auto",
+        "parallelism.num_gpus=256",
+        "cluster=bcm",
+        "cluster.gpu_type=h100",
+        "dry_run=true",
+        f"results_dir={results}",
+    )
     assert out.returncode == 0, out.stderr
     assert "auto-configurator: llama31_70b bf16 on 256 h100 GPUs" in out.stdout
     (run_dir,) = results.iterdir()
@@ -178,13 +194,24 @@ def test_the_pick_is_written_exactly_as_its_command_line_gives_it(tmp_path):
 
 def test_a_sweep_over_picks_writes_the_ranked_layouts_in_their_own_run_directories(tmp_path):
     results = tmp_path / "results"
-    out = run_main("-m", "training=llama31/8b", "parallelism=auto", "parallelism.num_gpus=4", "cluster=bcm",
-                   "cluster.gpu_type=h200", "cluster.gpus_per_node=4", "training.global_batch_size=32",
-                   "dry_run=true", f"results_dir={results}", "parallelism.auto.pick=0,1,2")
+    out = run_main(
+        "-m",
+        "training=llama31/8b",
+        "parallelism=auto",
+        "parallelism.num_gpus=4",
+        "cluster=bcm",
+        "cluster.gpu_type=h200",
+        "cluster.gpus_per_node=4",
+        "training.global_batch_size=32",
+        "dry_run=true",
+        f"results_dir={results}",
+        "parallelism.auto.pick=0,1,2",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("auto-configurator:") == 1  # the table once per sweep
-    ranked = autoconf.search(auto_cfg("8b", "h200", 4, "cluster.gpus_per_node=4",
-                                      "training.global_batch_size=32")).ranked
+    ranked = autoconf.search(
+        auto_cfg("8b", "h200", 4, "cluster.gpus_per_node=4", "training.global_batch_size=32")
+    ).ranked
     runs = [p for p in results.iterdir() if p.name != "sweeps"]
     assert len(runs) == 3
     planned = {json.loads((run / "plan.json").read_text())["est_memory_gib_per_gpu"]: run for run in runs}
@@ -200,12 +227,22 @@ def test_a_sweep_over_picks_writes_the_ranked_layouts_in_their_own_run_directori
 def test_no_layout_fits_names_the_smallest_gpu_count_that_would():
     cfg = auto_cfg("405b", "h100", 8)
     with pytest.raises(PlanError) as err:
-        autoconf.resolve(["training=llama31/405b", "parallelism=auto", "cluster=bcm", "cluster.gpu_type=h100",
-                          "parallelism.num_gpus=8"], cfg, say=None)
+        autoconf.resolve(
+            [
+                "training=llama31/405b",
+                "parallelism=auto",
+                "cluster=bcm",
+                "cluster.gpu_type=h100",
+                "parallelism.num_gpus=8",
+            ],
+            cfg,
+            say=None,
+        )
     (line,) = err.value.problems
     assert "\n" not in line and "parallelism.num_gpus=8 h100 GPUs" in line
-    smallest = int(re.search(r"the smallest GPU count with one that fits is (\d+): set parallelism.num_gpus=\1",
-                             line).group(1))
+    smallest = int(
+        re.search(r"the smallest GPU count with one that fits is (\d+): set parallelism.num_gpus=\1", line).group(1)
+    )
     assert autoconf.search(auto_cfg("405b", "h100", smallest)).ranked
     for fewer in range(8, smallest, 8):  # no whole number of nodes below it has one
         assert not autoconf.search(auto_cfg("405b", "h100", fewer)).ranked, fewer
@@ -213,8 +250,9 @@ def test_no_layout_fits_names_the_smallest_gpu_count_that_would():
 
 def test_main_py_stops_with_one_line_and_writes_nothing(tmp_path):
     results = tmp_path / "results"
-    out = run_main("training=llama31/70b", "parallelism=auto", "parallelism.num_gpus=8", "cluster=bcm",
-                   f"results_dir={results}")
+    out = run_main(
+        "training=llama31/70b", "parallelism=auto", "parallelism.num_gpus=8", "cluster=bcm", f"results_dir={results}"
+    )
     assert out.returncode == 2
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("error: parallelism=auto: no layout of llama31_70b (bf16) fits parallelism.num_gpus=8")
@@ -222,13 +260,16 @@ def test_main_py_stops_with_one_line_and_writes_nothing(tmp_path):
     assert not results.exists()
 
 
-@pytest.mark.parametrize("overrides,words", [
-    (["parallelism.tp=4"], ["parallelism.tp is decided by parallelism=auto", "parallelism.auto.search.tp=[...]"]),
-    (["training.micro_batch_size=2"], ["training.micro_batch_size", "parallelism.auto.search.micro_batch_size"]),
-    (["parallelism.auto.pick=100000"], ["parallelism.auto.pick=100000", "layouts fit; use a rank in 0.."]),
-    (["parallelism.auto.search.tp=[]"], ["parallelism.auto.search.tp must be a non-empty list"]),
-    (["parallelism.auto.search.cp=[0]"], ["parallelism.auto.search.cp: [0] are not positive integers"]),
-])
+@pytest.mark.parametrize(
+    "overrides,words",
+    [
+        (["parallelism.tp=4"], ["parallelism.tp is decided by parallelism=auto", "parallelism.auto.search.tp=[...]"]),
+        (["training.micro_batch_size=2"], ["training.micro_batch_size", "parallelism.auto.search.micro_batch_size"]),
+        (["parallelism.auto.pick=100000"], ["parallelism.auto.pick=100000", "layouts fit; use a rank in 0.."]),
+        (["parallelism.auto.search.tp=[]"], ["parallelism.auto.search.tp must be a non-empty list"]),
+        (["parallelism.auto.search.cp=[0]"], ["parallelism.auto.search.cp: [0] are not positive integers"]),
+    ],
+)
 def test_bad_auto_inputs_are_one_line_naming_the_key(overrides, words):
     args = ["training=llama31/8b", "parallelism=auto", "cluster=bcm", *overrides]
     with pytest.raises(PlanError) as err:

@@ -2,6 +2,7 @@
 key (and how to write it), nothing written. Each row is an input that once passed silently, ended in a
 traceback, or said something misleading; the data inputs (prepared files, data preparation settings) are in
 tests/data_prep/test_dataprep_plan_inputs.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,28 +16,31 @@ DATA_PREP = ("stages=[data_preparation]", "data_preparation=files", "data_prepar
 CASES = [
     # Wrong types: refused while composing, with what the key takes.
     (["training.seq_length=abc"], "training.seq_length=abc: training.seq_length must be an integer"),
-    (["training.global_batch_size=abc"], "training.global_batch_size=abc: training.global_batch_size must be an "
-                                         "integer"),
-    (["training.global_batch_size=[64,128]"], "training.global_batch_size=[64,128]: training.global_batch_size "
-                                              "must be an integer"),
+    (
+        ["training.global_batch_size=abc"],
+        "training.global_batch_size=abc: training.global_batch_size must be an integer",
+    ),
+    (
+        ["training.global_batch_size=[64,128]"],
+        "training.global_batch_size=[64,128]: training.global_batch_size must be an integer",
+    ),
     (["training.train_steps=abc"], "training.train_steps=abc: training.train_steps must be an integer"),
     (["training.optimizer.lr=abc"], "training.optimizer.lr=abc: training.optimizer.lr must be a number"),
     (["parallelism.tp=true"], "parallelism.tp=true: parallelism.tp must be an integer"),
-    (["training.train_steps=1e3"], "training.train_steps must be an integer (optimizer steps to train); write "
-                                   "training.train_steps=1000"),
+    (
+        ["training.train_steps=1e3"],
+        "training.train_steps must be an integer (optimizer steps to train); write training.train_steps=1000",
+    ),
     (["seed=abc"], "seed=abc: seed must be an integer"),
     (["seed=1.5"], "seed=1.5: seed must be an integer"),
-    (["training.micro_batch_size=1.5"], "training.micro_batch_size=1.5: training.micro_batch_size must be an "
-                                        "integer"),
+    (["training.micro_batch_size=1.5"], "training.micro_batch_size=1.5: training.micro_batch_size must be an integer"),
     (["profile.tool=vtune"], "profile.tool=vtune: profile.tool must be one of torch, nsys"),
-    (["logging.wandb.mode=cloud"], "logging.wandb.mode=cloud: logging.wandb.mode must be one of auto, online, "
-                                   "offline"),
+    (["logging.wandb.mode=cloud"], "logging.wandb.mode=cloud: logging.wandb.mode must be one of auto, online, offline"),
     (["cluster.container_runtime=docker"], "cluster.container_runtime must be one of pyxis, apptainer, none"),
     (["stages=[trianing]"], "stages=[trianing]: 'trianing' is not a stage; use one of container"),
     # A string where a list belongs is never split into characters.
     (["cluster.sbatch_args=--foo"], "cluster.sbatch_args=--foo: cluster.sbatch_args must be a list of strings"),
-    (["cluster=sge", "cluster.modules=openmpi"], "cluster.modules=openmpi: cluster.modules must be a list of "
-                                                 "strings"),
+    (["cluster=sge", "cluster.modules=openmpi"], "cluster.modules=openmpi: cluster.modules must be a list of strings"),
     (["stages=training"], "stages=training: stages must be a list"),
     # Keys and options that do not exist.
     (["cluster.qsub_args=[x]"], "cluster.qsub_args is not a key of cluster on platform slurm"),
@@ -50,16 +54,24 @@ CASES = [
     (["seed=-3"], "seed=-3 must be from 0 to 4294967295"),
     (["cluster.gpus_per_node=-8"], "cluster.gpus_per_node=-8 must be positive (or null)"),
     (["cluster.gpus_per_node=0"], "cluster.gpus_per_node=0 must be positive (or null)"),
-    (["training.data.mock=false", "training.data.blend=[-1,/data/a,2,/data/b]"],
-     "training.data.blend weights [-1, 2] must be 0 or more with at least one above 0"),
-    (["training.data.mock=false", "training.data.blend=[0,/data/a,0,/data/b]"],
-     "training.data.blend weights [0, 0] must be 0 or more with at least one above 0"),
+    (
+        ["training.data.mock=false", "training.data.blend=[-1,/data/a,2,/data/b]"],
+        "training.data.blend weights [-1, 2] must be 0 or more with at least one above 0",
+    ),
+    (
+        ["training.data.mock=false", "training.data.blend=[0,/data/a,0,/data/b]"],
+        "training.data.blend weights [0, 0] must be 0 or more with at least one above 0",
+    ),
     (["training.data.blend=[/data/a]"], "training.data.mock=true ignores training.data.blend"),
     (["stages=[training,training]"], "stages names training more than once"),
-    (["training=mlperf/llama31_8b", "mlperf.ruleset=9.9.9"], "mlperf.ruleset=9.9.9 has no compliance rules for "
-                                                             "llama31_8b: use one of 5.1.0, 6.0.0, 6.1.0"),
-    (["cluster.container_runtime=apptainer", "cluster.container=null"],
-     "cluster.container=null gives cluster.container_runtime=apptainer no image"),
+    (
+        ["training=mlperf/llama31_8b", "mlperf.ruleset=9.9.9"],
+        "mlperf.ruleset=9.9.9 has no compliance rules for llama31_8b: use one of 5.1.0, 6.0.0, 6.1.0",
+    ),
+    (
+        ["cluster.container_runtime=apptainer", "cluster.container=null"],
+        "cluster.container=null gives cluster.container_runtime=apptainer no image",
+    ),
     # Names that become paths and job names.
     (["run_name=../../escaped"], "run_name='../../escaped': use letters, digits and . _ = + - only"),
     (["run_name=my run"], "run_name='my run': use letters, digits and . _ = + - only"),
@@ -96,8 +108,14 @@ def test_a_results_dir_that_is_a_file(tmp_path):
 
 
 def test_every_bad_value_of_one_command_at_once(tmp_path):
-    out = run_main(*BASE, "cluster.sbatch_args=--foo", "training.train_steps=1e3", "seed=abc", "dtype=fp16",
-                   f"results_dir={tmp_path}")
+    out = run_main(
+        *BASE,
+        "cluster.sbatch_args=--foo",
+        "training.train_steps=1e3",
+        "seed=abc",
+        "dtype=fp16",
+        f"results_dir={tmp_path}",
+    )
     assert out.returncode == 2
     keys = [line.split(":", 2)[1].strip() for line in out.stderr.strip().splitlines()]
     assert keys == ["dtype=fp16", "cluster.sbatch_args=--foo", "training.train_steps=1e3", "seed=abc"], out.stderr

@@ -1,6 +1,7 @@
 """cluster=bcp (NGC Base Command Platform): golden submission and job scripts for 8B, 70B and 405B and for data
 preparation (+ `bash -n`), the `ngc` command lines against the options the NGC CLI documents, the one-line
 errors, and submission through a stand-in `ngc`."""
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,18 @@ JOB_RUN_OPTIONS = {
     "--name": r"[A-Za-z0-9._-]+",
     "--image": r"\S+",
     "--instance": r"dgx[a-z]+\d+\.\d+g\.\d+\.\w+",
-    "--replicas": r"[2-9]|[1-9]\d+",          # only for multi-replica (multinode) jobs
+    "--replicas": r"[2-9]|[1-9]\d+",  # only for multi-replica (multinode) jobs
     "--array-type": r"MPI|PYTORCH",
-    "--total-runtime": r"\d+[sSmMhHdD]",       # [nD][nH][nM][nS]
+    "--total-runtime": r"\d+[sSmMhHdD]",  # [nD][nH][nM][nS]
     "--result": r"/\S*",
     "--workspace": r"[^:\s]+:/[^:\s]*:(RW|RO)",  # <id|name>:<mountpoint>:<mode>
-    "--datasetid": r"[^:\s]+:/[^:\s]*",          # <id>:<mountpoint>
+    "--datasetid": r"[^:\s]+:/[^:\s]*",  # <id>:<mountpoint>
     "--commandline": r".+",
-    "--ace": r"\S+", "--org": r"\S+", "--team": r"\S+",
-    "--preempt": r"RUNONCE|RESUMABLE|RESTARTABLE", "--priority": r"LOW|NORMAL|HIGH",
+    "--ace": r"\S+",
+    "--org": r"\S+",
+    "--team": r"\S+",
+    "--preempt": r"RUNONCE|RESUMABLE|RESTARTABLE",
+    "--priority": r"LOW|NORMAL|HIGH",
 }
 # What `ngc base-command job run` prints (ascii format): the job's id under "Job Information".
 JOB_RUN_OUTPUT = """--------------------------------------------------------
@@ -54,10 +58,16 @@ JOB_RUN_OUTPUT = """--------------------------------------------------------
 
 
 def bcp(tmp_path: Path, *overrides: str) -> list[str]:
-    return ["cluster=bcp", "dry_run=true", f"cluster.container={IMAGE}", "cluster.ace=nv-us-east-2",
-            "cluster.org=myorg", "cluster.team=llm",
-            f"cluster.workspaces=[{{id: llama31-code, mount: {REPO}}},{{id: llama31-runs, mount: {tmp_path}}}]",
-            *overrides]
+    return [
+        "cluster=bcp",
+        "dry_run=true",
+        f"cluster.container={IMAGE}",
+        "cluster.ace=nv-us-east-2",
+        "cluster.org=myorg",
+        "cluster.team=llm",
+        f"cluster.workspaces=[{{id: llama31-code, mount: {REPO}}},{{id: llama31-runs, mount: {tmp_path}}}]",
+        *overrides,
+    ]
 
 
 def ngc_argv(submission: str) -> list[str]:
@@ -75,13 +85,24 @@ def check_documented(argv: list[str]) -> None:
         assert re.fullmatch(JOB_RUN_OPTIONS[option], value), (option, value)
 
 
-@pytest.mark.parametrize("name,overrides,replicas", [
-    ("8b", ["training=llama31/8b", "cluster.instance=dgxa100.80g.8.norm", "cluster.gpu_type=a100"], 1),
-    ("70b_fp8", ["training=llama31/70b", "dtype=fp8", "+cluster.env.NCCL_IB_SL=1",
-                 'cluster.ngc_args=["--preempt", "RUNONCE", "--priority", "HIGH"]',
-                 "cluster.datasets=[{id: 1602645, mount: /mnt/tokenizers}]"], 8),
-    ("405b", ["training=llama31/405b"], 128),
-])
+@pytest.mark.parametrize(
+    "name,overrides,replicas",
+    [
+        ("8b", ["training=llama31/8b", "cluster.instance=dgxa100.80g.8.norm", "cluster.gpu_type=a100"], 1),
+        (
+            "70b_fp8",
+            [
+                "training=llama31/70b",
+                "dtype=fp8",
+                "+cluster.env.NCCL_IB_SL=1",
+                'cluster.ngc_args=["--preempt", "RUNONCE", "--priority", "HIGH"]',
+                "cluster.datasets=[{id: 1602645, mount: /mnt/tokenizers}]",
+            ],
+            8,
+        ),
+        ("405b", ["training=llama31/405b"], 128),
+    ],
+)
 def test_training_jobs(cfg_for, tmp_path, name, overrides, replicas):
     prepared = prepare(cfg_for(*bcp(tmp_path, *overrides)))
     (job,) = prepared.stages.jobs
@@ -109,10 +130,19 @@ def test_data_preparation_spreads_the_shards_over_the_replicas_then_checks(cfg_f
     corpus.mkdir()
     for name in ("a", "b", "c", "d", "e"):
         (corpus / f"{name}.jsonl").write_text('{"text": "x"}\n')
-    prepared = prepare(cfg_for(*bcp(tmp_path, "stages=[data_preparation]", "data_preparation=files",
-                                    f"data_preparation.inputs=[{corpus}/*.jsonl]",
-                                    f"data_preparation.output_dir={tmp_path}/data", "data_preparation.job.max_parallel=2",
-                                    "cluster.data_instance=dgxa100.80g.1.norm")))
+    prepared = prepare(
+        cfg_for(
+            *bcp(
+                tmp_path,
+                "stages=[data_preparation]",
+                "data_preparation=files",
+                f"data_preparation.inputs=[{corpus}/*.jsonl]",
+                f"data_preparation.output_dir={tmp_path}/data",
+                "data_preparation.job.max_parallel=2",
+                "cluster.data_instance=dgxa100.80g.1.norm",
+            )
+        )
+    )
     (job,) = prepared.stages.jobs
     files = rendered_files(job, prepared.cfg, prepared.run_dir)
     for file, text in files.items():
@@ -128,30 +158,54 @@ def test_data_preparation_spreads_the_shards_over_the_replicas_then_checks(cfg_f
     assert body.index("data_prep run") < body.index("data_prep verify")
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["cluster.container=null"], "cluster.container=None: cluster=bcp runs an image by name from a registry"),
-    (["training=llama31/8b", "cluster.instance=dgxa100.80g.4.norm"],
-     "cluster.instance=dgxa100.80g.4.norm has 4 GPUs but cluster.gpus_per_node=8"),
-    (["training=llama31/8b", "cluster.instance=dgxa100.80g.8.norm"],
-     "cluster.instance=dgxa100.80g.8.norm has a100 GPUs but cluster.gpu_type=h100; set cluster.gpu_type=a100"),
-    ([], "the plan uses 1 GPU per node but cluster.instance=dgxh100.80g.8.norm has 8"),
-    (["training=llama31/8b", "cluster.workspaces=[]"], "jobs see only workspaces and datasets"),
-    (["training=llama31/8b", "cluster.workspaces=[{id: code, mount: code}]"], "cluster.workspaces: each entry needs id"),
-    (["stages=[container]"], "stages has container but cluster=bcp runs images by name from a registry and builds "
-                             "none: build and push the image with docker (README: Images for NGC Base Command and "
-                             "Kubernetes)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["cluster.container=null"], "cluster.container=None: cluster=bcp runs an image by name from a registry"),
+        (
+            ["training=llama31/8b", "cluster.instance=dgxa100.80g.4.norm"],
+            "cluster.instance=dgxa100.80g.4.norm has 4 GPUs but cluster.gpus_per_node=8",
+        ),
+        (
+            ["training=llama31/8b", "cluster.instance=dgxa100.80g.8.norm"],
+            "cluster.instance=dgxa100.80g.8.norm has a100 GPUs but cluster.gpu_type=h100; set cluster.gpu_type=a100",
+        ),
+        ([], "the plan uses 1 GPU per node but cluster.instance=dgxh100.80g.8.norm has 8"),
+        (["training=llama31/8b", "cluster.workspaces=[]"], "jobs see only workspaces and datasets"),
+        (
+            ["training=llama31/8b", "cluster.workspaces=[{id: code, mount: code}]"],
+            "cluster.workspaces: each entry needs id",
+        ),
+        (
+            ["stages=[container]"],
+            "stages has container but cluster=bcp runs images by name from a registry and builds "
+            "none: build and push the image with docker (README: Images for NGC Base Command and "
+            "Kubernetes)",
+        ),
+    ],
+)
 def test_problems_name_their_keys(cfg_for, tmp_path, overrides, message):
     with pytest.raises(PlanError, match=re.escape(message)):
         prepare(cfg_for(*bcp(tmp_path), *overrides))
 
 
 def test_results_in_a_read_only_dataset_are_refused(cfg_for, tmp_path):
-    with pytest.raises(PlanError, match=re.escape(f"cluster=bcp: {tmp_path}/results must be written and lie in no "
-                                                  "workspace (datasets are read-only)")):
-        prepare(cfg_for("cluster=bcp", "dry_run=true", f"cluster.container={IMAGE}", "training=llama31/8b",
-                        f"cluster.workspaces=[{{id: code, mount: {REPO}}}]",
-                        f"cluster.datasets=[{{id: 42, mount: {tmp_path}}}]"))
+    with pytest.raises(
+        PlanError,
+        match=re.escape(
+            f"cluster=bcp: {tmp_path}/results must be written and lie in no workspace (datasets are read-only)"
+        ),
+    ):
+        prepare(
+            cfg_for(
+                "cluster=bcp",
+                "dry_run=true",
+                f"cluster.container={IMAGE}",
+                "training=llama31/8b",
+                f"cluster.workspaces=[{{id: code, mount: {REPO}}}]",
+                f"cluster.datasets=[{{id: 42, mount: {tmp_path}}}]",
+            )
+        )
 
 
 STAND_IN_NGC = r"""#!/bin/bash
@@ -176,11 +230,17 @@ def _submit(tmp_path: Path, **env: str):
     (bin_dir / "ngc").write_text(STAND_IN_NGC)
     (bin_dir / "ngc").chmod(0o755)
     args = [a for a in bcp(tmp_path) if a != "dry_run=true"]
-    out = run_main(*args, "training=llama31/8b", "stages=[data_preparation,training]", "data_preparation=files",
-                   f"data_preparation.inputs=[{tmp_path}/docs.jsonl]", f"data_preparation.output_dir={tmp_path}/data",
-                   "cluster.poll_interval_s=0", f"results_dir={tmp_path}/results",
-                   env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "NGC_CALLS": str(calls),
-                        "RUN_OUTPUT": JOB_RUN_OUTPUT, **env})
+    out = run_main(
+        *args,
+        "training=llama31/8b",
+        "stages=[data_preparation,training]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{tmp_path}/docs.jsonl]",
+        f"data_preparation.output_dir={tmp_path}/data",
+        "cluster.poll_interval_s=0",
+        f"results_dir={tmp_path}/results",
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "NGC_CALLS": str(calls), "RUN_OUTPUT": JOB_RUN_OUTPUT, **env},
+    )
     run_dir = tmp_path / "results" / "llama31_8b_bf16_tp1_cp2_8gpu"
     recorded = [(calls / str(i)).read_text().splitlines() for i in range(len(list(calls.iterdir())))]
     return out, run_dir, recorded
@@ -194,14 +254,18 @@ def test_submission_passes_the_rendered_commands_and_reads_the_job_ids(tmp_path)
     assert calls == [prep, ["base-command", "job", "info", "7180359"], training]
     jobs = json.loads((run_dir / "jobs.json").read_text())
     assert [(j["stage"], j["job_id"], j["dependency"]) for j in jobs] == [
-        ("data_preparation", "7180359", None), ("training", "7180361", "succeeded:7180359")]
+        ("data_preparation", "7180359", None),
+        ("training", "7180361", "succeeded:7180359"),
+    ]
     assert "submitted training: job 7180361 (after 7180359 finished)" in out.stdout
 
 
 def test_a_failed_job_stops_the_chain(tmp_path):
     out, run_dir, calls = _submit(tmp_path, JOB_STATUS="FAILED")
     assert out.returncode == 1
-    assert "data_preparation (job 7180359) ended with status FAILED" in out.stderr and "not submitted: training" \
-        in out.stderr
+    assert (
+        "data_preparation (job 7180359) ended with status FAILED" in out.stderr
+        and "not submitted: training" in out.stderr
+    )
     assert len(calls) == 2
     assert [j["stage"] for j in json.loads((run_dir / "jobs.json").read_text())] == ["data_preparation"]

@@ -1,5 +1,6 @@
 """bench/bench_commands.py end to end on its two quickest commands: it builds its tiny data-preparation config
 with main.py, runs each command in a fresh process and prints one row per command."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,8 +10,13 @@ from launcher_helpers import REPO
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bench" / "bench_commands.py"), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_commands.py"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_one_row_per_command_with_runs_median_and_min():
@@ -19,7 +25,7 @@ def test_one_row_per_command_with_runs_median_and_min():
     lines = out.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("command"))
     assert lines[header].split() == ["command", "runs", "median", "s", "min", "s"]
-    rows = [line.split() for line in lines[header + 1:header + 3]]
+    rows = [line.split() for line in lines[header + 1 : header + 3]]
     assert [r[:2] for r in rows] == [["stack", "2"], ["dataprep-checks", "2"]]
     for row in rows:
         median, least = float(row[2]), float(row[3])
@@ -29,5 +35,8 @@ def test_one_row_per_command_with_runs_median_and_min():
 def test_an_unknown_command_is_one_line():
     out = bench("--runs", "1", "--warmup", "0", "--only", "stack,nonesuch")
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].endswith(
-        "--only: unknown command nonesuch; choose from stack, dataprep-checks, dataprep-run, dry-run, sweep")
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--only: unknown command nonesuch; choose from stack, dataprep-checks, dataprep-run, dry-run, sweep")
+    )

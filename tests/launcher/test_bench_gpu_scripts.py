@@ -1,6 +1,7 @@
 """The GPU measurement scripts, checked without a GPU: every case plans and fits one H200, each part stays within
 its time budget by the estimates, a reused output directory is refused, the kernel grouping of a profile, and a
 hung case killed with its whole process group."""
+
 from __future__ import annotations
 
 import gzip
@@ -37,9 +38,19 @@ bench_train = _load("bench_train")
 @pytest.mark.parametrize("case", measurements.CASES, ids=lambda c: c.name)
 def test_every_case_plans_and_fits_one_h200(case):
     assert re.fullmatch(r"[A-Za-z0-9._=+-]+", case.name)
-    cfg = compose([f"training={case.model}", *case.overrides, "cluster=bcm", "cluster.gpu_type=h200",
-                   "cluster.gpus_per_node=1", "parallelism.num_gpus=1", "training.global_batch_size=8",
-                   f"training.train_steps={case.steps}", "memory_check=false"])
+    cfg = compose(
+        [
+            f"training={case.model}",
+            *case.overrides,
+            "cluster=bcm",
+            "cluster.gpu_type=h200",
+            "cluster.gpus_per_node=1",
+            "parallelism.num_gpus=1",
+            "training.global_batch_size=8",
+            f"training.train_steps={case.steps}",
+            "memory_check=false",
+        ]
+    )
     plan = build_plan(cfg)
     assert plan.num_gpus == 1 and plan.est_memory_gib_per_gpu <= gpu_spec("h200").memory_gib
     assert case.window < case.steps
@@ -50,8 +61,17 @@ def test_each_part_fits_its_budget_and_covers_what_the_defaults_rest_on():
         cases = measurements.selected(str(part), None)
         assert sum(c.estimate_s for c in cases) <= 540, part
     names = {c.name for c in measurements.CASES}
-    assert {"8b16-bf16", "8b16-fp8", "70b2-bf16", "70b2-fp8", "tiny-graphs-none", "tiny-graphs-per-layer",
-            "tiny-graphs-full-iter", "8b16-fp8-graphs-per-layer", "8b16-fp8-graphs-full-iter"} <= names
+    assert {
+        "8b16-bf16",
+        "8b16-fp8",
+        "70b2-bf16",
+        "70b2-fp8",
+        "tiny-graphs-none",
+        "tiny-graphs-per-layer",
+        "tiny-graphs-full-iter",
+        "8b16-fp8-graphs-per-layer",
+        "8b16-fp8-graphs-full-iter",
+    } <= names
     assert {c.profile for c in measurements.CASES if c.profile} == {"before", "after"}
     # The profiled step lies before the timing window.
     for case in measurements.CASES:
@@ -121,13 +141,15 @@ def test_a_hung_case_is_killed_with_its_whole_process_group(tmp_path, monkeypatc
     fake.mkdir()
     pid_file = tmp_path / "child.pid"
     # main.py stand-in: starts a child (as torchrun starts ranks) and hangs.
-    (fake / "main.py").write_text(textwrap.dedent(f"""
+    (fake / "main.py").write_text(
+        textwrap.dedent(f"""
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         open({str(pid_file)!r}, "w").write(str(child.pid))
         print("started", flush=True)
         time.sleep(600)
-    """))
+    """)
+    )
     monkeypatch.setattr(bench_train, "REPO", fake)
     args = type("A", (), {"model": "llama31/tiny", "gpus": 1, "gbs": 8, "steps": 2, "window": 1})()
     row = bench_train.run_case("hung", [], args, tmp_path, timeout=3)

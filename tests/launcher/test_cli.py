@@ -1,5 +1,6 @@
 """`python main.py ...` end to end, as users run it: dry runs, errors before anything is written, the default run
 on a machine without GPU, sweeps, and what Hydra itself leaves behind."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,9 @@ import yaml
 
 from launcher_helpers import REPO, run_main
 
-ACCEPTANCE_405B = dict(tp=8, pp=8, cp=2, vp=8, asymmetric_pipeline=True,
-                       layers_per_pipeline_stage=[15, 16, 16, 16, 16, 16, 16, 15])
+ACCEPTANCE_405B = dict(
+    tp=8, pp=8, cp=2, vp=8, asymmetric_pipeline=True, layers_per_pipeline_stage=[15, 16, 16, 16, 16, 16, 16, 15]
+)
 
 
 def test_405b_dry_run_writes_plan_and_a_valid_pyxis_script(tmp_path):
@@ -27,12 +29,27 @@ def test_405b_dry_run_writes_plan_and_a_valid_pyxis_script(tmp_path):
     assert str(script) in out.stdout  # the path of the script is printed
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
-    for directive in ("--nodes=128", "--ntasks-per-node=8", "--gpus-per-node=8", "--time=04:00:00", "--exclusive",
-                      f"--output={run_dir}/logs/training_%j.out", f"--error={run_dir}/logs/training_%j.err",
-                      "--signal=USR1@300", "--kill-on-invalid-dep=yes", "--job-name=llama31:training:"):
+    for directive in (
+        "--nodes=128",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--time=04:00:00",
+        "--exclusive",
+        f"--output={run_dir}/logs/training_%j.out",
+        f"--error={run_dir}/logs/training_%j.err",
+        "--signal=USR1@300",
+        "--kill-on-invalid-dep=yes",
+        "--job-name=llama31:training:",
+    ):
         assert f"#SBATCH {directive}" in text, directive
-    for flag in ("--container-image=", "--container-workdir=", "--no-container-mount-home", "--container-writable",
-                 "--mpi=pmix", "--kill-on-bad-exit=1"):
+    for flag in (
+        "--container-image=",
+        "--container-workdir=",
+        "--no-container-mount-home",
+        "--container-writable",
+        "--mpi=pmix",
+        "--kill-on-bad-exit=1",
+    ):
         assert flag in text, flag
     mounts = re.search(r"--container-mounts=(\S+)", text).group(1).split(",")
     assert f"{REPO}:{REPO}" in mounts and f"{results}:{results}" in mounts
@@ -59,7 +76,10 @@ def test_the_table_and_the_reason_when_this_machine_has_no_gpu(tmp_path):
     assert "did not train: no NVIDIA GPU" in out.stdout
     assert "cluster=bcm" in out.stdout and "dry_run=true" in out.stdout
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert plan["command"] == f"python -m torch.distributed.run --standalone --nproc-per-node 1 -m recipes.train --run-dir {run_dir}"
+    assert (
+        plan["command"]
+        == f"python -m torch.distributed.run --standalone --nproc-per-node 1 -m recipes.train --run-dir {run_dir}"
+    )
     assert not (run_dir / "logs" / "training.log").exists()
 
 
@@ -84,7 +104,9 @@ def test_bad_inputs_fail_before_anything_is_written(tmp_path):
 
 def test_submitting_without_sbatch_is_an_error_not_a_crash(tmp_path):
     results = tmp_path / "results"
-    out = run_main("cluster=bcm", "cluster.container_runtime=none", f"results_dir={results}", env={"PATH": "/nonexistent"})
+    out = run_main(
+        "cluster=bcm", "cluster.container_runtime=none", f"results_dir={results}", env={"PATH": "/nonexistent"}
+    )
     assert out.returncode == 2
     assert "sbatch" in out.stderr and "dry_run=true" in out.stderr
     assert not results.exists()
@@ -101,8 +123,15 @@ def test_hydra_writes_nothing_outside_the_run_directory(tmp_path):
 
 def test_a_sweep_of_four_points_gives_four_run_directories(tmp_path):
     results = tmp_path / "results"
-    out = run_main("-m", "training=llama31/8b", "cluster=bcm", "dry_run=true", f"results_dir={results}",
-                   "training.global_batch_size=64,128", "dtype=bf16,fp8")
+    out = run_main(
+        "-m",
+        "training=llama31/8b",
+        "cluster=bcm",
+        "dry_run=true",
+        f"results_dir={results}",
+        "training.global_batch_size=64,128",
+        "dtype=bf16,fp8",
+    )
     assert out.returncode == 0, out.stderr
     runs = sorted(p for p in results.iterdir() if p.name != "sweeps")
     assert len(runs) == 4
@@ -119,8 +148,14 @@ def test_a_sweep_of_four_points_gives_four_run_directories(tmp_path):
 
 def test_a_sweep_with_one_bad_point_writes_no_point(tmp_path):
     results = tmp_path / "results"
-    out = run_main("-m", "training=llama31/8b", "cluster=bcm", "dry_run=true", f"results_dir={results}",
-                   "training.global_batch_size=128,130")
+    out = run_main(
+        "-m",
+        "training=llama31/8b",
+        "cluster=bcm",
+        "dry_run=true",
+        f"results_dir={results}",
+        "training.global_batch_size=128,130",
+    )
     assert out.returncode == 2
     assert "sweep point training.global_batch_size=130: training.global_batch_size=130" in out.stderr
     assert not results.exists()  # not even Hydra's record of the sweep
@@ -128,11 +163,19 @@ def test_a_sweep_with_one_bad_point_writes_no_point(tmp_path):
 
 def test_dry_run_shows_the_afterok_chain_of_data_preparation_and_training(tmp_path):
     data = tmp_path / "data"
-    result = run_main("stages=[data_preparation,training]", "data_preparation=pile",
-                      "data_preparation.file_numbers='0-3'", f"data_preparation.output_dir={data}",
-                      "training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
-                      f"results_dir={tmp_path}", "training.data.mock=false",
-                      f"training.data.blend=[{data}/my-llama_00_text_document]")
+    result = run_main(
+        "stages=[data_preparation,training]",
+        "data_preparation=pile",
+        "data_preparation.file_numbers='0-3'",
+        f"data_preparation.output_dir={data}",
+        "training=llama31/8b",
+        "cluster=bcm",
+        "cluster.container_runtime=none",
+        "dry_run=true",
+        f"results_dir={tmp_path}",
+        "training.data.mock=false",
+        f"training.data.blend=[{data}/my-llama_00_text_document]",
+    )
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "llama31_8b_bf16_tp1_cp2_8gpu"
     array = (run_dir / "data_preparation.sbatch").read_text()
@@ -149,18 +192,26 @@ def test_a_bare_stage_name_is_refused_with_the_list_syntax(tmp_path):
     # `stages=data_preparation` (no brackets) is a string where the schema wants a list: one line, nothing written.
     result = run_main("stages=data_preparation", f"results_dir={tmp_path / 'runs'}", "dry_run=true")
     assert result.returncode == 2
-    assert result.stderr.startswith("error: stages=data_preparation: stages must be a list") and \
-        "'key=[a,b]'" in result.stderr, result.stderr
+    assert (
+        result.stderr.startswith("error: stages=data_preparation: stages must be a list")
+        and "'key=[a,b]'" in result.stderr
+    ), result.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def test_data_about_to_be_prepared_need_not_exist_yet(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('{"text": "hello"}\n')
-    result = run_main("stages=[data_preparation]", "data_preparation=files", f"data_preparation.inputs=[{corpus}]",
-                      f"data_preparation.output_dir={tmp_path / 'data'}", "training.data.mock=false",
-                      f"training.data.blend=[{tmp_path / 'data' / 'docs_text_document'}]", "dry_run=true",
-                      f"results_dir={tmp_path / 'runs'}")
+    result = run_main(
+        "stages=[data_preparation]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{corpus}]",
+        f"data_preparation.output_dir={tmp_path / 'data'}",
+        "training.data.mock=false",
+        f"training.data.blend=[{tmp_path / 'data' / 'docs_text_document'}]",
+        "dry_run=true",
+        f"results_dir={tmp_path / 'runs'}",
+    )
     assert result.returncode == 0, result.stderr
     scripts = sorted(p.relative_to(tmp_path / "runs").as_posix() for p in (tmp_path / "runs").glob("*/*.sh"))
     assert scripts == ["data_files/data_preparation.sh"]  # data preparation alone: a run directory of its own

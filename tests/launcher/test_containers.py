@@ -1,6 +1,7 @@
 """Container runtimes and the container stage: the image build runs for real on this machine against stand-in
 `enroot` and `apptainer` commands that record their arguments and create the files they would, so the order of
 the steps, the mounts, the atomic rename and the clean-up after a failed install are checked end to end."""
+
 from __future__ import annotations
 
 import os
@@ -48,10 +49,15 @@ def install_tool(bin_dir: Path, name: str, text: str) -> None:
 def build(tmp_path: Path, image: Path, *overrides: str, fail_at: str = "") -> tuple[int, list[str], str]:
     """main.py stages=[container] cluster=local (runs the build here); (exit status, tool calls, stderr)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "tool.log"
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TOOL_LOG": str(log), "FAIL_AT": fail_at,
-           "ENROOT_DATA_PATH": str(tmp_path / "enroot-data")}
-    out = run_main("stages=[container]", f"cluster.container={image}", f"results_dir={tmp_path}/results",
-                   *overrides, env=env)
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "TOOL_LOG": str(log),
+        "FAIL_AT": fail_at,
+        "ENROOT_DATA_PATH": str(tmp_path / "enroot-data"),
+    }
+    out = run_main(
+        "stages=[container]", f"cluster.container={image}", f"results_dir={tmp_path}/results", *overrides, env=env
+    )
     calls = log.read_text().splitlines() if log.exists() else []
     return out.returncode, calls, out.stderr
 
@@ -64,8 +70,10 @@ def test_enroot_build_imports_installs_the_stack_and_renames_when_complete(tmp_p
     assert [c.split()[1] for c in calls] == ["import", "create", "start", "export", "remove"]
     name = calls[1].split()[3]
     assert calls[0] == f"enroot import --output {image}.base.partial docker://nvcr.io#nvidia/nemo:25.09"
-    assert calls[2] == (f"enroot start --root --rw --mount {REPO}:{REPO} --env PYTHONPATH={REPO} {name} "
-                        f"bash -c cd {REPO} && python -m recipes.stack install")
+    assert calls[2] == (
+        f"enroot start --root --rw --mount {REPO}:{REPO} --env PYTHONPATH={REPO} {name} "
+        f"bash -c cd {REPO} && python -m recipes.stack install"
+    )
     assert calls[3] == f"enroot export --output {image}.partial {name}" and calls[4].endswith(f" {name}")
     assert image.read_text() == "image\n"
     assert sorted(p.name for p in image.parent.iterdir()) == ["llama31.sqsh"]  # no partial file left
@@ -106,8 +114,9 @@ def test_apptainer_build_reads_a_definition_file_with_the_repository_bound(tmp_p
     code, calls, err = build(tmp_path, image, "cluster.container_runtime=apptainer", f"cluster.wheel_dir={wheels}")
     assert code == 0, err
     (run_dir,) = (tmp_path / "results").iterdir()
-    assert calls == [f"apptainer build --force --bind={REPO}:{REPO},{wheels}:{wheels} {image}.partial "
-                     f"{run_dir}/container.def"]
+    assert calls == [
+        f"apptainer build --force --bind={REPO}:{REPO},{wheels}:{wheels} {image}.partial {run_dir}/container.def"
+    ]
     definition = (tmp_path / "tool.log.def").read_text()
     assert definition.startswith("Bootstrap: docker\nFrom: nvcr.io/nvidia/nemo:25.09\n")
     assert f"    cd {REPO}\n" in definition
@@ -122,16 +131,29 @@ def test_building_here_needs_the_tool(tmp_path):
     assert code == 2 and "apptainer is not installed here" in err
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["cluster.container_runtime=apptainer", "cluster.container=/images/llama31.sqsh"],
-     "cluster.container=/images/llama31.sqsh is a .sqsh image but cluster.container_runtime=apptainer runs .sif"),
-    (["stages=[container]", "cluster.container_runtime=apptainer", "cluster.container=/images/llama31.sqsh"],
-     "cluster.container='/images/llama31.sqsh' is not a .sif path to build into"),
-    (["stages=[container]", "cluster.container_runtime=none"], "cluster.container_runtime=none has no image"),
-    (["stages=[container]", "cluster.wheel_dir=wheels"], "cluster.wheel_dir=wheels must be an absolute path"),
-    (["cluster.container_runtime=apptainer", "cluster.container=/images/llama31.sif",
-      "+cluster.env.NCCL_IB_HCA='mlx5_0,mlx5_1'"], "cluster.env.NCCL_IB_HCA='mlx5_0,mlx5_1' contains a comma"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["cluster.container_runtime=apptainer", "cluster.container=/images/llama31.sqsh"],
+            "cluster.container=/images/llama31.sqsh is a .sqsh image but cluster.container_runtime=apptainer runs .sif",
+        ),
+        (
+            ["stages=[container]", "cluster.container_runtime=apptainer", "cluster.container=/images/llama31.sqsh"],
+            "cluster.container='/images/llama31.sqsh' is not a .sif path to build into",
+        ),
+        (["stages=[container]", "cluster.container_runtime=none"], "cluster.container_runtime=none has no image"),
+        (["stages=[container]", "cluster.wheel_dir=wheels"], "cluster.wheel_dir=wheels must be an absolute path"),
+        (
+            [
+                "cluster.container_runtime=apptainer",
+                "cluster.container=/images/llama31.sif",
+                "+cluster.env.NCCL_IB_HCA='mlx5_0,mlx5_1'",
+            ],
+            "cluster.env.NCCL_IB_HCA='mlx5_0,mlx5_1' contains a comma",
+        ),
+    ],
+)
 def test_runtime_problems_name_their_keys(cfg_for, overrides, message):
     with pytest.raises(PlanError, match=re.escape(message)):
         prepare(cfg_for("cluster=bcm", "dry_run=true", *overrides))

@@ -1,4 +1,5 @@
 """The host side runs on login nodes: Python 3.10+, and never torch or megatron."""
+
 from __future__ import annotations
 
 import ast
@@ -10,8 +11,15 @@ import pytest
 from launcher_helpers import REPO
 
 # recipes/ modules that run on login nodes too: the stack table and check, and setup.sh's hub downloads.
-HOST_FILES = sorted([*(REPO / "launcher").rglob("*.py"), *(REPO / "common").rglob("*.py"), REPO / "main.py",
-                     REPO / "recipes" / "stack.py", REPO / "recipes" / "hf" / "hub.py"])
+HOST_FILES = sorted(
+    [
+        *(REPO / "launcher").rglob("*.py"),
+        *(REPO / "common").rglob("*.py"),
+        REPO / "main.py",
+        REPO / "recipes" / "stack.py",
+        REPO / "recipes" / "hf" / "hub.py",
+    ]
+)
 
 
 @pytest.mark.parametrize("path", HOST_FILES, ids=lambda p: str(p.relative_to(REPO)))
@@ -22,8 +30,10 @@ def test_parses_as_python_310(path):
 def test_host_modules_import_no_torch_or_megatron():
     modules = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in HOST_FILES if p.name != "main.py"]
     modules = [m.removesuffix(".__init__") for m in modules]
-    code = (f"import sys; import {', '.join(modules)}; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine')); "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        f"import sys; import {', '.join(modules)}; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -1,5 +1,6 @@
 """cluster=k8s: golden manifests for 8B, 70B and 405B and for data preparation, validated offline against the
 Kubernetes API schemas (kubernetes-validate), and submission in order through a stand-in kubectl."""
+
 from __future__ import annotations
 
 import json
@@ -16,16 +17,23 @@ from launcher.plan.errors import PlanError
 from launcher_helpers import REPO, check_golden, rendered, run_main
 
 # A test extra (pyproject.toml); a machine without it (no registry) skips these tests with the reason.
-kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed "
-                                          "(pip install -e .[test])")
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate is not installed (pip install -e .[test])"
+)
 
 IMAGE = "nvcr.io/myorg/llama31-recipes:25.09"
 KUBERNETES = "1.30"  # the oldest release whose schema has every field the manifests use (backoffLimitPerIndex)
 
 
 def k8s(tmp_path: Path, *overrides: str) -> list[str]:
-    return ["cluster=k8s", "dry_run=true", f"cluster.container={IMAGE}", "cluster.namespace=llm",
-            f"cluster.volumes=[{{claim: code, mount: {REPO}}},{{claim: runs, mount: {tmp_path}}}]", *overrides]
+    return [
+        "cluster=k8s",
+        "dry_run=true",
+        f"cluster.container={IMAGE}",
+        "cluster.namespace=llm",
+        f"cluster.volumes=[{{claim: code, mount: {REPO}}},{{claim: runs, mount: {tmp_path}}}]",
+        *overrides,
+    ]
 
 
 def documents(text: str) -> list[dict]:
@@ -36,16 +44,26 @@ def documents(text: str) -> list[dict]:
 
 
 # Keys with '/' cannot be written as Hydra overrides; they are set on the composed config.
-SITE = {"resources": {"rdma/ib": 8}, "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+SITE = {
+    "resources": {"rdma/ib": 8},
+    "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+}
 
 
-@pytest.mark.parametrize("name,overrides,site,nodes", [
-    ("8b", ["training=llama31/8b"], {}, 1),
-    ("70b_fp8", ["training=llama31/70b", "dtype=fp8", "+cluster.env.NCCL_IB_SL=1", "cluster.image_pull_secrets=[ngc]"],
-     SITE, 8),
-    ("405b", ["training=llama31/405b", "cluster.gpu_type=h200"], {}, 128),
-])
+@pytest.mark.parametrize(
+    "name,overrides,site,nodes",
+    [
+        ("8b", ["training=llama31/8b"], {}, 1),
+        (
+            "70b_fp8",
+            ["training=llama31/70b", "dtype=fp8", "+cluster.env.NCCL_IB_SL=1", "cluster.image_pull_secrets=[ngc]"],
+            SITE,
+            8,
+        ),
+        ("405b", ["training=llama31/405b", "cluster.gpu_type=h200"], {}, 128),
+    ],
+)
 def test_training_manifests(cfg_for, tmp_path, name, overrides, site, nodes):
     cfg = cfg_for(*k8s(tmp_path, *overrides))
     cfg["cluster"].update(site)
@@ -64,8 +82,10 @@ def test_training_manifests(cfg_for, tmp_path, name, overrides, site, nodes):
     plan = prepare(cfg).plan
     script = container["command"][2]
     master = f"{job['metadata']['name']}-0.{service['metadata']['name']}"
-    assert (f'torchrun --nnodes {nodes} --nproc-per-node 8 --node-rank "$JOB_COMPLETION_INDEX" --master-addr '
-            f"{master} --master-port 29500 -m recipes.train --run-dir ") in script
+    assert (
+        f'torchrun --nnodes {nodes} --nproc-per-node 8 --node-rank "$JOB_COMPLETION_INDEX" --master-addr '
+        f"{master} --master-port 29500 -m recipes.train --run-dir "
+    ) in script
     assert plan.command.startswith("torchrun --nnodes")
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env == {"PYTHONPATH": str(REPO), **plan.env}
@@ -78,10 +98,19 @@ def test_data_preparation_is_an_indexed_job_with_one_pod_per_shard(cfg_for, tmp_
     corpus.mkdir()
     for name in ("books", "news", "web"):
         (corpus / f"{name}.jsonl").write_text('{"text": "x"}\n')
-    scripts = rendered(cfg_for(*k8s(tmp_path, "stages=[data_preparation,training]", "data_preparation=files",
-                                    f"data_preparation.inputs=[{corpus}/*.jsonl]",
-                                    f"data_preparation.output_dir={tmp_path}/data", "data_preparation.job.max_parallel=2",
-                                    "data_preparation.job.cpus_per_task=16")))
+    scripts = rendered(
+        cfg_for(
+            *k8s(
+                tmp_path,
+                "stages=[data_preparation,training]",
+                "data_preparation=files",
+                f"data_preparation.inputs=[{corpus}/*.jsonl]",
+                f"data_preparation.output_dir={tmp_path}/data",
+                "data_preparation.job.max_parallel=2",
+                "data_preparation.job.cpus_per_task=16",
+            )
+        )
+    )
     assert list(scripts) == ["data_preparation.yaml", "data_check.yaml", "submission.yaml"]
     for name in ("data_preparation.yaml", "data_check.yaml"):
         check_golden(f"files_k8s_{name}", scripts[name], tmp_path, shell=False)
@@ -100,15 +129,21 @@ def test_kubernetes_validate_rejects_a_broken_manifest(cfg_for, tmp_path):
         kubernetes_validate.validate(job, KUBERNETES, strict=True)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["cluster.container=null"], "cluster.container=None: cluster=k8s runs an image by name from a registry"),
-    (["cluster.volumes=[]"], "pods see only cluster.volumes"),
-    (["cluster.volumes=[{claim: x, mount: data}]"], "cluster.volumes: each entry needs claim"),
-    (["cluster.time_limit=UNLIMITED"], "cluster.time_limit='UNLIMITED': this platform needs a finite time limit"),
-    (["stages=[container]"], "stages has container but cluster=k8s runs images by name from a registry and builds "
-                             "none: build and push the image with docker (README: Images for NGC Base Command and "
-                             "Kubernetes)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["cluster.container=null"], "cluster.container=None: cluster=k8s runs an image by name from a registry"),
+        (["cluster.volumes=[]"], "pods see only cluster.volumes"),
+        (["cluster.volumes=[{claim: x, mount: data}]"], "cluster.volumes: each entry needs claim"),
+        (["cluster.time_limit=UNLIMITED"], "cluster.time_limit='UNLIMITED': this platform needs a finite time limit"),
+        (
+            ["stages=[container]"],
+            "stages has container but cluster=k8s runs images by name from a registry and builds "
+            "none: build and push the image with docker (README: Images for NGC Base Command and "
+            "Kubernetes)",
+        ),
+    ],
+)
 def test_problems_name_their_keys(cfg_for, tmp_path, overrides, message):
     with pytest.raises(PlanError, match=re.escape(message)):
         prepare(cfg_for(*k8s(tmp_path), *overrides))
@@ -142,9 +177,16 @@ def _submit(tmp_path: Path, **env: str):
     pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     (tmp_path / "docs.jsonl").write_text('{"text": "x"}\n')
     args = [a for a in k8s(tmp_path) if a != "dry_run=true"]
-    out = run_main(*args, "stages=[data_preparation,training]", "data_preparation=files",
-                   f"data_preparation.inputs=[{tmp_path}/docs.jsonl]", f"data_preparation.output_dir={tmp_path}/data",
-                   "cluster.poll_interval_s=0", f"results_dir={tmp_path}/results", env={**_kubectl(tmp_path), **env})
+    out = run_main(
+        *args,
+        "stages=[data_preparation,training]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{tmp_path}/docs.jsonl]",
+        f"data_preparation.output_dir={tmp_path}/data",
+        "cluster.poll_interval_s=0",
+        f"results_dir={tmp_path}/results",
+        env={**_kubectl(tmp_path), **env},
+    )
     run_dir = tmp_path / "results" / "llama31_tiny_bf16_tp1_1gpu"
     return out, run_dir, (tmp_path / "calls.log").read_text().splitlines()
 
@@ -152,8 +194,10 @@ def _submit(tmp_path: Path, **env: str):
 def test_submission_waits_for_each_job_before_the_next(tmp_path):
     out, run_dir, calls = _submit(tmp_path)
     assert out.returncode == 0, out.stderr
-    names = {stage: f"llama31-{short}-llama31-tiny-bf16-tp1-1gpu"
-             for stage, short in (("data_preparation", "data"), ("data_check", "check"), ("training", "train"))}
+    names = {
+        stage: f"llama31-{short}-llama31-tiny-bf16-tp1-1gpu"
+        for stage, short in (("data_preparation", "data"), ("data_check", "check"), ("training", "train"))
+    }
     assert calls == [
         f"kubectl --namespace llm create -f {run_dir}/data_preparation.yaml -o name",
         f"kubectl --namespace llm get job/{names['data_preparation']} -o json",
@@ -165,14 +209,17 @@ def test_submission_waits_for_each_job_before_the_next(tmp_path):
     assert [(j["stage"], j["job_id"], j["dependency"]) for j in jobs] == [
         ("data_preparation", names["data_preparation"], None),
         ("data_check", names["data_check"], f"succeeded:{names['data_preparation']}"),
-        ("training", names["training"], f"succeeded:{names['data_check']}")]
+        ("training", names["training"], f"succeeded:{names['data_check']}"),
+    ]
     assert "waiting for it to succeed before submitting data_check, training" in out.stdout
 
 
 def test_a_failed_job_stops_the_chain_and_is_recorded(tmp_path):
     out, run_dir, calls = _submit(tmp_path, JOB_STATUS="Failed")
     assert out.returncode == 1
-    assert "data_preparation (job llama31-data-llama31-tiny-bf16-tp1-1gpu) failed (BackoffLimitExceeded); not " \
-           "submitted: data_check, training" in out.stderr
+    assert (
+        "data_preparation (job llama31-data-llama31-tiny-bf16-tp1-1gpu) failed (BackoffLimitExceeded); not "
+        "submitted: data_check, training" in out.stderr
+    )
     assert len(calls) == 2 and "create" in calls[0] and "get" in calls[1]
     assert [j["stage"] for j in json.loads((run_dir / "jobs.json").read_text())] == ["data_preparation"]

@@ -1,5 +1,6 @@
 """Submission and local runs, in process: the afterok chain against a stand-in sbatch (the real Slurm test is
 tests/slurm/), cancelling a half-submitted chain, and a real local data preparation on a machine without GPU."""
+
 from __future__ import annotations
 
 import json
@@ -51,39 +52,59 @@ def corpus(tmp_path: Path) -> Path:
     data.mkdir()
     words = "the llama reads tokens from every shard of the corpus before training".split()
     for k in range(2):
-        lines = [json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(8 + i % 5))})
-                 for i in range(60)]
+        lines = [
+            json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(8 + i % 5))}) for i in range(60)
+        ]
         (data / f"part{k}.jsonl").write_text("\n".join(lines) + "\n")
     return data
 
 
-BARE_METAL = ["cluster=bcm", "cluster.container_runtime=none", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1"]
+BARE_METAL = [
+    "cluster=bcm",
+    "cluster.container_runtime=none",
+    "cluster.gpus_per_node=null",
+    "cluster.ntasks_per_node=1",
+]
 
 
 def test_stages_are_chained_with_afterok(cfg_for, fake_slurm, corpus, tmp_path, capsys):
     pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
-    cfg = cfg_for(*BARE_METAL, "stages=[data_preparation,training]", "data_preparation=files",
-                  f"data_preparation.inputs=[{corpus}/*.jsonl]", f"data_preparation.output_dir={tmp_path}/data")
+    cfg = cfg_for(
+        *BARE_METAL,
+        "stages=[data_preparation,training]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{corpus}/*.jsonl]",
+        f"data_preparation.output_dir={tmp_path}/data",
+    )
     assert launch(cfg) == 0
     calls = (fake_slurm / "sbatch_calls").read_text().splitlines()
     run_dir = tmp_path / "results" / "llama31_tiny_bf16_tp1_1gpu"
-    assert calls == [f"--parsable {run_dir}/data_preparation.sbatch",
-                     f"--parsable --dependency=afterok:101 {run_dir}/data_check.sbatch",
-                     f"--parsable --dependency=afterok:102 {run_dir}/submission.sbatch"]
+    assert calls == [
+        f"--parsable {run_dir}/data_preparation.sbatch",
+        f"--parsable --dependency=afterok:101 {run_dir}/data_check.sbatch",
+        f"--parsable --dependency=afterok:102 {run_dir}/submission.sbatch",
+    ]
     jobs = json.loads((run_dir / "jobs.json").read_text())
     assert [(j["stage"], j["job_id"], j["dependency"]) for j in jobs] == [
-        ("data_preparation", "101", None), ("data_check", "102", "afterok:101"), ("training", "103", "afterok:102")]
+        ("data_preparation", "101", None),
+        ("data_check", "102", "afterok:101"),
+        ("training", "103", "afterok:102"),
+    ]
     out = capsys.readouterr().out
     assert "submitted training: job 103 (--dependency=afterok:102)" in out
     assert f"log {run_dir}/logs/data_preparation_101_*.out" in out
 
 
-def test_a_failed_sbatch_cancels_the_jobs_already_queued(cfg_for, fake_slurm, monkeypatch, corpus, tmp_path,
-                                                          capsys):
+def test_a_failed_sbatch_cancels_the_jobs_already_queued(cfg_for, fake_slurm, monkeypatch, corpus, tmp_path, capsys):
     pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     monkeypatch.setenv("FAKE_FAIL_AT", "103")
-    cfg = cfg_for(*BARE_METAL, "stages=[data_preparation,training]", "data_preparation=files",
-                  f"data_preparation.inputs=[{corpus}/*.jsonl]", f"data_preparation.output_dir={tmp_path}/data")
+    cfg = cfg_for(
+        *BARE_METAL,
+        "stages=[data_preparation,training]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{corpus}/*.jsonl]",
+        f"data_preparation.output_dir={tmp_path}/data",
+    )
     assert launch(cfg) == 1
     assert (fake_slurm / "scancel_calls").read_text().split() == ["101", "102"]
     err = capsys.readouterr().err
@@ -103,13 +124,32 @@ def test_local_data_preparation_runs_here_then_says_why_it_did_not_train(cfg_for
     training did not start."""
     pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     pytest.importorskip("sentencepiece")
-    tok = subprocess.run([sys.executable, "-m", "data_prep", "train-tokenizer", "--input", *map(str, corpus.glob("*")),
-                          "--output", str(tmp_path / "tok" / "sp"), "--vocab-size", "400"],
-                         cwd=REPO, capture_output=True, text=True)
+    tok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_prep",
+            "train-tokenizer",
+            "--input",
+            *map(str, corpus.glob("*")),
+            "--output",
+            str(tmp_path / "tok" / "sp"),
+            "--vocab-size",
+            "400",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert tok.returncode == 0, tok.stderr
-    cfg = cfg_for("stages=[data_preparation,training]", "data_preparation=files",
-                  f"data_preparation.inputs=[{corpus}/*.jsonl]", f"data_preparation.output_dir={tmp_path}/data",
-                  "training.tokenizer.type=sentencepiece", f"training.tokenizer.path={tmp_path}/tok/sp.model")
+    cfg = cfg_for(
+        "stages=[data_preparation,training]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{corpus}/*.jsonl]",
+        f"data_preparation.output_dir={tmp_path}/data",
+        "training.tokenizer.type=sentencepiece",
+        f"training.tokenizer.path={tmp_path}/tok/sp.model",
+    )
     assert launch(cfg, NO_GPU) == 0
     for k in range(2):
         for ext in (".bin", ".idx"):
@@ -149,11 +189,16 @@ def test_the_log_outlives_sigterm_so_the_last_words_of_the_trainer_arrive(tmp_pa
     log = tmp_path / "logs" / "training.log"
     log.parent.mkdir()
     (tmp_path / "trainer.py").write_text(TRAINER)
-    job = Job("training", "launch.sh", "a stand-in trainer", [f"{sys.executable} -u {tmp_path}/trainer.py 2>&1 | "
-                                                              f"keep_log -a {log}"])
+    job = Job(
+        "training",
+        "launch.sh",
+        "a stand-in trainer",
+        [f"{sys.executable} -u {tmp_path}/trainer.py 2>&1 | keep_log -a {log}"],
+    )
     (tmp_path / "launch.sh").write_text(LOCAL.render_script(job, {}, tmp_path))
-    proc = subprocess.Popen(["bash", str(tmp_path / "launch.sh")], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(tmp_path / "launch.sh")], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.time() + 30
     while time.time() < deadline and "ready" not in (log.read_text() if log.exists() else ""):
         time.sleep(0.05)

@@ -1,6 +1,7 @@
 """The plan's memory estimate against the peaks measured on the GPU (conf/perf/measured.yaml), and its two
 transient peaks: activations during forward/backward, and the fp32 copy of the gradient shard that megatron's
 optimizer makes during the step."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,11 +11,28 @@ from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 
 WITH_PEAK = [row for row in measured_rows() if row.get("peak_memory_gib")]
-PROXY_405B = ["training=llama31/405b", "training.model.num_layers=4", "parallelism=custom", "parallelism.tp=4",
-              "parallelism.num_gpus=4", "parallelism.sequence_parallel=true", "parallelism.tp_comm_overlap=true",
-              "cluster=bcm", "cluster.gpu_type=h200", "cluster.gpus_per_node=4", "training.global_batch_size=32"]
-DP4_8B = ["training=llama31/8b", "parallelism=tp1", "parallelism.num_gpus=4", "cluster=bcm", "cluster.gpu_type=h200",
-          "cluster.gpus_per_node=4", "training.global_batch_size=32"]
+PROXY_405B = [
+    "training=llama31/405b",
+    "training.model.num_layers=4",
+    "parallelism=custom",
+    "parallelism.tp=4",
+    "parallelism.num_gpus=4",
+    "parallelism.sequence_parallel=true",
+    "parallelism.tp_comm_overlap=true",
+    "cluster=bcm",
+    "cluster.gpu_type=h200",
+    "cluster.gpus_per_node=4",
+    "training.global_batch_size=32",
+]
+DP4_8B = [
+    "training=llama31/8b",
+    "parallelism=tp1",
+    "parallelism.num_gpus=4",
+    "cluster=bcm",
+    "cluster.gpu_type=h200",
+    "cluster.gpus_per_node=4",
+    "training.global_batch_size=32",
+]
 
 
 def estimate(*overrides: str) -> float:
@@ -35,12 +53,20 @@ def test_estimate_is_within_4_percent_of_the_measured_peak(row):
 def test_at_dp1_the_optimizer_step_is_the_peak_so_activations_do_not_move_it():
     # The 405B 4-layer proxy: weights, gradients and Adam state of 4.2B parameters per GPU, plus their fp32
     # gradient copy (17 GB) during the step, outweigh 4 layers of activations.
-    full = estimate(*PROXY_405B, "parallelism.recompute_granularity=full", "parallelism.recompute_method=uniform",
-                    "parallelism.recompute_num_layers=1")
+    full = estimate(
+        *PROXY_405B,
+        "parallelism.recompute_granularity=full",
+        "parallelism.recompute_method=uniform",
+        "parallelism.recompute_num_layers=1",
+    )
     assert estimate(*PROXY_405B) == full
     # 8B on DP4: the gradient copy is a quarter shard, activations are the peak, and recomputation lowers it.
-    assert estimate(*DP4_8B, "parallelism.recompute_granularity=full", "parallelism.recompute_method=uniform",
-                    "parallelism.recompute_num_layers=1") < estimate(*DP4_8B)
+    assert estimate(
+        *DP4_8B,
+        "parallelism.recompute_granularity=full",
+        "parallelism.recompute_method=uniform",
+        "parallelism.recompute_num_layers=1",
+    ) < estimate(*DP4_8B)
 
 
 def test_fp32_gradient_buffers_need_no_copy_in_the_step():

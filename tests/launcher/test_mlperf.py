@@ -1,6 +1,7 @@
 """MLPerf Training configs, host side: the resolved configs hold the benchmarks' values as cited from the rules
 (mlperf-logging's compliance checker and RCPs, the reference implementation), their dry runs plan the reference
 layouts, settings that leave the rules are named, and the data preparation configs make the benchmarks' files."""
+
 from __future__ import annotations
 
 import json
@@ -20,19 +21,41 @@ from launcher_helpers import planned, run_main
 
 # The values cited in conf/training/mlperf/*.yaml, written out again by hand.
 LLAMA31_8B = {
-    "seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 32,
-    "optimizer": {"lr": 8e-4, "min_lr": 8e-5, "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-5,
-                  "weight_decay": 0.1, "clip_grad": 1.0},
+    "seq_length": 8192,
+    "micro_batch_size": 1,
+    "global_batch_size": 32,
+    "optimizer": {
+        "lr": 8e-4,
+        "min_lr": 8e-5,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.95,
+        "adam_eps": 1e-5,
+        "weight_decay": 0.1,
+        "clip_grad": 1.0,
+    },
     "scheduler": {"warmup_steps": 128, "decay_steps": 1_200_000},
-    "val_interval": 384, "val_samples": 1024, "target_val_loss": 3.3,
+    "val_interval": 384,
+    "val_samples": 1024,
+    "target_val_loss": 3.3,
     "tokenizer": {"type": "huggingface", "path": "meta-llama/Llama-3.1-8B"},
 }
 LLAMA31_405B = {
-    "seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 1152,
-    "optimizer": {"lr": 8e-5, "min_lr": 8e-7, "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-5,
-                  "weight_decay": 0.1, "clip_grad": 1.0},
+    "seq_length": 8192,
+    "micro_batch_size": 1,
+    "global_batch_size": 1152,
+    "optimizer": {
+        "lr": 8e-5,
+        "min_lr": 8e-7,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.95,
+        "adam_eps": 1e-5,
+        "weight_decay": 0.1,
+        "clip_grad": 1.0,
+    },
     "scheduler": {"warmup_steps": 8000, "decay_steps": 1_200_000},
-    "val_interval": 40, "val_samples": 5760, "target_val_loss": 5.6,
+    "val_interval": 40,
+    "val_samples": 5760,
+    "target_val_loss": 5.6,
     "tokenizer": {"type": "huggingface", "path": "mistralai/Mixtral-8x22B-v0.1"},
 }
 
@@ -44,8 +67,9 @@ def _package_file(*parts: str) -> Path:
 
 
 def _rule_checks(ruleset: str, benchmark: str) -> dict[str, dict]:
-    rules = yaml.safe_load(_package_file("compliance_checker", f"training_{ruleset}",
-                                         f"closed_{benchmark}.yaml").read_text())
+    rules = yaml.safe_load(
+        _package_file("compliance_checker", f"training_{ruleset}", f"closed_{benchmark}.yaml").read_text()
+    )
     return {r["KEY"]["NAME"]: r["KEY"] for r in rules if "KEY" in r}
 
 
@@ -69,8 +93,11 @@ def test_8b_config_holds_the_benchmark_values(cfg_for):
     assert train["data"]["blend"] == [f"{cfg['mlperf']['data_dir']}/c4-train.en_6_text_document"]
     assert train["data"]["valid_blend"] == [f"{cfg['mlperf']['data_dir']}/c4-validation-91205-samples.en_text_document"]
     assert not train["data"]["mock"] and train["data"]["split"] == "100,0,0"
-    assert (cfg["mlperf"]["benchmark"], cfg["mlperf"]["ruleset"], cfg["mlperf"]["result_runs"]) == ("llama31_8b",
-                                                                                                   "6.1.0", 10)
+    assert (cfg["mlperf"]["benchmark"], cfg["mlperf"]["ruleset"], cfg["mlperf"]["result_runs"]) == (
+        "llama31_8b",
+        "6.1.0",
+        10,
+    )
 
     # The RCP the batch size, LR and warmup come from.
     rcps = json.loads(_package_file("rcp_checker", "training_6.1.0", "rcps_llama31_8b.json").read_text())
@@ -82,16 +109,23 @@ def test_8b_config_holds_the_benchmark_values(cfg_for):
     # The compliance rules' own checks, on the values this config trains with.
     checks = _rule_checks(cfg["mlperf"]["ruleset"], "llama31_8b")
     opt, sched, state = train["optimizer"], train["scheduler"], {"opt_learning_rate_warmup_steps": 128}
-    for key, value in [("max_sequence_length", train["seq_length"]), ("opt_adamw_beta_1", opt["adam_beta1"]),
-                       ("opt_adamw_beta_2", opt["adam_beta2"]), ("opt_adamw_epsilon", opt["adam_eps"]),
-                       ("opt_adamw_weight_decay", opt["weight_decay"]), ("opt_gradient_clip_norm", opt["clip_grad"]),
-                       ("eval_samples", train["val_samples"]), ("max_steps", sched["decay_steps"]),
-                       ("opt_learning_rate_decay_steps", sched["decay_steps"] - sched["warmup_steps"])]:
+    for key, value in [
+        ("max_sequence_length", train["seq_length"]),
+        ("opt_adamw_beta_1", opt["adam_beta1"]),
+        ("opt_adamw_beta_2", opt["adam_beta2"]),
+        ("opt_adamw_epsilon", opt["adam_eps"]),
+        ("opt_adamw_weight_decay", opt["weight_decay"]),
+        ("opt_gradient_clip_norm", opt["clip_grad"]),
+        ("eval_samples", train["val_samples"]),
+        ("max_steps", sched["decay_steps"]),
+        ("opt_learning_rate_decay_steps", sched["decay_steps"] - sched["warmup_steps"]),
+    ]:
         assert _passes(checks[key], "CHECK", value, state), key
     assert _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train["target_val_loss"], state)
     assert not _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train["target_val_loss"] + 0.01, state)
 
     from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
+
     assert _ALL_RESULT_FILE_COUNTS["training"]["llama31_8b"] == cfg["mlperf"]["result_runs"]
 
 
@@ -104,12 +138,20 @@ def test_405b_config_holds_the_benchmark_values(cfg_for):
     assert (model["num_attention_heads"], model["num_query_groups"], model["vocab_size"]) == (128, 8, 32768)
     assert train["val_interval"] * train["global_batch_size"] == 46080
     data_dir = cfg["mlperf"]["data_dir"]
-    assert train["data"]["blend"] == [50, f"{data_dir}/c4-train.en_6_text_document",
-                                      50, f"{data_dir}/c4-train.en_7_text_document"]
-    assert (cfg["mlperf"]["benchmark"], cfg["mlperf"]["ruleset"], cfg["mlperf"]["result_runs"]) == ("llama31_405b",
-                                                                                                   "6.0.0", 3)
+    assert train["data"]["blend"] == [
+        50,
+        f"{data_dir}/c4-train.en_6_text_document",
+        50,
+        f"{data_dir}/c4-train.en_7_text_document",
+    ]
+    assert (cfg["mlperf"]["benchmark"], cfg["mlperf"]["ruleset"], cfg["mlperf"]["result_runs"]) == (
+        "llama31_405b",
+        "6.0.0",
+        3,
+    )
     rcp = json.loads(_package_file("rcp_checker", "training_6.0.0", "rcps_llama31_405b.json").read_text())[
-        "llama31_405b_ref_1152"]
+        "llama31_405b_ref_1152"
+    ]
     assert rcp["BS"] == train["global_batch_size"]
     assert rcp["Hyperparams"]["opt_base_learning_rate"] == train["optimizer"]["lr"]
     assert rcp["Hyperparams"]["opt_learning_rate_warmup_steps"] == train["scheduler"]["warmup_steps"]
@@ -120,8 +162,9 @@ def test_405b_config_holds_the_benchmark_values(cfg_for):
     sched = train["scheduler"]
     assert state["opt_learning_rate_warmup_steps"] == sched["warmup_steps"]
     assert _passes(checks["opt_base_learning_rate"], "CHECK", train["optimizer"]["lr"], state)
-    assert _passes(checks["opt_learning_rate_decay_steps"], "CHECK", sched["decay_steps"] - sched["warmup_steps"],
-                   state)
+    assert _passes(
+        checks["opt_learning_rate_decay_steps"], "CHECK", sched["decay_steps"] - sched["warmup_steps"], state
+    )
     assert _passes(checks["eval_samples"], "CHECK", train["val_samples"], state)
     assert _passes(checks["init_checkpoint_step"], "CHECK", 0, state)
     assert _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train["target_val_loss"], state)
@@ -139,10 +182,13 @@ def test_8b_dry_run_plans_one_8_gpu_node(tmp_path):
     assert written["training"]["optimizer"]["lr"] == 8e-4 and written["mlperf"]["benchmark"] == "llama31_8b"
 
 
-@pytest.mark.parametrize("extra,layout,gpus,tp", [
-    ((), "TP8 PP8 CP2 VP8 DP8", 1024, 8),
-    (("cluster.gpus_per_node=4", "cluster.gpu_type=gb200"), "TP4 PP8 CP2 VP8 DP8", 512, 4),
-])
+@pytest.mark.parametrize(
+    "extra,layout,gpus,tp",
+    [
+        ((), "TP8 PP8 CP2 VP8 DP8", 1024, 8),
+        (("cluster.gpus_per_node=4", "cluster.gpu_type=gb200"), "TP4 PP8 CP2 VP8 DP8", 512, 4),
+    ],
+)
 def test_405b_dry_run_plans_the_reference_layout_for_the_nodes(tmp_path, extra, layout, gpus, tp):
     results = tmp_path / "results"
     out = run_main("training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true", f"results_dir={results}", *extra)
@@ -157,8 +203,13 @@ def test_405b_dry_run_plans_the_reference_layout_for_the_nodes(tmp_path, extra, 
 
 
 def test_4_gpu_h100_nodes_are_refused_by_the_memory_check(tmp_path):
-    out = run_main("training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true", "cluster.gpus_per_node=4",
-                   f"results_dir={tmp_path}")
+    out = run_main(
+        "training=mlperf/llama31_405b",
+        "cluster=bcm",
+        "dry_run=true",
+        "cluster.gpus_per_node=4",
+        f"results_dir={tmp_path}",
+    )
     assert out.returncode == 2 and "exceeds the 79.6 GiB of cluster.gpu_type=h100" in out.stderr
 
 
@@ -170,8 +221,7 @@ def mlperf_findings(cfg) -> Findings:
 
 def test_405b_refuses_random_weights_unless_allowed(cfg_for):
     def problems(*overrides):
-        cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "stages=[data_preparation,training]",
-                      *overrides)
+        cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "stages=[data_preparation,training]", *overrides)
         return mlperf_findings(cfg).problems
 
     assert "mlperf.allow_random_init=true" in problems()[0]
@@ -186,25 +236,43 @@ def test_settings_that_leave_the_rules_are_named_with_the_value_they_need(cfg_fo
     cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true", "training.global_batch_size=2304")
     named = {key: want for key, _, want, _ in mlperf.deviations(cfg, 2304)}
     # LR x 1152 = GBS x 8e-5; warmup ceil(8000 x 1152 / GBS); horizon ceil(1.2M x 1152 / GBS); 46,080 / GBS
-    assert named == {"training.optimizer.lr": 1.6e-4, "training.scheduler.warmup_steps": 4000,
-                     "training.scheduler.decay_steps": 600_000, "training.val_interval": 20}
-    cfg = cfg_for("training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true", "training.val_samples=64",
-                  "training.seq_length=2048")
+    assert named == {
+        "training.optimizer.lr": 1.6e-4,
+        "training.scheduler.warmup_steps": 4000,
+        "training.scheduler.decay_steps": 600_000,
+        "training.val_interval": 20,
+    }
+    cfg = cfg_for(
+        "training=mlperf/llama31_8b",
+        "cluster=bcm",
+        "dry_run=true",
+        "training.val_samples=64",
+        "training.seq_length=2048",
+    )
     notes = mlperf_findings(cfg).warnings
     assert any("training.val_samples=64 differs from the benchmark's 1024" in n for n in notes)
     assert any("training.seq_length=2048 differs from the benchmark's 8192" in n for n in notes)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["training.val_samples=1000"], "training.val_samples=1000 is not a multiple of training.micro_batch_size=1 "
-                                    "x data-parallel size 16"),
-    (["training.val_samples=0"], "training.val_samples=0 must be positive (or null)"),
-    # 5768 / DP 8 = 721 microbatches per rank: 5 calls of 144, then 1, which PP 8 x VP 8 cannot schedule
-    (["training.val_samples=5768", "parallelism.num_gpus=1024"], "leaves a last evaluation call of 1 microbatch(es)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["training.val_samples=1000"],
+            "training.val_samples=1000 is not a multiple of training.micro_batch_size=1 x data-parallel size 16",
+        ),
+        (["training.val_samples=0"], "training.val_samples=0 must be positive (or null)"),
+        # 5768 / DP 8 = 721 microbatches per rank: 5 calls of 144, then 1, which PP 8 x VP 8 cannot schedule
+        (
+            ["training.val_samples=5768", "parallelism.num_gpus=1024"],
+            "leaves a last evaluation call of 1 microbatch(es)",
+        ),
+    ],
+)
 def test_evaluation_sizes_that_cannot_run_are_errors(cfg_for, overrides, message):
-    cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true", "parallelism.num_gpus=2048",
-                  *overrides)
+    cfg = cfg_for(
+        "training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true", "parallelism.num_gpus=2048", *overrides
+    )
     with pytest.raises(PlanError) as err:
         planned(cfg)
     assert message in str(err.value)
@@ -218,8 +286,10 @@ def _shards(cfg_for, benchmark):
 def test_data_preparation_makes_exactly_the_8b_files(cfg_for):
     cfg, shards = _shards(cfg_for, "llama31_8b")
     data_dir = cfg["mlperf"]["data_dir"]
-    assert [s.output_prefix for s in shards] == [f"{data_dir}/c4-train.en_6_text_document",
-                                                 f"{data_dir}/c4-validation-91205-samples.en_text_document"]
+    assert [s.output_prefix for s in shards] == [
+        f"{data_dir}/c4-train.en_6_text_document",
+        f"{data_dir}/c4-validation-91205-samples.en_text_document",
+    ]
     train, valid = shards
     names = [src.file_name for src in train.sources]
     assert names[0] == "c4-train.00768-of-01024.json.gz" and names[-1] == "c4-train.00895-of-01024.json.gz"
@@ -228,8 +298,10 @@ def test_data_preparation_makes_exactly_the_8b_files(cfg_for):
     assert valid.max_documents == 91205
     dp = cfg["data_preparation"]
     assert dp["append_eod"] is False and dp["tokenizer"] == cfg["training"]["tokenizer"]
-    assert [s.output_prefix for s in shards] == [*cfg["training"]["data"]["blend"],
-                                                 *cfg["training"]["data"]["valid_blend"]]
+    assert [s.output_prefix for s in shards] == [
+        *cfg["training"]["data"]["blend"],
+        *cfg["training"]["data"]["valid_blend"],
+    ]
 
 
 def test_data_preparation_makes_exactly_the_405b_files(cfg_for):
@@ -237,15 +309,18 @@ def test_data_preparation_makes_exactly_the_405b_files(cfg_for):
     names = [src.file_name for s in shards[:2] for src in s.sources]
     assert names[0] == "c4-train.00768-of-01024.json.gz" and names[-1] == "c4-train.01023-of-01024.json.gz"
     assert len(names) == 256 and shards[2].max_documents == 91205
-    assert [s.output_prefix for s in shards] == [*cfg["training"]["data"]["blend"][1::2],
-                                                 *cfg["training"]["data"]["valid_blend"]]
+    assert [s.output_prefix for s in shards] == [
+        *cfg["training"]["data"]["blend"][1::2],
+        *cfg["training"]["data"]["valid_blend"],
+    ]
     assert cfg["data_preparation"]["tokenizer"]["path"] == "mistralai/Mixtral-8x22B-v0.1"
 
 
 def test_a_sweep_of_seeds_gives_one_run_directory_per_seed(tmp_path):
     results = tmp_path / "results"
-    out = run_main("-m", "training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true", f"results_dir={results}",
-                   "seed=1,2,3")
+    out = run_main(
+        "-m", "training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true", f"results_dir={results}", "seed=1,2,3"
+    )
     assert out.returncode == 0, out.stderr
     runs = sorted(p for p in results.iterdir() if p.name != "sweeps")
     assert [p.name for p in runs] == [f"mlperf_llama31_8b_bf16_tp1_cp2_8gpu__seed={s}" for s in (1, 2, 3)]

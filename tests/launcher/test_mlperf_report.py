@@ -1,6 +1,7 @@
 """The report on MLPerf runs: MLLOG fixtures (a converged run, an aborted one, several seeds) written by hand here,
 read from run directories and bare logs, and the numbers the report prints checked against the ones computed in
 the tests."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,14 @@ GBS = 32
 
 
 def mllog(key: str, time_ms: int, value=None, kind: str = "POINT_IN_TIME", **metadata) -> str:
-    event = {"namespace": "", "time_ms": time_ms, "event_type": kind, "key": key, "value": value,
-             "metadata": {"file": "recipes/train.py", "lineno": 1, **metadata}}
+    event = {
+        "namespace": "",
+        "time_ms": time_ms,
+        "event_type": kind,
+        "key": key,
+        "value": value,
+        "metadata": {"file": "recipes/train.py", "lineno": 1, **metadata},
+    }
     return ":::MLLOG " + json.dumps(event)
 
 
@@ -28,27 +35,41 @@ def run_log(minutes: float, status: str, accuracies: list[float], seed: int, pre
     """A run's MLLOG lines: init, hyperparameters, an evaluation every 12,288 samples, run_stop `minutes` after
     run_start."""
     t = START_MS
-    lines = [mllog("cache_clear", t, True), mllog("init_start", t, kind="INTERVAL_START"),
-             mllog("submission_benchmark", t, "llama31_8b"), mllog("submission_division", t, "closed"),
-             mllog("seed", t, seed),
-             mllog("global_batch_size", t, GBS), mllog("max_sequence_length", t, 8192),
-             mllog("number_of_nodes", t, 1), mllog("accelerators_per_node", t, 8),
-             mllog("init_stop", t + 60_000, kind="INTERVAL_END"), mllog("run_start", t + 60_000, kind="INTERVAL_START")]
+    lines = [
+        mllog("cache_clear", t, True),
+        mllog("init_start", t, kind="INTERVAL_START"),
+        mllog("submission_benchmark", t, "llama31_8b"),
+        mllog("submission_division", t, "closed"),
+        mllog("seed", t, seed),
+        mllog("global_batch_size", t, GBS),
+        mllog("max_sequence_length", t, 8192),
+        mllog("number_of_nodes", t, 1),
+        mllog("accelerators_per_node", t, 8),
+        mllog("init_stop", t + 60_000, kind="INTERVAL_END"),
+        mllog("run_start", t + 60_000, kind="INTERVAL_START"),
+    ]
     start = t + 60_000
     for k, accuracy in enumerate(accuracies, start=1):
         at = start + k * 1000
-        lines += [mllog("eval_start", at, kind="INTERVAL_START", samples_count=k * 12288),
-                  mllog("eval_accuracy", at, accuracy, samples_count=k * 12288),
-                  mllog("eval_stop", at, kind="INTERVAL_END", samples_count=k * 12288)]
+        lines += [
+            mllog("eval_start", at, kind="INTERVAL_START", samples_count=k * 12288),
+            mllog("eval_accuracy", at, accuracy, samples_count=k * 12288),
+            mllog("eval_stop", at, kind="INTERVAL_END", samples_count=k * 12288),
+        ]
     stop = start + round(minutes * 60_000)
-    lines += [mllog("run_stop", stop, kind="INTERVAL_END", status=status),
-              mllog("train_samples", stop, len(accuracies) * 12288)]
+    lines += [
+        mllog("run_stop", stop, kind="INTERVAL_END", status=status),
+        mllog("train_samples", stop, len(accuracies) * 12288),
+    ]
     return "\n".join(prefix + line for line in lines) + "\n"
 
 
 def progress(steps: int, step_time: float) -> str:
-    return "".join(f"step {s}/{steps} | reduced_train_loss=3.0000 | global_step={s} | consumed_samples={s * GBS} | "
-                   f"train_step_timing in s={step_time:.4f}\n" for s in range(1, steps + 1))
+    return "".join(
+        f"step {s}/{steps} | reduced_train_loss=3.0000 | global_step={s} | consumed_samples={s * GBS} | "
+        f"train_step_timing in s={step_time:.4f}\n"
+        for s in range(1, steps + 1)
+    )
 
 
 def run_dir(root: Path, name: str, log_text: str, step_time: float = 2.0) -> Path:
@@ -59,8 +80,9 @@ def run_dir(root: Path, name: str, log_text: str, step_time: float = 2.0) -> Pat
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(yaml.safe_dump(cfg))
     (path / "plan.json").write_text(json.dumps(plan))
-    (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0, "step_time_s": step_time}) + "\n"
-                                                for s in range(1, 21)))
+    (path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": 3.0, "step_time_s": step_time}) + "\n" for s in range(1, 21))
+    )
     (path / "mllog.txt").write_text(log_text)
     return path
 
@@ -72,7 +94,7 @@ def run_report(capsys, *args) -> str:
 
 def mlperf_row(out: str, name: str) -> list[str]:
     """The cells of a run's row in the MLPerf table (below the throughput table, which names runs too)."""
-    section = out[out.index("MLPerf "):]
+    section = out[out.index("MLPerf ") :]
     return next(line for line in section.splitlines() if line.startswith(name + " ")).split()
 
 
@@ -92,24 +114,43 @@ def test_an_aborted_run_is_reported_without_a_score(tmp_path, capsys):
     path = run_dir(tmp_path, "seed2", run_log(200.5, "aborted", [7.0, 5.0, 4.0, 3.5], seed=2))
     out = run_report(capsys, path)
     assert mlperf_row(out, "seed2")[:9] == ["seed2", "2", "aborted", "200.50", "min", "49,152", "1,536", "4", "3.5000"]
-    assert "score: none: 1 runs leave none once the fastest and the slowest are dropped; a result needs 10 runs, " \
-           "here 1" in out
+    assert (
+        "score: none: 1 runs leave none once the fastest and the slowest are dropped; a result needs 10 runs, "
+        "here 1" in out
+    )
 
 
-@pytest.mark.parametrize("minutes,statuses,score,why", [
-    # five converged runs: the fastest (100) and the slowest (200) are left out -> (110 + 120 + 130) / 3
-    ([100.0, 110.0, 120.0, 130.0, 200.0], ["success"] * 5, "120.00 min",
-     "olympic mean of 3 of 5 runs (the fastest and the slowest run left out)"),
-    # one run did not converge: it counts as the slowest, only the fastest (100) is left out -> (110 + 125) / 2
-    ([100.0, 110.0, 125.0, 90.0], ["success", "success", "success", "aborted"], "117.50 min",
-     "olympic mean of 2 of 4 runs (the fastest run and the one that did not converge left out)"),
-    # two did not converge: no score
-    ([100.0, 110.0, 120.0, 90.0], ["success", "success", "aborted", "aborted"], "none",
-     "2 of 4 runs did not reach the target; the rules drop at most 1"),
-])
+@pytest.mark.parametrize(
+    "minutes,statuses,score,why",
+    [
+        # five converged runs: the fastest (100) and the slowest (200) are left out -> (110 + 120 + 130) / 3
+        (
+            [100.0, 110.0, 120.0, 130.0, 200.0],
+            ["success"] * 5,
+            "120.00 min",
+            "olympic mean of 3 of 5 runs (the fastest and the slowest run left out)",
+        ),
+        # one run did not converge: it counts as the slowest, only the fastest (100) is left out -> (110 + 125) / 2
+        (
+            [100.0, 110.0, 125.0, 90.0],
+            ["success", "success", "success", "aborted"],
+            "117.50 min",
+            "olympic mean of 2 of 4 runs (the fastest run and the one that did not converge left out)",
+        ),
+        # two did not converge: no score
+        (
+            [100.0, 110.0, 120.0, 90.0],
+            ["success", "success", "aborted", "aborted"],
+            "none",
+            "2 of 4 runs did not reach the target; the rules drop at most 1",
+        ),
+    ],
+)
 def test_several_seeds_give_the_olympic_mean(tmp_path, capsys, minutes, statuses, score, why):
-    paths = [run_dir(tmp_path, f"seed{k}", run_log(m, status, [5.0, 3.2 if status == "success" else 3.4], seed=k))
-             for k, (m, status) in enumerate(zip(minutes, statuses), start=1)]
+    paths = [
+        run_dir(tmp_path, f"seed{k}", run_log(m, status, [5.0, 3.2 if status == "success" else 3.4], seed=k))
+        for k, (m, status) in enumerate(zip(minutes, statuses), start=1)
+    ]
     out = run_report(capsys, *paths, "--plot", tmp_path / "all.png")
     assert f"score: {score}: {why}" in out
     assert [mlperf_row(out, p.name)[2] for p in paths] == statuses
@@ -122,7 +163,17 @@ def test_a_bare_job_log_with_rank_prefixes(tmp_path, capsys):
     log = tmp_path / "training_123.out"
     log.write_text(progress(20, 1.6) + run_log(42.25, "success", [4.0, 3.1], seed=5, prefix="7: "))
     out = run_report(capsys, log, "--plot", tmp_path / "r.png")
-    assert mlperf_row(out, "training_123.out")[:9] == ["training_123.out", "5", "success", "42.25", "min", "24,576", "768", "2", "3.1000"]
+    assert mlperf_row(out, "training_123.out")[:9] == [
+        "training_123.out",
+        "5",
+        "success",
+        "42.25",
+        "min",
+        "24,576",
+        "768",
+        "2",
+        "3.1000",
+    ]
     assert f"{32 * 8192 / 1.6:,.0f}" in out  # tokens/s from the progress lines
     assert "compliance" in out
 

@@ -1,6 +1,7 @@
 """The single-GPU performance keys in the plan: FP8 param gather decided per layout (and recorded), the block-scaled
 recipes only on GPUs that have them, the CUDA-graph and rank-order rules megatron-core imposes, each refused in
 one line naming the keys; the environment and plan.json fields they produce."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,11 @@ from launcher.plan.hardware import GPUS, gpu_spec
 
 from launcher_helpers import planned
 
-FULL_RECOMPUTE = ["parallelism.recompute_granularity=full", "parallelism.recompute_method=uniform",
-                  "parallelism.recompute_num_layers=1"]
+FULL_RECOMPUTE = [
+    "parallelism.recompute_granularity=full",
+    "parallelism.recompute_method=uniform",
+    "parallelism.recompute_num_layers=1",
+]
 
 
 @pytest.fixture
@@ -36,24 +40,44 @@ def test_every_gpu_type_says_whether_it_has_block_scaled_tensor_cores():
 
 
 # ----------------------------------------------------------------------------- FP8 param gather
-@pytest.mark.parametrize("overrides,expected", [
-    # One GPU: no all-gather to shrink, so off (measured faster on one H200).
-    (["dtype=fp8"], False),
-    (["training=llama31/8b", "training.model.num_layers=16", "parallelism=tp1", "parallelism.num_gpus=1",
-      "dtype=fp8", "cluster.gpu_type=h200"], False),
-    # Several data-parallel x context-parallel shards (8B default: CP2 DP4; 70B fp8: DP2): NVIDIA's reference, on.
-    (["training=llama31/8b", "dtype=fp8"], True),
-    (["training=llama31/70b", "dtype=fp8"], True),
-    (["training=llama31/8b", "parallelism=tp1_cp2", "parallelism.num_gpus=2", "dtype=fp8", "cluster.gpu_type=h200"],
-     True),
-    # One shard where bf16 weights would not fit but FP8 ones do: on (8B TP2 on 80 GB H100s).
-    (["training=llama31/8b", "parallelism=tp2_sp", "dtype=fp8"], True),
-    # What the user sets always wins.
-    (["dtype=fp8", "dtype.fp8_param_gather=true"], True),
-    (["training=llama31/8b", "dtype=fp8", "dtype.fp8_param_gather=false"], False),
-    # bf16 has no FP8 weights.
-    (["training=llama31/8b"], False),
-])
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        # One GPU: no all-gather to shrink, so off (measured faster on one H200).
+        (["dtype=fp8"], False),
+        (
+            [
+                "training=llama31/8b",
+                "training.model.num_layers=16",
+                "parallelism=tp1",
+                "parallelism.num_gpus=1",
+                "dtype=fp8",
+                "cluster.gpu_type=h200",
+            ],
+            False,
+        ),
+        # Several data-parallel x context-parallel shards (8B default: CP2 DP4; 70B fp8: DP2): NVIDIA's reference, on.
+        (["training=llama31/8b", "dtype=fp8"], True),
+        (["training=llama31/70b", "dtype=fp8"], True),
+        (
+            [
+                "training=llama31/8b",
+                "parallelism=tp1_cp2",
+                "parallelism.num_gpus=2",
+                "dtype=fp8",
+                "cluster.gpu_type=h200",
+            ],
+            True,
+        ),
+        # One shard where bf16 weights would not fit but FP8 ones do: on (8B TP2 on 80 GB H100s).
+        (["training=llama31/8b", "parallelism=tp2_sp", "dtype=fp8"], True),
+        # What the user sets always wins.
+        (["dtype=fp8", "dtype.fp8_param_gather=true"], True),
+        (["training=llama31/8b", "dtype=fp8", "dtype.fp8_param_gather=false"], False),
+        # bf16 has no FP8 weights.
+        (["training=llama31/8b"], False),
+    ],
+)
 def test_fp8_param_gather_is_decided_per_layout_and_recorded(cfg_for, overrides, expected):
     plan = planned(cfg_for("cluster=bcm", *overrides))
     assert plan.fp8_param_gather is expected
@@ -61,8 +85,15 @@ def test_fp8_param_gather_is_decided_per_layout_and_recorded(cfg_for, overrides,
 
 
 def test_the_memory_estimate_follows_the_decision(cfg_for):
-    one_gpu = ["training=llama31/8b", "training.model.num_layers=16", "parallelism=tp1", "parallelism.num_gpus=1",
-               "dtype=fp8", "cluster=bcm", "cluster.gpu_type=h200"]
+    one_gpu = [
+        "training=llama31/8b",
+        "training.model.num_layers=16",
+        "parallelism=tp1",
+        "parallelism.num_gpus=1",
+        "dtype=fp8",
+        "cluster=bcm",
+        "cluster.gpu_type=h200",
+    ]
     off = build_plan(cfg_for(*one_gpu))
     on = build_plan(cfg_for(*one_gpu, "dtype.fp8_param_gather=true"))
     assert not off.fp8_param_gather and on.fp8_param_gather
@@ -71,13 +102,27 @@ def test_the_memory_estimate_follows_the_decision(cfg_for):
 
 
 def test_fp8_param_gather_needs_fp8_and_the_distributed_optimizer(cfg_for):
-    assert problems_of(cfg_for("dtype.fp8_param_gather=true", "parallelism.use_distributed_optimizer=false",
-                               "parallelism.overlap_param_gather=false")) == [
+    assert problems_of(
+        cfg_for(
+            "dtype.fp8_param_gather=true",
+            "parallelism.use_distributed_optimizer=false",
+            "parallelism.overlap_param_gather=false",
+        )
+    ) == [
         "dtype.fp8_param_gather=true needs dtype.fp8 (use dtype=fp8)",
-        "dtype.fp8_param_gather=true needs parallelism.use_distributed_optimizer=true"]
+        "dtype.fp8_param_gather=true needs parallelism.use_distributed_optimizer=true",
+    ]
     # Left to the plan (null), it is simply off without the distributed optimizer.
-    plan = planned(cfg_for("training=llama31/8b", "dtype=fp8", "parallelism.use_distributed_optimizer=false",
-                           "parallelism.overlap_param_gather=false", "cluster=bcm", "memory_check=false"))
+    plan = planned(
+        cfg_for(
+            "training=llama31/8b",
+            "dtype=fp8",
+            "parallelism.use_distributed_optimizer=false",
+            "parallelism.overlap_param_gather=false",
+            "cluster=bcm",
+            "memory_check=false",
+        )
+    )
     assert not plan.fp8_param_gather
 
 
@@ -86,16 +131,25 @@ def test_fp8_param_gather_needs_fp8_and_the_distributed_optimizer(cfg_for):
 def test_mxfp8_and_nvfp4_are_refused_on_hopper_in_one_line(cfg_for, gpu):
     assert problems_of(cfg_for("cluster=bcm", f"cluster.gpu_type={gpu}", "dtype=fp8", "dtype.fp8_recipe=mxfp8")) == [
         f"dtype.fp8_recipe=mxfp8 needs a Blackwell GPU (cluster.gpu_type=b200 or gb200); cluster.gpu_type={gpu} "
-        "has no MXFP8 tensor cores; use dtype.fp8_recipe=delayed or tensorwise"]
+        "has no MXFP8 tensor cores; use dtype.fp8_recipe=delayed or tensorwise"
+    ]
     assert problems_of(cfg_for("cluster=bcm", f"cluster.gpu_type={gpu}", "dtype=nvfp4")) == [
         f"dtype.fp4=nvfp4 needs a Blackwell GPU (cluster.gpu_type=b200 or gb200); cluster.gpu_type={gpu} has no "
-        "FP4 tensor cores; use dtype=fp8"]
+        "FP4 tensor cores; use dtype=fp8"
+    ]
 
 
 @pytest.mark.parametrize("gpu", ["b200", "gb200"])
 def test_mxfp8_and_nvfp4_are_accepted_on_blackwell(cfg_for, gpu):
-    mxfp8 = planned(cfg_for("cluster=bcm", f"cluster.gpu_type={gpu}", "dtype=fp8", "dtype.fp8_recipe=mxfp8",
-                            "dtype.fp8_output_layer=true"))
+    mxfp8 = planned(
+        cfg_for(
+            "cluster=bcm",
+            f"cluster.gpu_type={gpu}",
+            "dtype=fp8",
+            "dtype.fp8_recipe=mxfp8",
+            "dtype.fp8_output_layer=true",
+        )
+    )
     assert mxfp8.fp8 == "hybrid" and mxfp8.peak_flops_kind == "fp8"
     nvfp4 = planned(cfg_for("cluster=bcm", f"cluster.gpu_type={gpu}", "dtype=nvfp4"))
     assert nvfp4.dtype == "nvfp4" and nvfp4.fp8 is None and not nvfp4.fp8_param_gather
@@ -106,29 +160,39 @@ def test_nvfp4_composes_for_every_model_with_the_fp8_layout(cfg_for):
     for training in ("llama31/tiny", "llama31/8b", "llama31/70b", "llama31/405b", "mlperf/llama31_8b"):
         fp8, fp4 = (cfg_for(f"training={training}", f"dtype={d}")["parallelism"] for d in ("fp8", "nvfp4"))
         # The same layout; only the userbuffers' FP8 output buffers follow the dtype.
-        assert {k: v for k, v in fp4.items() if k != "tp_comm_overlap_cfg"} == \
-            {k: v for k, v in fp8.items() if k != "tp_comm_overlap_cfg"}
+        assert {k: v for k, v in fp4.items() if k != "tp_comm_overlap_cfg"} == {
+            k: v for k, v in fp8.items() if k != "tp_comm_overlap_cfg"
+        }
 
 
 def test_precision_combinations_megatron_refuses_are_one_line_each(cfg_for):
-    assert problems_of(cfg_for("cluster=bcm", "cluster.gpu_type=b200", "dtype=nvfp4", "dtype.fp8=hybrid",
-                               "dtype.fp8_recipe=delayed")) == [
+    assert problems_of(
+        cfg_for("cluster=bcm", "cluster.gpu_type=b200", "dtype=nvfp4", "dtype.fp8=hybrid", "dtype.fp8_recipe=delayed")
+    ) == [
         "dtype.fp4=nvfp4 and dtype.fp8=hybrid cannot be combined (megatron-core runs one low precision): use "
-        "dtype=nvfp4, or set dtype.fp8=null"]
+        "dtype=nvfp4, or set dtype.fp8=null"
+    ]
     assert problems_of(cfg_for("cluster=bcm", "dtype=fp8", "dtype.fp8_output_layer=true")) == [
         "dtype.fp8_output_layer=true needs dtype.fp8_recipe=mxfp8 (megatron-core runs the output layer in FP8 only "
-        "with MXFP8), not delayed; set dtype.fp8_output_layer=false"]
+        "with MXFP8), not delayed; set dtype.fp8_output_layer=false"
+    ]
     assert problems_of(cfg_for("dtype.fp8_output_layer=true")) == [
-        "dtype.fp8_output_layer=true needs dtype.fp8 (use dtype=fp8)"]
+        "dtype.fp8_output_layer=true needs dtype.fp8 (use dtype=fp8)"
+    ]
     assert problems_of(cfg_for("dtype=fp8", "dtype.fp8_recipe=null")) == [
-        "dtype.fp8 is set but dtype.fp8_recipe is null: use delayed, tensorwise, blockwise or mxfp8"]
+        "dtype.fp8 is set but dtype.fp8_recipe is null: use delayed, tensorwise, blockwise or mxfp8"
+    ]
 
 
 def test_the_stack_check_asks_blackwell_for_the_block_scaled_formats(cfg_for):
     from common.stack import GpuFound, load_declared
 
-    cases = {("dtype=fp8",): "fp8", ("dtype=fp8", "dtype.fp8_recipe=mxfp8", "cluster.gpu_type=b200"): "mxfp8",
-             ("dtype=nvfp4", "cluster.gpu_type=b200"): "nvfp4", (): "bf16"}
+    cases = {
+        ("dtype=fp8",): "fp8",
+        ("dtype=fp8", "dtype.fp8_recipe=mxfp8", "cluster.gpu_type=b200"): "mxfp8",
+        ("dtype=nvfp4", "cluster.gpu_type=b200"): "nvfp4",
+        (): "bf16",
+    }
     for overrides, precision in cases.items():
         cfg = cfg_for("cluster=bcm", *overrides)
         assert precision_of(cfg, build_plan(cfg)) == precision
@@ -144,17 +208,21 @@ def test_cuda_graph_rules_are_one_line_each(cfg_for):
     assert problems_of(cfg_for("training.cuda_graphs=per_layer", *FULL_RECOMPUTE)) == [
         "training.cuda_graphs=per_layer with parallelism.recompute_granularity=full: megatron-core graphs full "
         "recomputation only inside a full-iteration graph; use training.cuda_graphs=full_iteration or "
-        "parallelism.recompute_granularity=selective"]
+        "parallelism.recompute_granularity=selective"
+    ]
     assert problems_of(cfg_for("training.cuda_graphs=full_iteration", "training.cuda_graph_warmup_steps=0")) == [
         "training.cuda_graph_warmup_steps=0 with training.cuda_graphs=full_iteration: the first step runs without "
         "the parameter all-gather hooks, which a graph captured in it would lack; set "
-        "training.cuda_graph_warmup_steps=1 or more"]
+        "training.cuda_graph_warmup_steps=1 or more"
+    ]
     assert problems_of(cfg_for("training.cuda_graphs=per_layer", "+cluster.env.NCCL_GRAPH_REGISTER=1")) == [
         "cluster.env.NCCL_GRAPH_REGISTER=1 with training.cuda_graphs=per_layer: graphs with the expandable-segments "
         "allocator need NCCL_GRAPH_REGISTER=0 (megatron-core refuses them otherwise), which the plan sets; remove "
-        "it from cluster.env"]
+        "it from cluster.env"
+    ]
     assert problems_of(cfg_for("training.cuda_graph_warmup_steps=-1")) == [
-        "training.cuda_graph_warmup_steps=-1 must be at least 0"]
+        "training.cuda_graph_warmup_steps=-1 must be at least 0"
+    ]
     # What megatron-core accepts is accepted: full recomputation inside a full-iteration graph, selective per layer.
     planned(cfg_for("training.cuda_graphs=full_iteration", *FULL_RECOMPUTE))
     planned(cfg_for("training.cuda_graphs=per_layer", "parallelism.recompute_granularity=selective"))
@@ -181,7 +249,8 @@ def test_rank_order_reaches_the_plan(cfg_for):
 def test_dp_last_with_pipeline_and_context_parallelism_is_refused_in_one_line(cfg_for):
     assert problems_of(cfg_for("cluster=bcm", "training=llama31/70b", "parallelism.rank_order=dp_last")) == [
         "parallelism.rank_order=dp_last with parallelism.pp=4 and parallelism.cp=2: megatron-core accepts the "
-        "data-parallel-last order only with pp=1 or cp=1; use rank_order=pp_last"]
+        "data-parallel-last order only with pp=1 or cp=1; use rank_order=pp_last"
+    ]
 
 
 # ----------------------------------------------------------------------------- the loss

@@ -1,5 +1,6 @@
 """The plan: defaults per model and dtype, every training x dtype x parallelism x cluster combination (valid
 ones checked for consistency, the others must fail), and the one-line errors for bad inputs."""
+
 from __future__ import annotations
 
 import itertools
@@ -44,8 +45,18 @@ VALID: dict[tuple[str, str], tuple[set[str], set[str]]] = {  # (model, layout) -
 def test_every_layout_is_covered():
     # A new layout needs a decision here on which models it is meant for.
     # parallelism=auto is a search main.py resolves first: planned as it is, it must fail for every model.
-    assert set(LAYOUTS) == {"auto", "custom", "pp2_vp2_asym", "tp1", "tp1_cp2", "tp2_sp", "tp4_pp4_cp2_vp5",
-                            "tp4_pp8_cp2_vp8_asym", "tp4_pp8_vp5", "tp8_pp8_cp2_vp8_asym"}
+    assert set(LAYOUTS) == {
+        "auto",
+        "custom",
+        "pp2_vp2_asym",
+        "tp1",
+        "tp1_cp2",
+        "tp2_sp",
+        "tp4_pp4_cp2_vp5",
+        "tp4_pp8_cp2_vp8_asym",
+        "tp4_pp8_vp5",
+        "tp8_pp8_cp2_vp8_asym",
+    }
 
 
 def _overrides(model, dtype, layout, cluster):
@@ -74,8 +85,9 @@ def _check_consistent(plan, cfg):
     assert plan.fp8 == ("hybrid" if cfg["dtype"]["name"] == "fp8" else None)
 
 
-@pytest.mark.parametrize("model,dtype,layout,cluster",
-                         list(itertools.product(MODELS, DTYPES, (DEFAULT, *LAYOUTS), CLUSTERS)))
+@pytest.mark.parametrize(
+    "model,dtype,layout,cluster", list(itertools.product(MODELS, DTYPES, (DEFAULT, *LAYOUTS), CLUSTERS))
+)
 def test_combination(cfg_for, model, dtype, layout, cluster):
     cfg = cfg_for(*_overrides(model, dtype, layout, cluster), "dry_run=true")  # no image needed here
     dtypes, clusters = VALID.get((model, layout), (set(), set()))
@@ -86,55 +98,94 @@ def test_combination(cfg_for, model, dtype, layout, cluster):
     else:
         with pytest.raises(PlanError) as err:
             planned(cfg, EIGHT_H100)
-        assert all("parallelism." in p or "cluster." in p or "training." in p for p in err.value.problems), \
+        assert all("parallelism." in p or "cluster." in p or "training." in p for p in err.value.problems), (
             err.value.problems
+        )
 
 
-@pytest.mark.parametrize("model,dtype,expect", [
-    ("405b", "bf16", dict(tp=8, pp=8, cp=2, vp=8, asymmetric_pipeline=True,
-                          layers_per_pipeline_stage=[15, 16, 16, 16, 16, 16, 16, 15])),
-    ("405b", "fp8", dict(tp=8, pp=8, cp=2, vp=8, asymmetric_pipeline=True)),
-    ("70b", "bf16", dict(tp=4, pp=4, cp=2, vp=5, num_gpus=64, dp=2, layers_per_pipeline_stage=[20] * 4)),
-    ("70b", "fp8", dict(tp=4, pp=8, cp=1, vp=5, num_gpus=64, dp=2, layers_per_pipeline_stage=[10] * 8)),
-    ("8b", "bf16", dict(tp=1, pp=1, cp=2, vp=None, num_gpus=8, dp=4)),
-    ("8b", "fp8", dict(tp=1, pp=1, cp=2, vp=None, num_gpus=8, dp=4)),
-    ("tiny", "bf16", dict(tp=1, pp=1, cp=1, num_gpus=1)),
-])
+@pytest.mark.parametrize(
+    "model,dtype,expect",
+    [
+        (
+            "405b",
+            "bf16",
+            dict(
+                tp=8,
+                pp=8,
+                cp=2,
+                vp=8,
+                asymmetric_pipeline=True,
+                layers_per_pipeline_stage=[15, 16, 16, 16, 16, 16, 16, 15],
+            ),
+        ),
+        ("405b", "fp8", dict(tp=8, pp=8, cp=2, vp=8, asymmetric_pipeline=True)),
+        ("70b", "bf16", dict(tp=4, pp=4, cp=2, vp=5, num_gpus=64, dp=2, layers_per_pipeline_stage=[20] * 4)),
+        ("70b", "fp8", dict(tp=4, pp=8, cp=1, vp=5, num_gpus=64, dp=2, layers_per_pipeline_stage=[10] * 8)),
+        ("8b", "bf16", dict(tp=1, pp=1, cp=2, vp=None, num_gpus=8, dp=4)),
+        ("8b", "fp8", dict(tp=1, pp=1, cp=2, vp=None, num_gpus=8, dp=4)),
+        ("tiny", "bf16", dict(tp=1, pp=1, cp=1, num_gpus=1)),
+    ],
+)
 def test_default_layouts(cfg_for, model, dtype, expect):
     plan = build_plan(cfg_for(f"training=llama31/{model}", f"dtype={dtype}", "cluster=bcm"))
     assert {k: getattr(plan, k) for k in expect} == expect
 
 
 def test_405b_on_gb200_nodes_of_four(cfg_for):
-    cfg = cfg_for("training=llama31/405b", "dtype=fp8", "parallelism=tp4_pp8_cp2_vp8_asym", "cluster=bcm",
-                  "cluster.gpu_type=gb200", "cluster.gpus_per_node=4", "training.global_batch_size=896")
+    cfg = cfg_for(
+        "training=llama31/405b",
+        "dtype=fp8",
+        "parallelism=tp4_pp8_cp2_vp8_asym",
+        "cluster=bcm",
+        "cluster.gpu_type=gb200",
+        "cluster.gpus_per_node=4",
+        "training.global_batch_size=896",
+    )
     plan = build_plan(cfg)
     assert (plan.num_nodes, plan.gpus_per_node, plan.dp, plan.num_microbatches) == (128, 4, 8, 112)
     assert plan.peak_flops_per_gpu == gpu_spec("gb200").fp8_peak_flops
 
 
 def test_model_flops_match_the_public_tables(cfg_for):
-    assert build_plan(cfg_for("training=llama31/8b", "cluster=bcm")).model_flops_per_sample == \
-        pytest.approx(4.74e14, rel=2e-3)
-    assert build_plan(cfg_for("training=llama31/70b", "cluster=bcm")).model_flops_per_sample == \
-        pytest.approx(3.94e15, rel=2e-3)
+    assert build_plan(cfg_for("training=llama31/8b", "cluster=bcm")).model_flops_per_sample == pytest.approx(
+        4.74e14, rel=2e-3
+    )
+    assert build_plan(cfg_for("training=llama31/70b", "cluster=bcm")).model_flops_per_sample == pytest.approx(
+        3.94e15, rel=2e-3
+    )
 
 
 # --------------------------------------------------------------------------- bad inputs
-@pytest.mark.parametrize("overrides,keys", [
-    (["training=llama31/8b", "parallelism.tp=3"], ["parallelism.tp=3", "num_attention_heads=32", "use tp in [1, 2, 4, 8]"]),
-    (["training=llama31/405b", "parallelism.vp=3"], ["parallelism.vp=3", "parallelism.pp", "use vp in [1, 2, 4, 8, 16]"]),
-    (["training=llama31/405b", "parallelism.pp=5"], ["parallelism.pp=5", "num_layers + 2 = 128"]),
-    (["training=llama31/8b", "training.global_batch_size=130"],
-     ["training.global_batch_size=130", "training.micro_batch_size=1", "use a multiple of 4"]),
-    (["training=llama31/8b", "cluster.ntasks_per_node=16"], ["cluster.ntasks_per_node=16", "cluster.gpus_per_node=8"]),
-    (["training=llama31/8b", "parallelism.num_gpus=12"], ["parallelism.num_gpus=12", "whole number of nodes"]),
-    (["training=llama31/70b", "parallelism.sequence_parallel=false"],
-     ["parallelism.tp_comm_overlap=true", "parallelism.sequence_parallel=true"]),
-    (["training=llama31/8b", "cluster.gpu_type=a100", "dtype=fp8"], ["dtype=fp8", "cluster.gpu_type=a100"]),
-    (["training=llama31/70b", "parallelism=tp2_sp"], ["estimated", "cluster.gpu_type=h100", "memory_check=false"]),
-    (["training=llama31/8b", "training.data.mock=false"], ["training.data.blend"]),
-])
+@pytest.mark.parametrize(
+    "overrides,keys",
+    [
+        (
+            ["training=llama31/8b", "parallelism.tp=3"],
+            ["parallelism.tp=3", "num_attention_heads=32", "use tp in [1, 2, 4, 8]"],
+        ),
+        (
+            ["training=llama31/405b", "parallelism.vp=3"],
+            ["parallelism.vp=3", "parallelism.pp", "use vp in [1, 2, 4, 8, 16]"],
+        ),
+        (["training=llama31/405b", "parallelism.pp=5"], ["parallelism.pp=5", "num_layers + 2 = 128"]),
+        (
+            ["training=llama31/8b", "training.global_batch_size=130"],
+            ["training.global_batch_size=130", "training.micro_batch_size=1", "use a multiple of 4"],
+        ),
+        (
+            ["training=llama31/8b", "cluster.ntasks_per_node=16"],
+            ["cluster.ntasks_per_node=16", "cluster.gpus_per_node=8"],
+        ),
+        (["training=llama31/8b", "parallelism.num_gpus=12"], ["parallelism.num_gpus=12", "whole number of nodes"]),
+        (
+            ["training=llama31/70b", "parallelism.sequence_parallel=false"],
+            ["parallelism.tp_comm_overlap=true", "parallelism.sequence_parallel=true"],
+        ),
+        (["training=llama31/8b", "cluster.gpu_type=a100", "dtype=fp8"], ["dtype=fp8", "cluster.gpu_type=a100"]),
+        (["training=llama31/70b", "parallelism=tp2_sp"], ["estimated", "cluster.gpu_type=h100", "memory_check=false"]),
+        (["training=llama31/8b", "training.data.mock=false"], ["training.data.blend"]),
+    ],
+)
 def test_bad_inputs_name_their_keys(cfg_for, overrides, keys):
     with pytest.raises(PlanError) as err:
         planned(cfg_for(*overrides, "cluster=bcm", "dry_run=true"))
@@ -177,8 +228,30 @@ def test_cluster_env_cannot_pick_the_attention_backend(cfg_for):
 
 
 def test_plan_json_has_the_contract_keys(cfg_for):
-    keys = {"model", "dtype", "num_gpus", "num_nodes", "gpus_per_node", "tp", "pp", "cp", "vp", "dp",
-            "sequence_parallel", "micro_batch_size", "global_batch_size", "num_microbatches", "seq_length",
-            "layers_per_pipeline_stage", "asymmetric_pipeline", "fp8", "fp8_param_gather", "tp_comm_overlap",
-            "model_flops_per_sample", "est_memory_gib_per_gpu", "env", "command"}
+    keys = {
+        "model",
+        "dtype",
+        "num_gpus",
+        "num_nodes",
+        "gpus_per_node",
+        "tp",
+        "pp",
+        "cp",
+        "vp",
+        "dp",
+        "sequence_parallel",
+        "micro_batch_size",
+        "global_batch_size",
+        "num_microbatches",
+        "seq_length",
+        "layers_per_pipeline_stage",
+        "asymmetric_pipeline",
+        "fp8",
+        "fp8_param_gather",
+        "tp_comm_overlap",
+        "model_flops_per_sample",
+        "est_memory_gib_per_gpu",
+        "env",
+        "command",
+    }
     assert keys <= set(build_plan(cfg_for("cluster=bcm")).to_json_dict())

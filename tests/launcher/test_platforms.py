@@ -1,5 +1,6 @@
 """The platform base class (launcher/platforms/base.py): the registry, what each platform can run and how the rest
 is refused, the lines after a submission, and a new platform written as its docstring says."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,9 @@ def test_every_platform_the_schema_names_is_registered_under_its_name():
 def test_an_unknown_platform_names_the_known_ones():
     with pytest.raises(PlanError) as err:
         platform_of({"cluster": {"platform": "lsf"}})
-    assert err.value.problems == ["cluster.platform='lsf': use one of local, slurm, sge, bcp, k8s "
-                                  "(conf/cluster/*.yaml)"]
+    assert err.value.problems == [
+        "cluster.platform='lsf': use one of local, slurm, sge, bcp, k8s (conf/cluster/*.yaml)"
+    ]
 
 
 @pytest.mark.parametrize("name", list(CAN))
@@ -50,10 +52,12 @@ def test_a_refused_stage_is_refused_by_the_checks_and_by_its_job_in_the_same_wor
     cfg = {"cluster": {"platform": name, "name": f"my-{name}"}, "profile": {"enabled": True, "tool": "nsys"}}
     refused = platform.refusals(cfg, ["container", "preflight", "training", "export"])
     assert len(refused) == 4 - len(CAN[name]) and all(f"cluster=my-{name}" in line for line in refused)
-    jobs = {"container": lambda: platform.container_job(cfg, RUN),
-            "preflight": lambda: platform.preflight_job(cfg, None, RUN),
-            "export": lambda: platform.export_job(cfg, RUN),
-            "nsys": lambda: platform.rank_entry(cfg, RUN)}
+    jobs = {
+        "container": lambda: platform.container_job(cfg, RUN),
+        "preflight": lambda: platform.preflight_job(cfg, None, RUN),
+        "export": lambda: platform.export_job(cfg, RUN),
+        "nsys": lambda: platform.rank_entry(cfg, RUN),
+    }
     for need in set(jobs) - CAN[name]:
         with pytest.raises(PlanError) as err:
             jobs[need]()
@@ -66,29 +70,59 @@ def test_nothing_is_refused_where_nothing_unsupported_is_asked():
 
 
 def _jobs(*stages: str) -> list[Job]:
-    return [Job(stage, f"{stage}.x", stage, [], array_size=3 if stage == "data_preparation" else None)
-            for stage in stages]
+    return [
+        Job(stage, f"{stage}.x", stage, [], array_size=3 if stage == "data_preparation" else None) for stage in stages
+    ]
 
 
 def _submitted(dependency: str, *stages: str) -> list[Submitted]:
-    return [Submitted(stage, str(100 + i), f"{stage}.x", f"{dependency}:{99 + i}" if i else None)
-            for i, stage in enumerate(stages)]
+    return [
+        Submitted(stage, str(100 + i), f"{stage}.x", f"{dependency}:{99 + i}" if i else None)
+        for i, stage in enumerate(stages)
+    ]
 
 
-@pytest.mark.parametrize("name,dependency,expected", [
-    ("slurm", "afterok", [f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100_*.out",
-                          f"submitted training: job 101 (--dependency=afterok:100); log {RUN}/logs/training_101.out",
-                          f"  follow with: squeue -j 100,101   report: python -m launcher.report {RUN}"]),
-    ("sge", "hold_jid", [f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100_*.out",
-                         f"submitted training: job 101 (-hold_jid 100); log {RUN}/logs/training_101.out",
-                         f"  follow with: qstat -j 100,101   report: python -m launcher.report {RUN}"]),
-    ("bcp", "succeeded", [f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100.log",
-                          f"submitted training: job 101 (after 100 finished); log {RUN}/logs/training_101.log",
-                          f"  follow with: ngc base-command job info 101   report: python -m launcher.report {RUN}"]),
-    ("k8s", "succeeded", ["submitted data_preparation: job 100",
-                          "submitted training: job 101 (after 100 completed)",
-                          f"  follow with: kubectl logs -f job/101   report: python -m launcher.report {RUN}"]),
-])
+@pytest.mark.parametrize(
+    "name,dependency,expected",
+    [
+        (
+            "slurm",
+            "afterok",
+            [
+                f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100_*.out",
+                f"submitted training: job 101 (--dependency=afterok:100); log {RUN}/logs/training_101.out",
+                f"  follow with: squeue -j 100,101   report: python -m launcher.report {RUN}",
+            ],
+        ),
+        (
+            "sge",
+            "hold_jid",
+            [
+                f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100_*.out",
+                f"submitted training: job 101 (-hold_jid 100); log {RUN}/logs/training_101.out",
+                f"  follow with: qstat -j 100,101   report: python -m launcher.report {RUN}",
+            ],
+        ),
+        (
+            "bcp",
+            "succeeded",
+            [
+                f"submitted data_preparation: job 100; log {RUN}/logs/data_preparation_100.log",
+                f"submitted training: job 101 (after 100 finished); log {RUN}/logs/training_101.log",
+                f"  follow with: ngc base-command job info 101   report: python -m launcher.report {RUN}",
+            ],
+        ),
+        (
+            "k8s",
+            "succeeded",
+            [
+                "submitted data_preparation: job 100",
+                "submitted training: job 101 (after 100 completed)",
+                f"  follow with: kubectl logs -f job/101   report: python -m launcher.report {RUN}",
+            ],
+        ),
+    ],
+)
 def test_the_lines_after_a_submission(name, dependency, expected):
     platform = platform_of({"cluster": {"platform": name}})
     stages = ("data_preparation", "training")
@@ -102,6 +136,7 @@ def test_jobs_that_run_here_have_no_chain_to_print():
 
 class Toy(Platform):
     """A platform written from base.py's docstring alone: the attributes, the two jobs, its own script."""
+
     name = "toy"
     suffix = ".toy"
     resubmit = "toysub"
@@ -136,7 +171,8 @@ def test_a_new_platform_needs_only_what_the_docstring_lists():
     assert toy.supports("container") and not toy.supports("preflight") and not toy.supports("export")
     assert toy.refusals(cfg, ["preflight", "training"]) == [
         "stages has preflight but cluster=toy has no preflight job yet: drop preflight from stages, or run it on "
-        "cluster=local or a Slurm cluster"]
+        "cluster=local or a Slurm cluster"
+    ]
 
 
 def test_a_platform_without_its_script_cannot_be_made():

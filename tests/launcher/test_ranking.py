@@ -1,5 +1,6 @@
 """`python -m launcher.report --rank`: measured runs fastest first, beside the step-time model's prediction and rank,
 and how many pairs the model ordered as measured."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,25 @@ def _runs(tmp_path, step_times: dict[str, float]):
     """Run directories of 8B on 4 H200 as main.py writes them, with a metrics.jsonl of the given step times."""
     dirs = {}
     for name, overrides in LAYOUTS.items():
-        cfg = compose(["training=llama31/8b", *overrides, "parallelism.num_gpus=4", "cluster=bcm",
-                       "cluster.gpu_type=h200", "cluster.gpus_per_node=4", "training.global_batch_size=32",
-                       f"results_dir={tmp_path}", f"run_name={name}", "dry_run=true"])
+        cfg = compose(
+            [
+                "training=llama31/8b",
+                *overrides,
+                "parallelism.num_gpus=4",
+                "cluster=bcm",
+                "cluster.gpu_type=h200",
+                "cluster.gpus_per_node=4",
+                "training.global_batch_size=32",
+                f"results_dir={tmp_path}",
+                f"run_name={name}",
+                "dry_run=true",
+            ]
+        )
         prepared = prepare(cfg)
         write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs)
-        (prepared.run_dir / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": i + 1, "loss": 9.0, "step_time_s": step_times[name]}) + "\n" for i in range(10)))
+        (prepared.run_dir / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": i + 1, "loss": 9.0, "step_time_s": step_times[name]}) + "\n" for i in range(10))
+        )
         dirs[name] = prepared.run_dir
     return dirs
 
@@ -40,7 +53,7 @@ def _rank(dirs, capsys):
     code = report_main(["--rank", *map(str, dirs.values()), "--plot", str(next(iter(dirs.values())).parent / "r.png")])
     stdout = capsys.readouterr().out
     assert code == 0
-    table = stdout[stdout.index("model rank"):]
+    table = stdout[stdout.index("model rank") :]
     rows = [line.split() for line in table.splitlines()[1:] if re.match(r"\s*\d+\s", line)]
     return stdout, rows
 
@@ -55,8 +68,9 @@ def test_runs_are_ranked_fastest_first_beside_the_prediction(tmp_path, capsys):
     for row in rows:
         cfg = yaml.safe_load((dirs[row[1]] / "config.yaml").read_text())
         plan = json.loads((dirs[row[1]] / "plan.json").read_text())
-        assert float(row[-2]) == pytest.approx(steptime.predict(cfg, plan, steptime.default_constants()).total_s,
-                                               abs=0.0005)
+        assert float(row[-2]) == pytest.approx(
+            steptime.predict(cfg, plan, steptime.default_constants()).total_s, abs=0.0005
+        )
         assert row[-1] == row[0]  # predicted rank = measured rank
     assert "3 of 3 pairs alike, Spearman +1.00" in stdout
 

@@ -1,6 +1,7 @@
 """The README's main.py commands, run as written from a fresh directory: every dry run exits 0 (a sweep with one
 run directory per point), every sweep runs as a dry run, and where the README shows what a command prints
 (`$ python main.py ...` followed by its output), it prints exactly that. So the README cannot drift from the code."""
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,7 @@ def commands(document: Path) -> list[tuple[str, list[str]]]:
                 continue
             output = []
             if shown:
-                for after in lines[index + 1:]:
+                for after in lines[index + 1 :]:
                     if after.startswith("$ "):
                         break
                     output.append(after)

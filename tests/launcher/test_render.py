@@ -1,5 +1,6 @@
 """Golden files for the rendered jobs (tests/golden/), with machine paths replaced by placeholders, and
 `bash -n` on every one. UPDATE_GOLDEN=1 rewrites the golden files after a deliberate change."""
+
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from launcher.jobs.rundir import rendered_files
 from launcher_helpers import ONE_H100, REPO, check_golden, rendered, run_main
 
 SQSH = "/shared/containers/nvidia+nemo+25.09.sqsh"
+
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
@@ -32,12 +34,23 @@ def test_405b_training_on_bcm(cfg_for, tmp_path):
 
 
 def test_70b_fp8_with_every_cluster_knob(cfg_for, tmp_path):
-    scripts = rendered(cfg_for(
-        "training=llama31/70b", "dtype=fp8", "cluster=bcm", "dry_run=true", f"cluster.container={SQSH}",
-        "cluster.partition=batch", "cluster.account=llm-pretrain", "cluster.time_limit=02:00:00",
-        'cluster.sbatch_args=["--reservation=llama","--comment=perf"]', 'cluster.srun_args=["--cpu-bind=none"]',
-        "cluster.container_mounts=[/lustre/datasets]", "cluster.signal_before_timeout_s=600",
-        "+cluster.env.NCCL_IB_SL=1"))
+    scripts = rendered(
+        cfg_for(
+            "training=llama31/70b",
+            "dtype=fp8",
+            "cluster=bcm",
+            "dry_run=true",
+            f"cluster.container={SQSH}",
+            "cluster.partition=batch",
+            "cluster.account=llm-pretrain",
+            "cluster.time_limit=02:00:00",
+            'cluster.sbatch_args=["--reservation=llama","--comment=perf"]',
+            'cluster.srun_args=["--cpu-bind=none"]',
+            "cluster.container_mounts=[/lustre/datasets]",
+            "cluster.signal_before_timeout_s=600",
+            "+cluster.env.NCCL_IB_SL=1",
+        )
+    )
     check_golden("70b_fp8_bcm_submission.sbatch", scripts["submission.sbatch"], tmp_path)
 
 
@@ -48,9 +61,16 @@ def test_tiny_on_this_machine(cfg_for, tmp_path):
 
 def test_local_data_preparation(cfg_for, tmp_path, corpus):
     pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
-    scripts = rendered(cfg_for("stages=[data_preparation,training]", "data_preparation=files",
-                               f"data_preparation.inputs=[{corpus}/*.jsonl]",
-                               f"data_preparation.output_dir={tmp_path}/data", "dry_run=true"), ONE_H100)
+    scripts = rendered(
+        cfg_for(
+            "stages=[data_preparation,training]",
+            "data_preparation=files",
+            f"data_preparation.inputs=[{corpus}/*.jsonl]",
+            f"data_preparation.output_dir={tmp_path}/data",
+            "dry_run=true",
+        ),
+        ONE_H100,
+    )
     assert list(scripts) == ["data_preparation.sh", "launch.sh"]
     check_golden("files_local_data_preparation.sh", scripts["data_preparation.sh"], tmp_path)
 
@@ -58,11 +78,21 @@ def test_local_data_preparation(cfg_for, tmp_path, corpus):
 def test_bare_metal_chain(cfg_for, tmp_path, corpus):
     """No container, no GRES, one task per node: the shape of the Slurm integration test's jobs."""
     pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
-    scripts = rendered(cfg_for(
-        "cluster=bcm", "stages=[data_preparation,training]", "data_preparation=files",
-        f"data_preparation.inputs=[{corpus}/*.jsonl]", f"data_preparation.output_dir={tmp_path}/data",
-        "data_preparation.job.cpus_per_task=4", "data_preparation.job.max_parallel=2",
-        "cluster.container_runtime=none", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1", "dry_run=true"))
+    scripts = rendered(
+        cfg_for(
+            "cluster=bcm",
+            "stages=[data_preparation,training]",
+            "data_preparation=files",
+            f"data_preparation.inputs=[{corpus}/*.jsonl]",
+            f"data_preparation.output_dir={tmp_path}/data",
+            "data_preparation.job.cpus_per_task=4",
+            "data_preparation.job.max_parallel=2",
+            "cluster.container_runtime=none",
+            "cluster.gpus_per_node=null",
+            "cluster.ntasks_per_node=1",
+            "dry_run=true",
+        )
+    )
     assert list(scripts) == ["data_preparation.sbatch", "data_check.sbatch", "submission.sbatch"]
     assert "#SBATCH --array=0-1%2" in scripts["data_preparation.sbatch"]
     for name, text in scripts.items():
@@ -71,8 +101,15 @@ def test_bare_metal_chain(cfg_for, tmp_path, corpus):
 
 
 def test_container_stage_on_bcm(cfg_for, tmp_path):
-    scripts = rendered(cfg_for("training=llama31/8b", "cluster=bcm", "stages=[container,training]",
-                               f"cluster.container={tmp_path}/images/nemo.sqsh", "dry_run=true"))
+    scripts = rendered(
+        cfg_for(
+            "training=llama31/8b",
+            "cluster=bcm",
+            "stages=[container,training]",
+            f"cluster.container={tmp_path}/images/nemo.sqsh",
+            "dry_run=true",
+        )
+    )
     assert list(scripts) == ["container.sbatch", "submission.sbatch"]
     check_golden("8b_bcm_container.sbatch", scripts["container.sbatch"], tmp_path)
 
@@ -91,9 +128,16 @@ def test_apptainer_on_slurm_runs_the_same_commands_with_the_same_mounts(cfg_for,
     """cluster.container_runtime=apptainer: `apptainer exec --nv` with the pyxis path's mounts and working
     directory, the plan's environment passed explicitly, for training and data preparation."""
     pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
-    common = ["cluster=bcm", "dry_run=true", "stages=[data_preparation,training]", "data_preparation=files",
-              f"data_preparation.inputs=[{corpus}/*.jsonl]", f"data_preparation.output_dir={tmp_path}/data",
-              "training=llama31/70b", "cluster.partition=batch"]
+    common = [
+        "cluster=bcm",
+        "dry_run=true",
+        "stages=[data_preparation,training]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{corpus}/*.jsonl]",
+        f"data_preparation.output_dir={tmp_path}/data",
+        "training=llama31/70b",
+        "cluster.partition=batch",
+    ]
     sif = f"{tmp_path}/images/llama31.sif"
     apptainer = rendered(cfg_for(*common, "cluster.container_runtime=apptainer", f"cluster.container={sif}"))
     pyxis = rendered(cfg_for(*common, f"cluster.container={tmp_path}/images/llama31.sqsh"))
@@ -109,9 +153,17 @@ def test_apptainer_on_slurm_runs_the_same_commands_with_the_same_mounts(cfg_for,
 
 
 def test_apptainer_container_stage_builds_a_sif_from_a_definition_file(cfg_for, tmp_path):
-    prepared = prepare(cfg_for("training=llama31/8b", "cluster=bcm", "stages=[container]", "dry_run=true",
-                               "cluster.container_runtime=apptainer", f"cluster.container={tmp_path}/img/llama31.sif",
-                               f"cluster.wheel_dir={tmp_path}/wheels"))
+    prepared = prepare(
+        cfg_for(
+            "training=llama31/8b",
+            "cluster=bcm",
+            "stages=[container]",
+            "dry_run=true",
+            "cluster.container_runtime=apptainer",
+            f"cluster.container={tmp_path}/img/llama31.sif",
+            f"cluster.wheel_dir={tmp_path}/wheels",
+        )
+    )
     (job,) = prepared.stages.jobs
     files = rendered_files(job, prepared.cfg, prepared.run_dir)
     assert list(files) == ["container.sbatch", "container.def"]

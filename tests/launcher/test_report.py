@@ -1,4 +1,5 @@
 """The report: parsing progress lines (ours and NeMo's), the throughput / MFU table, the plot."""
+
 from __future__ import annotations
 
 import json
@@ -19,28 +20,44 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_report(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.report", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.report", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_parses_nemo_progress_lines():
-    line = ("Epoch 0: : 100%|##########| 50/50 [09:20<00:00, reduced_train_loss=11.00, global_step=49.00, "
-            "consumed_samples=6400.0, train_step_timing in s=11.20]")
+    line = (
+        "Epoch 0: : 100%|##########| 50/50 [09:20<00:00, reduced_train_loss=11.00, global_step=49.00, "
+        "consumed_samples=6400.0, train_step_timing in s=11.20]"
+    )
     assert throughput.parse_log(line) == [{"loss": 11.0, "step": 49, "consumed_samples": 6400.0, "step_time_s": 11.2}]
 
 
 def test_parses_the_recipes_progress_lines():
-    line = ("step 10/50 | reduced_train_loss=7.1234 | global_step=10 | consumed_samples=80 | "
-            "train_step_timing in s=0.1234 | lr=1.000e-03 | grad_norm=1.234 | tokens_per_s=132000.5 | "
-            "tflops_per_gpu=101.2 | mfu=0.412")
+    line = (
+        "step 10/50 | reduced_train_loss=7.1234 | global_step=10 | consumed_samples=80 | "
+        "train_step_timing in s=0.1234 | lr=1.000e-03 | grad_norm=1.234 | tokens_per_s=132000.5 | "
+        "tflops_per_gpu=101.2 | mfu=0.412"
+    )
     (record,) = throughput.parse_log("some banner\n" + line + "\nbye\n")
-    assert record == {"step": 10, "loss": 7.1234, "consumed_samples": 80.0, "step_time_s": 0.1234, "lr": 1e-3,
-                      "grad_norm": 1.234, "tokens_per_s": 132000.5, "tflops_per_gpu": 101.2, "mfu": 0.412}
+    assert record == {
+        "step": 10,
+        "loss": 7.1234,
+        "consumed_samples": 80.0,
+        "step_time_s": 0.1234,
+        "lr": 1e-3,
+        "grad_norm": 1.234,
+        "tokens_per_s": 132000.5,
+        "tflops_per_gpu": 101.2,
+        "mfu": 0.412,
+    }
 
 
 def test_progress_bar_redraws_keep_the_last_value_per_step():
-    text = "\r".join(f"Epoch 0: : 5/50 [00:01<00:00, global_step=4.00, train_step_timing in s={t}]"
-                     for t in (9.0, 8.0)) + "\n"
+    text = (
+        "\r".join(f"Epoch 0: : 5/50 [00:01<00:00, global_step=4.00, train_step_timing in s={t}]" for t in (9.0, 8.0))
+        + "\n"
+    )
     assert [r["step_time_s"] for r in throughput.parse_log(text)] == [8.0]
 
 
@@ -51,8 +68,21 @@ def test_late_window_is_35_to_44_of_50():
 
 def test_nemo_log_gives_the_seed_table(tmp_path):
     png = tmp_path / "plot.png"
-    out = run_report(str(FIXTURES / "nemo_70b_fp8.log"), "--gbs", "128", "--seq", "8192", "--gpus", "64",
-                     "--model", "llama31/70b", "--peak", "fp8", "--plot", str(png))
+    out = run_report(
+        str(FIXTURES / "nemo_70b_fp8.log"),
+        "--gbs",
+        "128",
+        "--seq",
+        "8192",
+        "--gpus",
+        "64",
+        "--model",
+        "llama31/70b",
+        "--peak",
+        "fp8",
+        "--plot",
+        str(png),
+    )
     assert out.returncode == 0, out.stderr
     header, _, row = out.stdout.splitlines()[:3]
     assert "tokens/s/GPU" in header and "MFU" in header and "days/1T tok" in header
@@ -66,8 +96,21 @@ def test_nemo_log_gives_the_seed_table(tmp_path):
 
 def test_an_mfu_above_100_percent_is_flagged_with_the_peak_and_what_to_check(tmp_path):
     # The same log as above over 8 GPUs instead of 64: 8 times the FLOPs per GPU, 281.9% of the fp8 peak.
-    out = run_report(str(FIXTURES / "nemo_70b_fp8.log"), "--gbs", "128", "--seq", "8192", "--gpus", "8",
-                     "--model", "llama31/70b", "--peak", "fp8", "--plot", str(tmp_path / "plot.png"))
+    out = run_report(
+        str(FIXTURES / "nemo_70b_fp8.log"),
+        "--gbs",
+        "128",
+        "--seq",
+        "8192",
+        "--gpus",
+        "8",
+        "--model",
+        "llama31/70b",
+        "--peak",
+        "fp8",
+        "--plot",
+        str(tmp_path / "plot.png"),
+    )
     assert out.returncode == 0, out.stderr
     row = out.stdout.splitlines()[2]
     assert "281.9%!" in row, row
@@ -93,9 +136,14 @@ def test_a_bare_logs_plot_goes_beside_it_never_into_the_current_directory(tmp_pa
     cwd.mkdir()
     log = logs / "nemo.log"
     log.write_text((FIXTURES / "nemo_70b_fp8.log").read_text())
-    out = subprocess.run([sys.executable, "-m", "launcher.report", str(log), "--gbs", "128", "--seq", "8192",
-                          "--gpus", "64"], cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.report", str(log), "--gbs", "128", "--seq", "8192", "--gpus", "64"],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert f"plot: {logs / 'nemo_report.png'}" in out.stdout
     assert (logs / "nemo_report.png").read_bytes()[:8] == PNG_MAGIC
@@ -116,19 +164,37 @@ def test_numbers_follow_the_reference_formulas():
 def _run_dir(root: Path, name: str, step_time: float, with_metrics: bool = True) -> Path:
     run = root / name
     (run / "logs").mkdir(parents=True)
-    plan = {"model": "llama31_tiny", "num_gpus": 2, "tp": 1, "pp": 1, "cp": 1, "vp": None, "global_batch_size": 8,
-            "seq_length": 2048, "model_flops_per_sample": 1.2e12, "gpu_type": "h100", "peak_flops_kind": "bf16",
-            "peak_flops_per_gpu": 989e12}
+    plan = {
+        "model": "llama31_tiny",
+        "num_gpus": 2,
+        "tp": 1,
+        "pp": 1,
+        "cp": 1,
+        "vp": None,
+        "global_batch_size": 8,
+        "seq_length": 2048,
+        "model_flops_per_sample": 1.2e12,
+        "gpu_type": "h100",
+        "peak_flops_kind": "bf16",
+        "peak_flops_per_gpu": 989e12,
+    }
     (run / "plan.json").write_text(json.dumps(plan))
-    records = [{"step": i + 1, "loss": 10 - i * 0.1, "step_time_s": step_time * (3 if i == 0 else 1)}
-               for i in range(20)]
+    records = [
+        {"step": i + 1, "loss": 10 - i * 0.1, "step_time_s": step_time * (3 if i == 0 else 1)} for i in range(20)
+    ]
     records.append({"step": 20, "val_loss": 8.5})
     if with_metrics:
-        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n{\"step\": 2")
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + '\n{"step": 2')
     else:
-        (run / "logs" / "training.log").write_text("\n".join(
-            f"step {r['step']}/20 | reduced_train_loss={r['loss']:.4f} | global_step={r['step']} | "
-            f"train_step_timing in s={r['step_time_s']}" for r in records if "step_time_s" in r) + "\n")
+        (run / "logs" / "training.log").write_text(
+            "\n".join(
+                f"step {r['step']}/20 | reduced_train_loss={r['loss']:.4f} | global_step={r['step']} | "
+                f"train_step_timing in s={r['step_time_s']}"
+                for r in records
+                if "step_time_s" in r
+            )
+            + "\n"
+        )
     return run
 
 
@@ -141,7 +207,7 @@ def test_compares_run_directories_from_metrics_and_from_logs(tmp_path):
     lines = out.stdout.splitlines()
     row_a = next(line for line in lines if line.startswith("run_a"))
     row_b = next(line for line in lines if line.startswith("run_b"))
-    assert "65,536" in row_a and "0.250" in row_a   # 8 x 2048 / 0.25
+    assert "65,536" in row_a and "0.250" in row_a  # 8 x 2048 / 0.25
     assert "32,768" in row_b and "0.500" in row_b
     assert "h100 bf16 989T" in row_a
     assert png.read_bytes()[:8] == PNG_MAGIC
@@ -180,9 +246,12 @@ def test_benchmark_row_averages_the_last_steps_against_the_bf16_peak(tmp_path):
     plan = build_plan(compose(["training=llama31/8b", "cluster=bcm", "dtype=fp8"])).to_json_dict()
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     step_times = [30.0, 14.0, 12.0, 13.0]
-    (tmp_path / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": i + 1, "loss": 9.0 - i, "step_time_s": t, "peak_memory_gib": 50.0 + i}) + "\n"
-        for i, t in enumerate(step_times)))
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": i + 1, "loss": 9.0 - i, "step_time_s": t, "peak_memory_gib": 50.0 + i}) + "\n"
+            for i, t in enumerate(step_times)
+        )
+    )
 
     row = bench_train.table_row("fp8", tmp_path, window=2)
 

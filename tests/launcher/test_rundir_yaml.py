@@ -1,4 +1,5 @@
 """config.yaml is written with libyaml's emitter where PyYAML has it: the same text as the pure-Python one."""
+
 from __future__ import annotations
 
 import yaml
@@ -9,8 +10,15 @@ from launcher.jobs.rundir import config_yaml
 
 def test_config_yaml_is_the_text_pure_pyyaml_writes():
     cfg = compose(["training=llama31/8b", "cluster=bcm"])
-    cfg["notes"] = {"unicode": "naïve café 東京 🙂", "long": "word " * 60, "multi": "a\nb\n", "none": None,
-                    "tiny": 1e-12, "quoted": "yes", "list": [1, "2", 3.0]}
+    cfg["notes"] = {
+        "unicode": "naïve café 東京 🙂",
+        "long": "word " * 60,
+        "multi": "a\nb\n",
+        "none": None,
+        "tiny": 1e-12,
+        "quoted": "yes",
+        "list": [1, "2", 3.0],
+    }
     text = config_yaml(cfg)
     assert text == yaml.safe_dump(dict(cfg), sort_keys=False, default_flow_style=False)
     assert yaml.safe_load(text) == cfg

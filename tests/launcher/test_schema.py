@@ -1,5 +1,6 @@
 """The typed schema: every option of every config group composes, and every resolved value has the type the schema
 declares (interpolations included); the README's configuration reference is the one the schema generates."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -127,4 +128,5 @@ def test_the_readme_reference_is_the_generated_one():
     assert config_reference.BEGIN in readme and config_reference.END in readme
     assert config_reference.replace_block(readme, config_reference.reference()) == readme, (
         "README's configuration reference differs from the schema: python -m launcher.config.reference "
-        "--write README.md")
+        "--write README.md"
+    )

@@ -1,4 +1,5 @@
 """setup.sh: a clear stop without HF_TOKEN, and the container build through the container stage."""
+
 from __future__ import annotations
 
 import os
@@ -8,8 +9,14 @@ from launcher_helpers import REPO
 
 
 def run_setup(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "setup.sh"), *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}, timeout=600)
+    return subprocess.run(
+        ["bash", str(REPO / "setup.sh"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env},
+        timeout=600,
+    )
 
 
 def test_missing_token_stops_with_what_to_do():
@@ -20,8 +27,13 @@ def test_missing_token_stops_with_what_to_do():
 
 def test_container_goes_through_the_container_stage(tmp_path):
     sqsh = tmp_path / "images" / "nemo.sqsh"
-    out = run_setup("cluster=bcm", "dry_run=true", f"results_dir={tmp_path}/results", f"cluster.container={sqsh}",
-                    SKIP_TOKENIZER="1")
+    out = run_setup(
+        "cluster=bcm",
+        "dry_run=true",
+        f"results_dir={tmp_path}/results",
+        f"cluster.container={sqsh}",
+        SKIP_TOKENIZER="1",
+    )
     assert out.returncode == 0, out.stderr
     (script,) = (tmp_path / "results").glob("*/container.sbatch")
     text = script.read_text()

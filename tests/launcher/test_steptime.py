@@ -1,5 +1,6 @@
 """The step-time model that ranks parallelism=auto's layouts: held to every measured run (conf/perf/measured.yaml),
 ordering the layouts measured on one machine as they measured, and its terms behaving as the formulas say."""
+
 from __future__ import annotations
 
 import subprocess
@@ -21,8 +22,9 @@ CONSTANTS = steptime.default_constants()
 
 @pytest.mark.parametrize("check", CHECKS, ids=[c.name for c in CHECKS])
 def test_every_measured_run_is_predicted_within_15_percent(check):
-    assert abs(check.error) < 0.15, f"{check.name}: measured {check.measured:.0f}, model " \
-                                    f"{check.predicted.tokens_per_s_per_gpu:.0f} tokens/s/GPU"
+    assert abs(check.error) < 0.15, (
+        f"{check.name}: measured {check.measured:.0f}, model {check.predicted.tokens_per_s_per_gpu:.0f} tokens/s/GPU"
+    )
 
 
 def test_our_runs_on_h200_are_predicted_within_10_percent():
@@ -40,8 +42,17 @@ def test_layouts_measured_on_the_same_machine_keep_their_measured_order():
     groups = defaultdict(list)  # the same model (and depth), dtype, other settings, GPUs and batch -> checks
     for check in CHECKS:
         p = check.plan
-        groups[(p.model, sum(p.layers_per_pipeline_stage), p.dtype, _settings_besides_the_layout(check), p.gpu_type,
-                p.num_gpus, p.global_batch_size)].append(check)
+        groups[
+            (
+                p.model,
+                sum(p.layers_per_pipeline_stage),
+                p.dtype,
+                _settings_besides_the_layout(check),
+                p.gpu_type,
+                p.num_gpus,
+                p.global_batch_size,
+            )
+        ].append(check)
     compared = 0
     for checks in groups.values():
         if len(checks) < 2:
@@ -59,7 +70,8 @@ def test_the_breakdown_adds_up_to_the_step():
         assert p.total_s == pytest.approx(p.compute_s + p.bubble_s + p.comm_s + p.other_s)
         assert p.comm_s == pytest.approx(sum(p.comm_parts.values()))
         assert p.tokens_per_s_per_gpu == pytest.approx(
-            check.plan.global_batch_size * check.plan.seq_length / p.total_s / check.plan.num_gpus)
+            check.plan.global_batch_size * check.plan.seq_length / p.total_s / check.plan.num_gpus
+        )
 
 
 def _predict(*overrides: str, constants=CONSTANTS):
@@ -81,8 +93,13 @@ def test_the_bubble_is_pp_minus_one_over_vp_stage_times():
 def test_data_parallel_traffic_costs_more_across_nodes_than_within():
     # The same 8B DP8 layout on one node of 8 and on 8 nodes of 1: only the DP link changes.
     one_node, _ = _predict("training=llama31/8b", "parallelism=tp1", "parallelism.num_gpus=8", "cluster.gpu_type=h200")
-    spread, _ = _predict("training=llama31/8b", "parallelism=tp1", "parallelism.num_gpus=8", "cluster.gpu_type=h200",
-                         "cluster.gpus_per_node=1")
+    spread, _ = _predict(
+        "training=llama31/8b",
+        "parallelism=tp1",
+        "parallelism.num_gpus=8",
+        "cluster.gpu_type=h200",
+        "cluster.gpus_per_node=1",
+    )
     assert spread.comm_parts["dp"] > one_node.comm_parts["dp"] > 0
     assert spread.compute_s == pytest.approx(one_node.compute_s)
 
@@ -92,35 +109,39 @@ def test_tp_overlap_hides_communication_and_wider_tp_costs_more():
     plain, _ = _predict("training=llama31/8b", "parallelism=tp2_sp", "parallelism.tp_comm_overlap=false")
     assert plain.comm_parts["tp"] > overlap.comm_parts["tp"]
     tp4, _ = _predict("training=llama31/70b", "parallelism=tp4_pp8_vp5")
-    tp8, _ = _predict("training=llama31/70b", "parallelism=tp4_pp8_vp5", "parallelism.tp=8",
-                      "parallelism.num_gpus=128")
+    tp8, _ = _predict("training=llama31/70b", "parallelism=tp4_pp8_vp5", "parallelism.tp=8", "parallelism.num_gpus=128")
     assert tp8.comm_parts["tp"] > tp4.comm_parts["tp"] / 2  # per GPU, more than half of TP4's on half the work
 
 
 def test_fp8_is_faster_and_full_recomputation_slower():
     bf16, _ = _predict("training=llama31/8b")
     fp8, _ = _predict("training=llama31/8b", "dtype=fp8")
-    full, _ = _predict("training=llama31/8b", "parallelism.recompute_granularity=full",
-                       "parallelism.recompute_method=uniform", "parallelism.recompute_num_layers=1")
+    full, _ = _predict(
+        "training=llama31/8b",
+        "parallelism.recompute_granularity=full",
+        "parallelism.recompute_method=uniform",
+        "parallelism.recompute_num_layers=1",
+    )
     assert fp8.total_s < bf16.total_s < full.total_s
     assert full.compute_s == pytest.approx(bf16.compute_s * 4 / 3, rel=0.02)  # one more forward of every layer
 
 
 def test_the_model_prints_against_the_measured_runs():
-    out = subprocess.run([sys.executable, "-m", "launcher.autoconf.steptime"], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.autoconf.steptime"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     for check in CHECKS:
         # Measured and predicted step time side by side, then tokens/s/GPU.
         line = next(line for line in out.stdout.splitlines() if line.startswith(check.name + " "))
-        measured_s, model_s = (float(x) for x in line[len(check.name):].split()[:2])
+        measured_s, model_s = (float(x) for x in line[len(check.name) :].split()[:2])
         assert measured_s == pytest.approx(check.measured_step_s, abs=1e-3)
         assert model_s == pytest.approx(check.predicted.total_s, abs=1e-3)
     assert f"{len(CHECKS)} rows; largest error" in out.stdout
     # The single-GPU proxies awaiting measurement: listed with the prediction and a dash for the measurement.
     for row in perfdata.pending_rows():
         line = next(line for line in out.stdout.splitlines() if line.startswith(row["name"] + " "))
-        assert line[len(row["name"]):].split()[0] == "-"
+        assert line[len(row["name"]) :].split()[0] == "-"
 
 
 def test_single_gpu_rows_are_held_to_the_model_and_pending_ones_are_not():
@@ -133,9 +154,19 @@ def test_single_gpu_rows_are_held_to_the_model_and_pending_ones_are_not():
 
 
 def test_a_row_given_as_a_step_time_is_that_many_tokens_per_second():
-    row = {"name": "x", "overrides": ["training=llama31/8b", "training.model.num_layers=16", "parallelism=tp1",
-                                      "parallelism.num_gpus=1"], "gpu": "h200", "gpus_per_node": 1,
-           "global_batch_size": 8, "step_time_s": 2.0}
+    row = {
+        "name": "x",
+        "overrides": [
+            "training=llama31/8b",
+            "training.model.num_layers=16",
+            "parallelism=tp1",
+            "parallelism.num_gpus=1",
+        ],
+        "gpu": "h200",
+        "gpus_per_node": 1,
+        "global_batch_size": 8,
+        "step_time_s": 2.0,
+    }
     (check,) = steptime.check_rows(rows=[row])
     assert check.measured == pytest.approx(8 * 8192 / 2.0) and check.measured_step_s == pytest.approx(2.0)
 
@@ -170,7 +201,11 @@ def test_a_row_the_script_prints_is_one_measured_yaml_takes():
     result = {"tokens_per_s_per_gpu": 20000.4, "step_time_s": 3.2768, "peak_memory_gib": 90.04}
     row = cases.measured_row(case, result)
     printed = yaml.safe_load(cases.to_yaml([row]))[0]
-    assert printed == {**cases.pending_entry(case), "tokens_per_s_per_gpu": 20000, "step_time_s": 3.277,
-                       "peak_memory_gib": 90.0}
+    assert printed == {
+        **cases.pending_entry(case),
+        "tokens_per_s_per_gpu": 20000,
+        "step_time_s": 3.277,
+        "peak_memory_gib": 90.0,
+    }
     (check,) = steptime.check_rows(rows=[printed])
     assert check.measured == 20000 and perfdata.is_measured(printed)

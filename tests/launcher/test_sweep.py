@@ -1,4 +1,5 @@
 """Sweep points: which overrides tell them apart, and run names that never collide."""
+
 from __future__ import annotations
 
 from launcher.config import sweep

@@ -1,5 +1,6 @@
 """The report's GPU telemetry: parsing RUN_DIR/telemetry/<node>.csv (fixtures: two nodes of two GPUs, one GPU
 throttled, one nearly idle), the summary over the steps, flagging, the plot, and `python -m launcher.report`."""
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,24 @@ def run_dir(tmp_path: Path) -> Path:
     """A run directory with the fixture telemetry, a plan and ten steps of metrics."""
     run = tmp_path / "run"
     shutil.copytree(FIXTURES, run / "telemetry")
-    plan = {"model": "llama31_tiny", "num_gpus": 4, "tp": 1, "pp": 1, "cp": 1, "vp": None, "global_batch_size": 8,
-            "seq_length": 2048, "model_flops_per_sample": 1.2e12, "gpu_type": "h100", "peak_flops_kind": "bf16",
-            "peak_flops_per_gpu": 989e12}
+    plan = {
+        "model": "llama31_tiny",
+        "num_gpus": 4,
+        "tp": 1,
+        "pp": 1,
+        "cp": 1,
+        "vp": None,
+        "global_batch_size": 8,
+        "seq_length": 2048,
+        "model_flops_per_sample": 1.2e12,
+        "gpu_type": "h100",
+        "peak_flops_kind": "bf16",
+        "peak_flops_per_gpu": 989e12,
+    }
     (run / "plan.json").write_text(json.dumps(plan))
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 10.0 - s, "step_time_s": 1.0}) + "\n"
-                                               for s in range(1, 11)))
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": 10.0 - s, "step_time_s": 1.0}) + "\n" for s in range(1, 11))
+    )
     return run
 
 
@@ -37,8 +50,13 @@ def test_rows_parse_and_a_line_cut_short_is_skipped():
     rows = telemetry.read_csv(FIXTURES / "gpu-b.csv")
     assert len(rows) == 26  # 13 samples x 2 GPUs; the truncated last line is dropped
     first = rows[0]
-    assert (first["node"], first["gpu"], first["step"], first["util_pct"], first["sm_clock_mhz"]) == \
-        ("gpu-b", 0, 0.0, 0.0, 345.0)
+    assert (first["node"], first["gpu"], first["step"], first["util_pct"], first["sm_clock_mhz"]) == (
+        "gpu-b",
+        0,
+        0.0,
+        0.0,
+        345.0,
+    )
     assert first["clock_events"] == "gpu_idle"
 
 
@@ -57,8 +75,10 @@ def test_summary_and_flags_match_the_fixture_values():
     summaries = {s.name: s for s in telemetry.summarize(telemetry.during_steps(rows))}
     assert summaries["gpu-a GPU 0"].util_pct == 95 and summaries["gpu-a GPU 0"].sm_clock_mhz == 1980
     assert summaries["gpu-a GPU 1"].sm_clock_mhz == 1400 and summaries["gpu-a GPU 1"].temp_c == 83
-    assert summaries["gpu-a GPU 1"].clock_events == {"sw_thermal_slowdown": pytest.approx(1.0),
-                                                     "hw_thermal_slowdown": pytest.approx(1.0)}
+    assert summaries["gpu-a GPU 1"].clock_events == {
+        "sw_thermal_slowdown": pytest.approx(1.0),
+        "hw_thermal_slowdown": pytest.approx(1.0),
+    }
     assert summaries["gpu-b GPU 1"].util_pct == 30 and summaries["gpu-b GPU 1"].power_w == 240
     assert summaries["gpu-b GPU 0"].mem_used_gib == 40.0 and summaries["gpu-b GPU 0"].samples == 9
 
@@ -96,9 +116,23 @@ def test_many_gpus_plot_node_medians_and_the_flagged_ones(tmp_path):
         for gpu in range(8):
             for i in range(6):
                 util = 20.0 if (node, gpu) == (2, 5) else 90.0
-                rows.append({"time": 100.0 + i, "node": f"n{node}", "gpu": gpu, "step": float(i), "util_pct": util,
-                             "mem_util_pct": 10.0, "mem_used_mib": 1000.0, "mem_total_mib": 8e4, "power_w": 500.0,
-                             "temp_c": 60.0, "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0, "clock_events": ""})
+                rows.append(
+                    {
+                        "time": 100.0 + i,
+                        "node": f"n{node}",
+                        "gpu": gpu,
+                        "step": float(i),
+                        "util_pct": util,
+                        "mem_util_pct": 10.0,
+                        "mem_used_mib": 1000.0,
+                        "mem_total_mib": 8e4,
+                        "power_w": 500.0,
+                        "temp_c": 60.0,
+                        "sm_clock_mhz": 1980.0,
+                        "sm_clock_max_mhz": 1980.0,
+                        "clock_events": "",
+                    }
+                )
     steady = telemetry.during_steps(rows)
     flagged = telemetry.flag(telemetry.summarize(steady), 0.8, 0.9)
     assert list(flagged) == ["n2 GPU 5"]
@@ -108,7 +142,7 @@ def test_many_gpus_plot_node_medians_and_the_flagged_ones(tmp_path):
 
 def test_the_plot_breaks_between_a_killed_run_and_its_resume_not_within_a_jittery_stretch():
     killed = [0.0, 1.1, 1.9, 3.0, 4.2, 5.0]  # ~1 s sampling with jitter
-    resumed = [48.0, 49.0, 50.1, 51.0]       # after 43 s with no sampler running
+    resumed = [48.0, 49.0, 50.1, 51.0]  # after 43 s with no sampler running
     stretches = telemetry.sampling_stretches(killed + resumed)
     assert stretches == [(0.0, 5.0), (48.0, 51.0)]
     assert telemetry.sampling_stretches(killed) == [(0.0, 5.0)]
@@ -118,8 +152,9 @@ def test_the_plot_breaks_between_a_killed_run_and_its_resume_not_within_a_jitter
 
 
 def test_the_report_command_adds_telemetry_for_a_run_directory(run_dir):
-    out = subprocess.run([sys.executable, "-m", "launcher.report", str(run_dir)], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.report", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "tokens/s/GPU" in out.stdout  # the throughput table is still first
     assert "flagged: gpu-a GPU 1: SM clock 1400 MHz" in out.stdout
@@ -130,6 +165,7 @@ def test_the_report_command_adds_telemetry_for_a_run_directory(run_dir):
 def test_a_run_without_telemetry_reports_as_before(run_dir):
     shutil.rmtree(run_dir / "telemetry")
     assert telemetry.report(run_dir, print) is None
-    out = subprocess.run([sys.executable, "-m", "launcher.report", str(run_dir)], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.report", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "telemetry:" not in out.stdout and "telemetry plot" not in out.stdout

@@ -6,6 +6,7 @@ shard) is the same as with the Transformer Engine spec.
 megatron-core calls CUDA in three places these tests pass through (the device of a rotary buffer and of a
 checkpoint-save flag, a stream synchronize, the model-parallel RNG fork around dropout); the spawned processes
 redirect them to the CPU. Nothing outside these test processes is changed."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,7 @@ def _cpu_only() -> None:
 def _entry(rank: int, world: int, rendezvous: str, fn: Callable, args: tuple, queue) -> None:
     try:
         _cpu_only()
-        torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                                             world_size=world)
+        torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
         queue.put((rank, True, fn(rank, *args)))
     except BaseException:  # noqa: BLE001 - reported to the test
         queue.put((rank, False, traceback.format_exc()))
@@ -77,25 +77,41 @@ def build_chunks(cfg: dict, plan: Plan, dtype: torch.dtype = torch.float32) -> l
 
     from recipes.trainer import settings
 
-    ps.initialize_model_parallel(plan.tp, plan.pp, virtual_pipeline_model_parallel_size=plan.vp,
-                                 context_parallel_size=plan.cp)
+    ps.initialize_model_parallel(
+        plan.tp, plan.pp, virtual_pipeline_model_parallel_size=plan.vp, context_parallel_size=plan.cp
+    )
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
     kwargs = settings.transformer_config_kwargs(cfg, plan, grad_accum_fusion=False)
     on_meta = torch.empty(0).device.type == "meta"  # megatron's CPU init builds whole weights on the CPU
-    kwargs.update(use_cpu_initialization=True, perform_initialization=not on_meta,
-                  bf16=dtype == torch.bfloat16, params_dtype=dtype,
-                  pipeline_dtype=dtype, autocast_dtype=dtype, apply_rope_fusion=False,
-                  bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-                  cross_entropy_loss_fusion=False, deallocate_pipeline_outputs=False)
+    kwargs.update(
+        use_cpu_initialization=True,
+        perform_initialization=not on_meta,
+        bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        autocast_dtype=dtype,
+        apply_rope_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        cross_entropy_loss_fusion=False,
+        deallocate_pipeline_outputs=False,
+    )
     config = TransformerConfig(**kwargs)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     chunks = []
     for stage in range(plan.vp or 1):
         vp_stage = stage if plan.vp else None
-        chunks.append(GPTModel(
-            config, spec, pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage), vp_stage=vp_stage,
-            **settings.gpt_model_kwargs(cfg, plan)).eval())
+        chunks.append(
+            GPTModel(
+                config,
+                spec,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                vp_stage=vp_stage,
+                **settings.gpt_model_kwargs(cfg, plan),
+            ).eval()
+        )
     return chunks
 
 

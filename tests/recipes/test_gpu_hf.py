@@ -9,6 +9,7 @@ and every layer still moves it. Then:
   CP2, DP2 (2 GPUs) and TP1 (1 GPU) equals transformers' loss of that model on the same global batch;
 - the TP2 run trains 20 steps and is exported: transformers' logits of the export equal the megatron model's;
 - the TP1 run starts from that export, saves its initial weights, and their export is byte-identical."""
+
 import json
 import math
 import subprocess
@@ -27,9 +28,14 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(3600)]
 
 VOCAB = 8000
-COMMON = ["training=llama31/tiny", f"training.model.vocab_size={VOCAB}", "training.train_steps=20",
-          "training.scheduler.warmup_steps=5",
-          "training.val_interval=0", "training.checkpoint.interval=0"]
+COMMON = [
+    "training=llama31/tiny",
+    f"training.model.vocab_size={VOCAB}",
+    "training.train_steps=20",
+    "training.scheduler.warmup_steps=5",
+    "training.val_interval=0",
+    "training.checkpoint.interval=0",
+]
 LAYOUTS = {  # the 2-GPU layouts of test_gpu_training, each run once from the Hugging Face weights
     "tp2_sp": ["parallelism=tp2_sp", "parallelism.tp_comm_overlap=false"],
     "pp2_vp2_asym": ["parallelism=pp2_vp2_asym"],
@@ -43,12 +49,14 @@ def write_tokenizer(directory: Path) -> None:
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(["a small tokenizer for the export"] * 20,
-                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<|begin_of_text|>",
-                                                                                "<|end_of_text|>"]))
+    tok.train_from_iterator(
+        ["a small tokenizer for the export"] * 20,
+        trainers.BpeTrainer(vocab_size=300, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"]),
+    )
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|begin_of_text|>",
-                                                                 "eos_token": "<|end_of_text|>"}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +129,32 @@ def check_first_step(name: str, run_dir: Path, model_dir: Path, batch: list[dict
     ours = read_metrics(run_dir)[1]["loss"]
     ref32 = transformers_loss(model_dir, batch, torch.float32)
     ref16 = transformers_loss(model_dir, batch, torch.bfloat16)
-    print(f"\n{name}: first-step loss {ours:.5f}; transformers on the same batch: fp32 {ref32:.5f}, bf16 {ref16:.5f}; "
-          f"|diff| {abs(ours - ref32):.2e} (ln(vocab) = {math.log(VOCAB):.3f})")
+    print(
+        f"\n{name}: first-step loss {ours:.5f}; transformers on the same batch: fp32 {ref32:.5f}, bf16 {ref16:.5f}; "
+        f"|diff| {abs(ours - ref32):.2e} (ln(vocab) = {math.log(VOCAB):.3f})"
+    )
     assert ref32 < 0.25 * math.log(VOCAB)  # the weights predict the data: they were loaded, not random
     assert abs(ours - ref32) < max(3 * abs(ref16 - ref32), 0.02 * ref32)
 
 
 def export(checkpoint: Path, out: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "recipes.hf.exporter", "--checkpoint", str(checkpoint), "--out",
-                             str(out), "--max-shard-size", "20MB"], cwd=REPO, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recipes.hf.exporter",
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(out),
+            "--max-shard-size",
+            "20MB",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -139,8 +163,13 @@ def tp2_run(work) -> Path:
     """TP2 + sequence parallel from the Hugging Face weights, 20 steps, saved at the end."""
     if gpu_count() < 2:
         pytest.skip("needs 2 GPUs")
-    main_py(*work["overrides"], f"results_dir={work['root']}", "run_name=tp2_sp", *LAYOUTS["tp2_sp"],
-            f"training.checkpoint.init_from_hf={work['source']}")
+    main_py(
+        *work["overrides"],
+        f"results_dir={work['root']}",
+        "run_name=tp2_sp",
+        *LAYOUTS["tp2_sp"],
+        f"training.checkpoint.init_from_hf={work['source']}",
+    )
     return work["root"] / "tp2_sp"
 
 
@@ -151,8 +180,14 @@ def test_first_step_loss_matches_transformers(layout, work, request):
     if layout == "tp2_sp":
         run_dir = request.getfixturevalue("tp2_run")
     else:
-        main_py(*work["overrides"], f"results_dir={work['root']}", f"run_name={layout}", *LAYOUTS[layout],
-                f"training.checkpoint.init_from_hf={work['source']}", "training.checkpoint.save_at_end=false")
+        main_py(
+            *work["overrides"],
+            f"results_dir={work['root']}",
+            f"run_name={layout}",
+            *LAYOUTS[layout],
+            f"training.checkpoint.init_from_hf={work['source']}",
+            "training.checkpoint.save_at_end=false",
+        )
         run_dir = work["root"] / layout
     check_first_step(layout, run_dir, work["source"], work["batch"])
 
@@ -171,8 +206,9 @@ def test_export_after_training_gives_the_megatron_logits(work, tp2_run, single_r
 
     cfg = compose(work["overrides"] + ["cluster.gpus_per_node=1"])
     plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",)))
-    megatron_model = model_lib.build_model_chunks(settings.transformer_config(cfg, plan, grad_accum_fusion=False),
-                                                  cfg, plan)[0].eval()
+    megatron_model = model_lib.build_model_chunks(
+        settings.transformer_config(cfg, plan, grad_accum_fusion=False), cfg, plan
+    )[0].eval()
     checkpoint.load_model_weights(str(trained), [megatron_model], print)  # TP2 checkpoint into TP1
     tokens = torch.as_tensor(work["batch"][0]["tokens"]).cuda()[None]
     positions = torch.arange(tokens.shape[1], device="cuda")[None]
@@ -185,8 +221,10 @@ def test_export_after_training_gives_the_megatron_logits(work, tp2_run, single_r
         return ((a - b).norm() / b.norm()).item()
 
     ours_err, bf16_err = rel(ours, ref), rel(ref16, ref)
-    print(f"\nafter 20 TP2 steps: exported model (transformers fp32) vs megatron bf16 logits: rel. error "
-          f"{ours_err:.2e} (transformers bf16 {bf16_err:.2e}); max abs diff {(ours - ref).abs().max().item():.3e}")
+    print(
+        f"\nafter 20 TP2 steps: exported model (transformers fp32) vs megatron bf16 logits: rel. error "
+        f"{ours_err:.2e} (transformers bf16 {bf16_err:.2e}); max abs diff {(ours - ref).abs().max().item():.3e}"
+    )
     assert ours_err < 2e-2 and ours_err < 3 * bf16_err + 1e-3
 
 
@@ -196,9 +234,16 @@ def test_tp1_from_the_export_and_byte_identical_round_trip(work, tp2_run):
     first = work["root"] / "export_tp2"
     if not first.is_dir():
         export(tp2_run / "checkpoints" / "iter_0000020", first)
-    main_py(*work["overrides"], f"results_dir={work['root']}", "run_name=tp1", "parallelism=tp1",
-            f"training.checkpoint.init_from_hf={first}", "training.checkpoint.save_initial=true",
-            "training.checkpoint.save_at_end=false", "cluster.gpus_per_node=1")
+    main_py(
+        *work["overrides"],
+        f"results_dir={work['root']}",
+        "run_name=tp1",
+        "parallelism=tp1",
+        f"training.checkpoint.init_from_hf={first}",
+        "training.checkpoint.save_initial=true",
+        "training.checkpoint.save_at_end=false",
+        "cluster.gpus_per_node=1",
+    )
     check_first_step("tp1 (from the export)", work["root"] / "tp1", first, work["batch"])
     second = work["root"] / "export_tp1"
     export(work["root"] / "tp1" / "checkpoints" / "iter_0000000", second)

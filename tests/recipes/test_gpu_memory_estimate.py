@@ -1,6 +1,7 @@
 """The plan's memory estimate against the peak PyTorch allocation measured on this machine's GPUs, for the 70B and
 405B layer proxies on TP only (data parallel 1), where the optimizer step's fp32 copy of the gradients is the peak
 (README: What a run is). Prints both numbers."""
+
 import json
 import subprocess
 import sys
@@ -22,12 +23,26 @@ def _gpus() -> int:
 
 def _overrides(model: str, layers: int, tp: int, results: Path) -> list[str]:
     preset = ["+userbuffers@parallelism.tp_comm_overlap_cfg=h8192_tp4"] if (model, tp) == ("70b", 4) else []
-    return [f"training=llama31/{model}", f"training.model.num_layers={layers}", "parallelism=custom",
-            f"parallelism.name=tp{tp}_{layers}layers", f"parallelism.tp={tp}", f"parallelism.num_gpus={tp}",
-            "parallelism.sequence_parallel=true", "parallelism.tp_comm_overlap=true", *preset,
-            "training.global_batch_size=2", "training.train_steps=3", "training.val_interval=0",
-            "training.checkpoint.interval=0", "training.checkpoint.save_at_end=false", "training.data.mock=true",
-            "cluster=local", f"cluster.gpus_per_node={tp}", f"results_dir={results}"]
+    return [
+        f"training=llama31/{model}",
+        f"training.model.num_layers={layers}",
+        "parallelism=custom",
+        f"parallelism.name=tp{tp}_{layers}layers",
+        f"parallelism.tp={tp}",
+        f"parallelism.num_gpus={tp}",
+        "parallelism.sequence_parallel=true",
+        "parallelism.tp_comm_overlap=true",
+        *preset,
+        "training.global_batch_size=2",
+        "training.train_steps=3",
+        "training.val_interval=0",
+        "training.checkpoint.interval=0",
+        "training.checkpoint.save_at_end=false",
+        "training.data.mock=true",
+        "cluster=local",
+        f"cluster.gpus_per_node={tp}",
+        f"results_dir={results}",
+    ]
 
 
 def _fitting_layers(model: str, tp: int, results: Path) -> int:
@@ -59,6 +74,8 @@ def test_the_estimate_is_within_6_percent_of_the_measured_peak(model, tmp_path):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     peak = max(r["peak_memory_gib"] for r in records if r.get("peak_memory_gib"))
     estimate = plan["est_memory_gib_per_gpu"]
-    print(f"\n{model} {layers} layers TP{tp} on {plan['gpu_type']}: estimated {estimate:.1f} GiB, measured peak "
-          f"{peak:.1f} GiB (largest rank's torch.cuda.max_memory_allocated), {estimate / peak - 1:+.1%}")
+    print(
+        f"\n{model} {layers} layers TP{tp} on {plan['gpu_type']}: estimated {estimate:.1f} GiB, measured peak "
+        f"{peak:.1f} GiB (largest rank's torch.cuda.max_memory_allocated), {estimate / peak - 1:+.1%}"
+    )
     assert abs(estimate / peak - 1) < 0.06

@@ -1,5 +1,6 @@
 """The megatron-core Llama against Hugging Face transformers on one GPU: same weights, same tokens, same
 logits to bf16 tolerance (RoPE scaling active)."""
+
 import socket
 
 import pytest
@@ -38,9 +39,16 @@ def test_megatron_llama_matches_transformers(single_rank):
 
     from recipes.hf import mapping
     from recipes.trainer import model as model_lib, settings
+
     # A small random Llama 3.1 with a short vocabulary; RoPE base 500000 and the Llama 3.1 frequency scaling.
-    cfg = compose(["training.model.vocab_size=4000", "training.model.num_layers=3", "training.seq_length=1024",
-                   "cluster.gpus_per_node=1"])
+    cfg = compose(
+        [
+            "training.model.vocab_size=4000",
+            "training.model.num_layers=3",
+            "training.seq_length=1024",
+            "cluster.gpus_per_node=1",
+        ]
+    )
     plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",)))
     model_cfg = cfg["training"]["model"]
     assert model_cfg["rope_scaling"]
@@ -59,7 +67,7 @@ def test_megatron_llama_matches_transformers(single_rank):
     tokens = torch.randint(0, model_cfg["vocab_size"], (2, 1024), device="cuda")
     positions = torch.arange(1024, device="cuda").unsqueeze(0).expand(2, -1)
     with torch.no_grad():
-        ours = megatron_model(tokens, positions, None)[..., :model_cfg["vocab_size"]].float()
+        ours = megatron_model(tokens, positions, None)[..., : model_cfg["vocab_size"]].float()
         ref = reference(tokens).logits.float()
         ref_bf16 = hf_bf16(tokens).logits.float()
 
@@ -67,8 +75,10 @@ def test_megatron_llama_matches_transformers(single_rank):
         return ((a - b).norm() / b.norm()).item()
 
     ours_err, bf16_err = rel(ours, ref), rel(ref_bf16, ref)
-    print(f"\nlogits vs fp32 transformers: megatron bf16 rel. error {ours_err:.2e}; transformers bf16 {bf16_err:.2e}; "
-          f"max abs diff {(ours - ref).abs().max().item():.3e}")
+    print(
+        f"\nlogits vs fp32 transformers: megatron bf16 rel. error {ours_err:.2e}; transformers bf16 {bf16_err:.2e}; "
+        f"max abs diff {(ours - ref).abs().max().item():.3e}"
+    )
     assert ours_err < 2e-2
     assert ours_err < 3 * bf16_err + 1e-3  # within bf16 noise: no worse than the reference's own bf16 error
     # The round trip back into megatron's layout restores the same tensors.

@@ -4,6 +4,7 @@ installed), a torch profiler window and telemetry, killed after a checkpoint and
 with a threshold no machine reaches, and profile.tool=nsys.
 
 OBSERVABILITY_ARTIFACTS=<dir> copies the plots, the trace and preflight.json there to look at."""
+
 from __future__ import annotations
 
 import gzip
@@ -24,13 +25,26 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]
 HAVE_WANDB = importlib.util.find_spec("wandb") is not None
 # The tiny model made wide enough that a step keeps the GPUs busy (utilisation is what telemetry checks), with a
 # small vocabulary so its checkpoints (about 0.5B parameters) stay quick to write.
-BUSY_MODEL = ["training.model.num_layers=8", "training.model.hidden_size=2048", "training.model.ffn_hidden_size=7168",
-              "training.model.num_attention_heads=16", "training.model.num_query_groups=8",
-              "training.model.kv_channels=128", "training.model.vocab_size=32768", "training.seq_length=4096",
-              "training.micro_batch_size=2", "training.global_batch_size=16"]
+BUSY_MODEL = [
+    "training.model.num_layers=8",
+    "training.model.hidden_size=2048",
+    "training.model.ffn_hidden_size=7168",
+    "training.model.num_attention_heads=16",
+    "training.model.num_query_groups=8",
+    "training.model.kv_channels=128",
+    "training.model.vocab_size=32768",
+    "training.seq_length=4096",
+    "training.micro_batch_size=2",
+    "training.global_batch_size=16",
+]
 STEPS, CHECKPOINT_EVERY, KILL_AFTER = 40, 20, 26
-PROFILE = ["profile.enabled=true", "profile.tool=torch", "profile.start_step=4", "profile.end_step=6",
-           "profile.ranks=[0]"]
+PROFILE = [
+    "profile.enabled=true",
+    "profile.tool=torch",
+    "profile.start_step=4",
+    "profile.end_step=6",
+    "profile.ranks=[0]",
+]
 
 
 def gpus() -> int:
@@ -40,8 +54,16 @@ def gpus() -> int:
 
 
 def overrides(results: Path, name: str, *extra: str) -> list[str]:
-    return ["training=llama31/tiny", "cluster=local", f"results_dir={results}", f"run_name={name}", "parallelism=tp1",
-            f"parallelism.num_gpus={gpus()}", *BUSY_MODEL, *extra]
+    return [
+        "training=llama31/tiny",
+        "cluster=local",
+        f"results_dir={results}",
+        f"run_name={name}",
+        "parallelism=tp1",
+        f"parallelism.num_gpus={gpus()}",
+        *BUSY_MODEL,
+        *extra,
+    ]
 
 
 def keep(*paths: Path) -> None:
@@ -58,9 +80,15 @@ def observed(tmp_path_factory) -> dict:
     """The run every test below reads: preflight, then training with everything on, killed (SIGKILL) after the
     step-20 checkpoint at step 26, then the same command again."""
     results = tmp_path_factory.mktemp("observed")
-    extra = ["stages=[preflight,training]", f"training.train_steps={STEPS}",
-             f"training.checkpoint.interval={CHECKPOINT_EVERY}", "training.val_interval=10",
-             "training.log_interval=1", "telemetry.interval_s=0.5", *PROFILE]
+    extra = [
+        "stages=[preflight,training]",
+        f"training.train_steps={STEPS}",
+        f"training.checkpoint.interval={CHECKPOINT_EVERY}",
+        "training.val_interval=10",
+        "training.log_interval=1",
+        "telemetry.interval_s=0.5",
+        *PROFILE,
+    ]
     if HAVE_WANDB:
         extra += ["logging.wandb.enabled=true", "logging.wandb.mode=offline"]
     run_dir = results / "observed"
@@ -80,8 +108,10 @@ def test_preflight_prints_a_bandwidth_table_and_passes(observed):
     assert report["passed"]
     if gpus() > 1:
         assert len(report["results"]) >= 2 and report["threshold_gbps"]
-        print(f"bus bandwidth at the largest size: {report['results'][-1]['busbw_gbps']:.1f} GB/s "
-              f"(threshold {report['threshold_gbps']} GB/s, {report['threshold_source']})")
+        print(
+            f"bus bandwidth at the largest size: {report['results'][-1]['busbw_gbps']:.1f} GB/s "
+            f"(threshold {report['threshold_gbps']} GB/s, {report['threshold_source']})"
+        )
     keep(observed["run_dir"] / "preflight.json")
 
 
@@ -106,9 +136,11 @@ def test_tensorboard_has_every_scalar_for_every_step_once_after_the_resume(obser
     # Steps 21 to the kill ran twice; TensorBoard shows the resumed run's values, as metrics.jsonl does.
     loss = {e.step: e.value for e in acc.Scalars("train/loss")}
     worst = max(abs(loss[s] - metrics[s]["loss"]) for s in range(1, STEPS + 1))
-    print(f"\nTensorBoard: {len(per_step)} scalars x steps 1-{STEPS} once each (killed after step "
-          f"{observed['killed_at']}, resumed from 20); val/loss every 10 steps; max |TB - metrics.jsonl| loss "
-          f"{worst:.1e}")
+    print(
+        f"\nTensorBoard: {len(per_step)} scalars x steps 1-{STEPS} once each (killed after step "
+        f"{observed['killed_at']}, resumed from 20); val/loss every 10 steps; max |TB - metrics.jsonl| loss "
+        f"{worst:.1e}"
+    )
     assert worst < 1e-4
 
 
@@ -120,8 +152,12 @@ def test_wandb_offline_run_is_readable(observed):
     runs = offline_runs(str(run_dir))
     assert len(runs) == 2, runs  # the killed start and the resumed one, one W&B run id
     # `python -m wandb`: the console script need not sit next to this interpreter (pip --target, --user).
-    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", runs[-1]], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", runs[-1]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     history = {}
     for line in out.stdout.splitlines():
@@ -131,8 +167,10 @@ def test_wandb_offline_run_is_readable(observed):
     assert sorted(history) == list(range(21, STEPS + 1)), sorted(history)
     assert all("train/loss" in item and "perf/tokens_per_s" in item for item in history.values())
     assert "wandb sync" in observed["second"]
-    print(f"\nW&B offline: {runs[-1]} holds steps 21-{STEPS}; upload with: "
-          + next(l for l in observed["second"].splitlines() if "wandb sync" in l).split(": ", 2)[-1])
+    print(
+        f"\nW&B offline: {runs[-1]} holds steps 21-{STEPS}; upload with: "
+        + next(l for l in observed["second"].splitlines() if "wandb sync" in l).split(": ", 2)[-1]
+    )
 
 
 def test_torch_profile_window_of_two_steps_has_kernels(observed):
@@ -141,8 +179,10 @@ def test_torch_profile_window_of_two_steps_has_kernels(observed):
     events = json.loads(gzip.decompress(trace_path.read_bytes()))["traceEvents"]
     kernels = [e for e in events if e.get("cat") == "kernel"]
     ranges = {e["name"] for e in events if e.get("cat") == "user_annotation"}
-    print(f"\ntorch trace {trace_path.name}: {trace_path.stat().st_size / 2**20:.1f} MiB, {len(events)} events, "
-          f"{len(kernels)} kernels; ranges: {sorted(ranges)[:12]}")
+    print(
+        f"\ntorch trace {trace_path.name}: {trace_path.stat().st_size / 2**20:.1f} MiB, {len(events)} events, "
+        f"{len(kernels)} kernels; ranges: {sorted(ranges)[:12]}"
+    )
     assert len(kernels) > 100
     assert {"forward", "backward", "optimizer"} <= ranges
     keep(trace_path)
@@ -160,8 +200,9 @@ def test_telemetry_has_every_gpu_busy_during_steps_and_the_report_plots_it(obser
     for s in summaries:
         assert s.samples >= 5 and s.util_pct > 50, s
         assert s.sm_clock_mhz and s.power_w and s.temp_c and s.mem_used_gib > 1
-    report = subprocess.run([sys.executable, "-m", "launcher.report", str(run_dir)], cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+    report = subprocess.run(
+        [sys.executable, "-m", "launcher.report", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert report.returncode == 0, report.stderr
     assert "telemetry plot:" in report.stdout and (run_dir / "telemetry.png").exists()
     print(report.stdout)
@@ -171,8 +212,16 @@ def test_telemetry_has_every_gpu_busy_during_steps_and_the_report_plots_it(obser
 def test_a_preflight_threshold_above_the_machine_stops_the_chain_before_training(tmp_path):
     if gpus() < 2:
         pytest.skip("needs 2 GPUs (one GPU has no communication to measure)")
-    result = main_py(*overrides(tmp_path, "too_slow", "stages=[preflight,training]",
-                                "preflight.min_busbw_gbps=100000", "telemetry.enabled=false"), check=False)
+    result = main_py(
+        *overrides(
+            tmp_path,
+            "too_slow",
+            "stages=[preflight,training]",
+            "preflight.min_busbw_gbps=100000",
+            "telemetry.enabled=false",
+        ),
+        check=False,
+    )
     output = result.stdout + result.stderr
     failed = [l for l in output.splitlines() if l.startswith("preflight: FAILED:")]
     print("\n" + "\n".join(failed))
@@ -183,10 +232,19 @@ def test_a_preflight_threshold_above_the_machine_stops_the_chain_before_training
 
 
 def test_nsys_profiles_the_window_or_says_it_is_missing(tmp_path):
-    run = overrides(tmp_path, "nsys", "training.train_steps=8", "training.scheduler.warmup_steps=2",
-                    "profile.enabled=true", "profile.tool=nsys",
-                    "profile.start_step=3", "profile.end_step=5", "profile.ranks=[0]", "training.val_interval=0",
-                    "training.checkpoint.save_at_end=false")
+    run = overrides(
+        tmp_path,
+        "nsys",
+        "training.train_steps=8",
+        "training.scheduler.warmup_steps=2",
+        "profile.enabled=true",
+        "profile.tool=nsys",
+        "profile.start_step=3",
+        "profile.end_step=5",
+        "profile.ranks=[0]",
+        "training.val_interval=0",
+        "training.checkpoint.save_at_end=false",
+    )
     if shutil.which("nsys") is None:
         result = main_py(*run, check=False)
         print("\n" + result.stderr.strip())

@@ -8,6 +8,7 @@ sources, tokenized by the data-preparation stage; test_gpu_training's corpus):
   after 300 steps.
 
 About 10 minutes on one H200, the corpus included."""
+
 from __future__ import annotations
 
 import signal
@@ -20,16 +21,31 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(2400)]
 
 # Deterministic kernels: eager and graphed runs may then differ only through what the graphs change. Evaluation at
 # steps 10, 20, 30 and checkpoints at 10, 20, 30 (graphs are captured after step 3 of each process).
-GRAPH_RUN = ["training.train_steps=30", "training.val_interval=10", "training.val_steps=2",
-             "training.checkpoint.interval=10", "training.deterministic=true", "training.cuda_graph_warmup_steps=3"]
+GRAPH_RUN = [
+    "training.train_steps=30",
+    "training.val_interval=10",
+    "training.val_steps=2",
+    "training.checkpoint.interval=10",
+    "training.deterministic=true",
+    "training.cuda_graph_warmup_steps=3",
+]
 
 
 @pytest.fixture(scope="module")
 def eager(corpus, tmp_path_factory):
     """Initial weights every run starts from, and the run without graphs."""
     results = tmp_path_factory.mktemp("graphs")
-    main_py(*tiny(corpus, results, "init", "training.train_steps=1", "training.val_interval=0",
-                  "training.checkpoint.save_initial=true", "training.checkpoint.save_at_end=false"))
+    main_py(
+        *tiny(
+            corpus,
+            results,
+            "init",
+            "training.train_steps=1",
+            "training.val_interval=0",
+            "training.checkpoint.save_initial=true",
+            "training.checkpoint.save_at_end=false",
+        )
+    )
     init = results / "init" / "checkpoints" / "iter_0000000"
     assert init.is_dir()
     start = f"training.checkpoint.init_from={init}"
@@ -53,8 +69,10 @@ def test_cuda_graphs_evaluate_save_stop_and_resume_with_the_eager_losses(mode, c
         assert graphed[step].get("val_loss") is not None and reference[step].get("val_loss") is not None
     loss_diff = max(abs(graphed[s]["loss"] - reference[s]["loss"]) for s in range(1, 31))
     val_diff = max(abs(graphed[s]["val_loss"] - reference[s]["val_loss"]) for s in (10, 20, 30))
-    print(f"\n{mode}: max |loss difference| vs eager over 30 steps {loss_diff:.2e}, validation {val_diff:.2e}"
-          f" ({'bitwise' if loss_diff == 0 and val_diff == 0 else 'not bitwise'})")
+    print(
+        f"\n{mode}: max |loss difference| vs eager over 30 steps {loss_diff:.2e}, validation {val_diff:.2e}"
+        f" ({'bitwise' if loss_diff == 0 and val_diff == 0 else 'not bitwise'})"
+    )
     # Before the first capture the run is eager: same weights, data and kernels, the same losses bit for bit.
     assert [graphed[s]["loss"] for s in (1, 2, 3)] == [reference[s]["loss"] for s in (1, 2, 3)]
     # Graph replays launch the kernels the eager steps launched; bf16 tolerance covers a kernel chosen differently
@@ -65,8 +83,12 @@ def test_cuda_graphs_evaluate_save_stop_and_resume_with_the_eager_losses(mode, c
 @pytest.fixture(scope="module")
 def bf16_300(corpus, tmp_path_factory):
     results = tmp_path_factory.mktemp("fp8_accuracy")
-    steps = ["training.train_steps=300", "training.val_interval=100", "training.checkpoint.interval=0",
-             "training.checkpoint.save_at_end=false"]
+    steps = [
+        "training.train_steps=300",
+        "training.val_interval=100",
+        "training.checkpoint.interval=0",
+        "training.checkpoint.save_at_end=false",
+    ]
     main_py(*tiny(corpus, results, "bf16", *steps))
     return results, steps, read_metrics(results / "bf16")
 
@@ -78,6 +100,8 @@ def test_fp8_defaults_reach_the_bf16_validation_loss(variant, corpus, bf16_300):
     main_py(*tiny(corpus, results, variant, *steps, *extra))
     fp8 = read_metrics(results / variant)
     diffs = {s: fp8[s]["val_loss"] - bf16[s]["val_loss"] for s in (100, 200, 300)}
-    print(f"\n{variant}: validation loss bf16 {bf16[300]['val_loss']:.4f}, {variant} {fp8[300]['val_loss']:.4f}; "
-          "difference at steps 100/200/300: " + " / ".join(f"{d:+.4f}" for d in diffs.values()))
+    print(
+        f"\n{variant}: validation loss bf16 {bf16[300]['val_loss']:.4f}, {variant} {fp8[300]['val_loss']:.4f}; "
+        "difference at steps 100/200/300: " + " / ".join(f"{d:+.4f}" for d in diffs.values())
+    )
     assert abs(diffs[300]) < 0.05

@@ -9,6 +9,7 @@ nvidia-resiliency-ext must import (ft_launcher); with it installed into a direct
 
     PYTHONPATH=/tmp/nvrx python -m pytest -m gpu -s tests/recipes/test_gpu_resilience.py
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,9 +24,17 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(3600)]
 
 STEPS = 100
-TINY = ["training=llama31/tiny", "cluster=local", f"training.train_steps={STEPS}", "training.checkpoint.interval=20",
-        "training.val_interval=0", "training.deterministic=true", "training.data.mock=true",
-        "telemetry.enabled=false", "logging.tensorboard=false"]
+TINY = [
+    "training=llama31/tiny",
+    "cluster=local",
+    f"training.train_steps={STEPS}",
+    "training.checkpoint.interval=20",
+    "training.val_interval=0",
+    "training.deterministic=true",
+    "training.data.mock=true",
+    "telemetry.enabled=false",
+    "logging.tensorboard=false",
+]
 HANG_TIMEOUT_S = 30
 
 
@@ -68,12 +77,14 @@ def restart_times(run: list[dict]) -> str:
     first = next(e for e in run if e["event"] == "start")
     detected = start["process_start"] - fault["time"]
     back = (recovered["time"] - start["process_start"]) if recovered else float("nan")
-    return (f"fault at step {fault['step']}; the restarted process began {detected:.1f} s later (detection, "
-            f"stopping the ranks, the restart; hang_timeout_s={HANG_TIMEOUT_S}); it was back at step "
-            f"{recovered['step'] if recovered else '?'} {back:.1f} s after that (start-up, loading iter_"
-            f"{start['resumed_step']:07d}, the lost steps); time lost in all "
-            f"{recovered['time_lost_s'] if recovered else float('nan'):.1f} s; first start-up "
-            f"{first['time'] - first['process_start']:.1f} s")
+    return (
+        f"fault at step {fault['step']}; the restarted process began {detected:.1f} s later (detection, "
+        f"stopping the ranks, the restart; hang_timeout_s={HANG_TIMEOUT_S}); it was back at step "
+        f"{recovered['step'] if recovered else '?'} {back:.1f} s after that (start-up, loading iter_"
+        f"{start['resumed_step']:07d}, the lost steps); time lost in all "
+        f"{recovered['time_lost_s'] if recovered else float('nan'):.1f} s; first start-up "
+        f"{first['time'] - first['process_start']:.1f} s"
+    )
 
 
 @pytest.mark.parametrize("kind", ["hang", "crash"])
@@ -81,8 +92,14 @@ def test_a_hang_or_a_crash_is_restarted_in_the_job_and_ends_bitwise_equal(kind, 
     needs_nvrx()
     results, straight = reference
     name = f"injected_{kind}"
-    proc = main_py(results, name, "resilience.in_job_restarts=2", f"resilience.hang_timeout_s={HANG_TIMEOUT_S}",
-                   f"resilience.inject_fault.kind={kind}", "resilience.inject_fault.step=60")
+    proc = main_py(
+        results,
+        name,
+        "resilience.in_job_restarts=2",
+        f"resilience.hang_timeout_s={HANG_TIMEOUT_S}",
+        f"resilience.inject_fault.kind={kind}",
+        "resilience.inject_fault.step=60",
+    )
     output = proc.stdout + proc.stderr
     run = events(results / name)
     starts = [e for e in run if e["event"] == "start"]
@@ -94,17 +111,22 @@ def test_a_hang_or_a_crash_is_restarted_in_the_job_and_ends_bitwise_equal(kind, 
     print(f"\n{kind}: {restart_times(run)}; steps whose loss differs from the uninterrupted run: {different}")
     print("\n".join(line for line in output.splitlines() if "Section" in line or "restart" in line.lower())[-3000:])
     assert not different
-    report = subprocess.run([sys.executable, "-m", "launcher.report", str(results / name)], cwd=REPO,
-                            capture_output=True, text=True)
-    print(report.stdout[report.stdout.find("restarts:"):])
+    report = subprocess.run(
+        [sys.executable, "-m", "launcher.report", str(results / name)], cwd=REPO, capture_output=True, text=True
+    )
+    print(report.stdout[report.stdout.find("restarts:") :])
     assert "in the job (ft_launcher, restart 1)" in report.stdout
 
 
 def test_a_kill_during_an_async_save_resumes_from_the_checkpoint_before(reference):
     results, straight = reference
     name = "killed_saving"
-    kill = ["training.checkpoint.async_save=true", "resilience.inject_fault.kind=kill",
-            "resilience.inject_fault.during=save", "resilience.inject_fault.step=60"]
+    kill = [
+        "training.checkpoint.async_save=true",
+        "resilience.inject_fault.kind=kill",
+        "resilience.inject_fault.during=save",
+        "resilience.inject_fault.step=60",
+    ]
     first = main_py(results, name, *kill, check=False)
     assert first.returncode != 0, (first.stdout + first.stderr)[-3000:]
     ckpts = results / name / "checkpoints"
@@ -120,5 +142,7 @@ def test_a_kill_during_an_async_save_resumes_from_the_checkpoint_before(referenc
     assert sorted(ours) == list(range(1, STEPS + 1)) and not different
     assert not any(p.name.startswith(".partial") for p in ckpts.iterdir())
     saves = [e for e in events(results / name) if e["event"] == "checkpoint"]
-    print("saves (step, blocking s, complete s, async): "
-          + ", ".join(f"({e['step']}, {e['blocking_s']}, {e['complete_s']}, {e['async']})" for e in saves))
+    print(
+        "saves (step, blocking s, complete s, async): "
+        + ", ".join(f"({e['step']}, {e['blocking_s']}, {e['complete_s']}, {e['async']})" for e in saves)
+    )

@@ -1,6 +1,7 @@
 """End-to-end training through `python main.py ... cluster=local` on this machine's GPUs: the tiny model on
 real tokenized text (data preparation over a local corpus), checkpoint/resume, and the parallel layouts on two
 GPUs against the single-GPU loss curve."""
+
 import json
 import os
 import signal
@@ -26,15 +27,22 @@ def main_py(*overrides: str, cwd: Path = REPO, check: bool = True, timeout: int 
     cmd = [sys.executable, str(REPO / "main.py"), *overrides]
     result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-6000:]}\n"
-                             f"{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+        )
     return result
 
 
 def interrupt_at_step(overrides: list[str], run_dir: Path, step: int, sig: int) -> str:
     """Start main.py, send `sig` to its whole process group once it logged `step` steps; return its output."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "main.py"), *overrides], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "main.py"), *overrides],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     metrics_file = run_dir / "metrics.jsonl"
     deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None:
@@ -76,34 +84,74 @@ def corpus(tmp_path_factory) -> dict:
             total += len(text)
             if total > 12_000_000:
                 break
-    subprocess.run([sys.executable, "-m", "data_prep", "train-tokenizer", "--type", "sentencepiece",
-                    "--input", str(docs), "--output", str(root / "sp"), "--vocab-size", "8000",
-                    "--max-documents", "2000"], cwd=REPO, check=True, capture_output=True, timeout=900)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_prep",
+            "train-tokenizer",
+            "--type",
+            "sentencepiece",
+            "--input",
+            str(docs),
+            "--output",
+            str(root / "sp"),
+            "--vocab-size",
+            "8000",
+            "--max-documents",
+            "2000",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     tokenizer = ["training.tokenizer.type=sentencepiece", f"training.tokenizer.path={root / 'sp.model'}"]
-    main_py("stages=[data_preparation]", "data_preparation=files", f"data_preparation.inputs=[{docs}]",
-            f"data_preparation.output_dir={root / 'data'}", f"results_dir={root / 'runs'}", *tokenizer)
+    main_py(
+        "stages=[data_preparation]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{docs}]",
+        f"data_preparation.output_dir={root / 'data'}",
+        f"results_dir={root / 'runs'}",
+        *tokenizer,
+    )
     prefix = root / "data" / "stdlib_text_document"
     assert prefix.with_suffix(".bin").exists() and prefix.with_suffix(".idx").exists()
-    return {"root": root, "overrides": tokenizer + ["training.data.mock=false", f"training.data.blend=[{prefix}]",
-                                                    "training.model.vocab_size=8192"]}
+    return {
+        "root": root,
+        "overrides": tokenizer
+        + ["training.data.mock=false", f"training.data.blend=[{prefix}]", "training.model.vocab_size=8192"],
+    }
 
 
 def tiny(corpus, results: Path, name: str, *extra: str) -> list[str]:
-    return ["training=llama31/tiny", "cluster=local", f"results_dir={results}", f"run_name={name}",
-            *corpus["overrides"], *extra]
+    return [
+        "training=llama31/tiny",
+        "cluster=local",
+        f"results_dir={results}",
+        f"run_name={name}",
+        *corpus["overrides"],
+        *extra,
+    ]
 
 
 def test_tiny_trains_and_resumes_after_a_crash(corpus, tmp_path):
     # Deterministic kernels, so the two runs may only differ through what the crash and resume changed.
-    steps = ["training.train_steps=200", "training.checkpoint.interval=50", "training.val_interval=50",
-             "training.deterministic=true"]
+    steps = [
+        "training.train_steps=200",
+        "training.checkpoint.interval=50",
+        "training.val_interval=50",
+        "training.deterministic=true",
+    ]
     main_py(*tiny(corpus, tmp_path, "straight", *steps))
     straight = read_metrics(tmp_path / "straight")
     assert sorted(straight) == list(range(1, 201))
     first = sum(straight[s]["loss"] for s in range(1, 11)) / 10
     last = sum(straight[s]["loss"] for s in range(191, 201)) / 10
-    print(f"\nloss: first 10 steps {first:.3f}, last 10 steps {last:.3f}; "
-          f"val_loss at 200: {straight[200].get('val_loss')}")
+    print(
+        f"\nloss: first 10 steps {first:.3f}, last 10 steps {last:.3f}; "
+        f"val_loss at 200: {straight[200].get('val_loss')}"
+    )
     assert last < first - 2.0, (first, last)
     assert all(v["val_loss"] is not None for s, v in straight.items() if s % 50 == 0)
     ckpts = sorted(p.name for p in (tmp_path / "straight" / "checkpoints").glob("iter_*"))
@@ -120,16 +168,21 @@ def test_tiny_trains_and_resumes_after_a_crash(corpus, tmp_path):
     assert sorted(resumed) == list(range(1, 201))
     before = max_loss_diff(straight, resumed, range(1, 101))
     after = max_loss_diff(straight, resumed, range(101, 201))
-    print(f"max |loss difference| vs the uninterrupted run: steps 1-100 {before:.2e}, steps 101-200 "
-          f"(after the resume) {after:.2e}")
+    print(
+        f"max |loss difference| vs the uninterrupted run: steps 1-100 {before:.2e}, steps 101-200 "
+        f"(after the resume) {after:.2e}"
+    )
     assert before < 1e-3 and after < 1e-3
 
 
 def test_sigterm_saves_and_the_rerun_continues(corpus, tmp_path):
-    steps = ["training.train_steps=120", "training.checkpoint.interval=30", "training.checkpoint.async_save=true",
-             "training.val_interval=0"]
-    output = interrupt_at_step(tiny(corpus, tmp_path, "signalled", *steps), tmp_path / "signalled", 40,
-                               signal.SIGTERM)
+    steps = [
+        "training.train_steps=120",
+        "training.checkpoint.interval=30",
+        "training.checkpoint.async_save=true",
+        "training.val_interval=0",
+    ]
+    output = interrupt_at_step(tiny(corpus, tmp_path, "signalled", *steps), tmp_path / "signalled", 40, signal.SIGTERM)
     assert "stopped by signal" in output, output[-3000:]
     saved = sorted(int(p.name[5:]) for p in (tmp_path / "signalled" / "checkpoints").glob("iter_*"))
     assert saved[0] == 30 and 40 <= saved[-1] < 120 and saved[-1] % 30 != 0, saved  # periodic, then the signal
@@ -139,10 +192,21 @@ def test_sigterm_saves_and_the_rerun_continues(corpus, tmp_path):
 
 def test_diverging_run_stops_with_a_pointer_to_the_last_checkpoint(corpus, tmp_path):
     # The first step runs at warmup's LR 0 and is checkpointed; then LR 5e3 blows the weights up.
-    result = main_py(*tiny(corpus, tmp_path, "diverging", "training.train_steps=200", "training.val_interval=0",
-                           "training.checkpoint.interval=1", "training.optimizer.lr=1e4",
-                           "training.optimizer.min_lr=1e3", "training.scheduler.warmup_steps=2",
-                           "training.optimizer.clip_grad=1e9"), check=False)
+    result = main_py(
+        *tiny(
+            corpus,
+            tmp_path,
+            "diverging",
+            "training.train_steps=200",
+            "training.val_interval=0",
+            "training.checkpoint.interval=1",
+            "training.optimizer.lr=1e4",
+            "training.optimizer.min_lr=1e3",
+            "training.scheduler.warmup_steps=2",
+            "training.optimizer.clip_grad=1e9",
+        ),
+        check=False,
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "training stopped. Last good checkpoint:" in output, output[-3000:]
@@ -160,9 +224,18 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def single_gpu_reference(corpus, tmp_path_factory):
     results = tmp_path_factory.mktemp("layouts")
-    main_py(*tiny(corpus, results, "reference", "training.train_steps=40", "training.val_interval=0",
-                  "training.checkpoint.save_initial=true", "training.checkpoint.interval=0",
-                  "training.deterministic=true"))
+    main_py(
+        *tiny(
+            corpus,
+            results,
+            "reference",
+            "training.train_steps=40",
+            "training.val_interval=0",
+            "training.checkpoint.save_initial=true",
+            "training.checkpoint.interval=0",
+            "training.deterministic=true",
+        )
+    )
     init = results / "reference" / "checkpoints" / "iter_0000000"
     assert init.is_dir()
     return results, read_metrics(results / "reference"), init
@@ -173,14 +246,26 @@ def test_two_gpu_layouts_match_single_gpu(layout, corpus, single_gpu_reference):
     if gpu_count() < 2:
         pytest.skip("needs 2 GPUs")
     results, reference, init = single_gpu_reference
-    main_py(*tiny(corpus, results, layout, "training.train_steps=40", "training.val_interval=0",
-                  f"training.checkpoint.init_from={init}", "training.deterministic=true", *LAYOUTS[layout]))
+    main_py(
+        *tiny(
+            corpus,
+            results,
+            layout,
+            "training.train_steps=40",
+            "training.val_interval=0",
+            f"training.checkpoint.init_from={init}",
+            "training.deterministic=true",
+            *LAYOUTS[layout],
+        )
+    )
     ours = read_metrics(results / layout)
     first = max_loss_diff(reference, ours, [1])
     early = max_loss_diff(reference, ours, range(1, 11))
     diff = max_loss_diff(reference, ours, range(1, 41))
-    print(f"\n{layout}: max |loss difference| vs 1 GPU: step 1 {first:.2e}, steps 1-10 {early:.2e}, "
-          f"steps 1-40 {diff:.2e} (loss {reference[1]['loss']:.3f} -> {reference[40]['loss']:.3f})")
+    print(
+        f"\n{layout}: max |loss difference| vs 1 GPU: step 1 {first:.2e}, steps 1-10 {early:.2e}, "
+        f"steps 1-40 {diff:.2e} (loss {reference[1]['loss']:.3f} -> {reference[40]['loss']:.3f})"
+    )
     # Same weights and tokens: step 1 differs only by reduction order; later steps drift apart slowly.
     assert first < 5e-3 and early < 0.03 and diff < 0.25
 
@@ -197,8 +282,17 @@ def test_fp8_and_tp_overlap_stay_close_to_bf16(variant, corpus, single_gpu_refer
         "tp2_userbuffers": ["parallelism=tp2_sp"],
         "fp8_tp2_userbuffers": ["dtype=fp8", "parallelism=tp2_sp"],
     }[variant]
-    run = main_py(*tiny(corpus, results, variant, "training.train_steps=40", "training.val_interval=0",
-                        f"training.checkpoint.init_from={init}", *extra))
+    run = main_py(
+        *tiny(
+            corpus,
+            results,
+            variant,
+            "training.train_steps=40",
+            "training.val_interval=0",
+            f"training.checkpoint.init_from={init}",
+            *extra,
+        )
+    )
     if "userbuffers" in variant:  # Transformer Engine announces the communicator it built
         assert "Create Userbuffers Communicator" in run.stdout + run.stderr
     ours = read_metrics(results / variant)

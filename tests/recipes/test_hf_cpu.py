@@ -2,6 +2,7 @@
 scaling, a vocabulary that is not a multiple of 128, several safetensors shards) is imported into megatron-core
 models in several layouts (ranks as gloo processes), checked against transformers' logits, saved with
 dist_checkpointing as training saves, exported back and compared tensor by tensor; errors for broken inputs."""
+
 import json
 import os
 import shutil
@@ -29,11 +30,20 @@ from recipes.hf import exporter, importer, mapping, safetensors_io  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
 
-SMALL = ["training=llama31/tiny", "training.model.vocab_size=1000", "training.model.num_layers=6",
-         "training.model.hidden_size=64", "training.model.ffn_hidden_size=96",
-         "training.model.num_attention_heads=4", "training.model.num_query_groups=2", "training.model.kv_channels=16",
-         "training.seq_length=32", "training.micro_batch_size=1", "training.global_batch_size=4",
-         "cluster.gpus_per_node=2"]
+SMALL = [
+    "training=llama31/tiny",
+    "training.model.vocab_size=1000",
+    "training.model.num_layers=6",
+    "training.model.hidden_size=64",
+    "training.model.ffn_hidden_size=96",
+    "training.model.num_attention_heads=4",
+    "training.model.num_query_groups=2",
+    "training.model.kv_channels=16",
+    "training.seq_length=32",
+    "training.micro_batch_size=1",
+    "training.global_batch_size=4",
+    "cluster.gpus_per_node=2",
+]
 LAYOUTS = {
     "tp1": ["parallelism=tp1"],
     "tp2": ["parallelism=tp2_sp", "parallelism.sequence_parallel=false", "parallelism.tp_comm_overlap=false"],
@@ -57,9 +67,15 @@ def write_tokenizer(directory: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"])
     tok.train_from_iterator(["def f(x):\n    return x + 1\n"] * 50, trainer=trainer)
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
-         "tokenizer_class": "PreTrainedTokenizerFast"}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|begin_of_text|>",
+                "eos_token": "<|end_of_text|>",
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +117,9 @@ def import_and_forward(rank: int, cfg: dict, plan: Plan, hf_dir: str, tokens):
     from megatron.core import parallel_state as ps
 
     chunks = cpu_megatron.build_chunks(cfg, plan)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
-                              show_progress=False)
+    importer.load_hf_weights(
+        hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None, show_progress=False
+    )
     logits = cpu_megatron.tp_logits(chunks[0], tokens)
     embedding = chunks[0].embedding.word_embeddings.weight.detach().clone()
     output = chunks[0].output_layer.weight.detach().clone()
@@ -112,13 +129,14 @@ def import_and_forward(rank: int, cfg: dict, plan: Plan, hf_dir: str, tokens):
 @pytest.mark.parametrize("layout", ["tp1", "tp2"])
 def test_import_gives_transformers_logits(layout, source):
     cfg, plan = configured(layout, *with_tokenizer(source))
-    results = cpu_megatron.run_ranks(import_and_forward, plan.num_gpus, cfg, plan, str(source["dir"]),
-                                     source["tokens"])
-    logits = results[0][1][..., :source["model"]["vocab_size"]]
+    results = cpu_megatron.run_ranks(import_and_forward, plan.num_gpus, cfg, plan, str(source["dir"]), source["tokens"])
+    logits = results[0][1][..., : source["model"]["vocab_size"]]
     ref = source["logits"]
     diff = (logits - ref).abs().max().item()
-    print(f"\n{layout}: megatron (fp32, imported) vs transformers (fp32) logits: max |diff| {diff:.2e}, "
-          f"logit scale {ref.abs().max().item():.1f}")
+    print(
+        f"\n{layout}: megatron (fp32, imported) vs transformers (fp32) logits: max |diff| {diff:.2e}, "
+        f"logit scale {ref.abs().max().item():.1f}"
+    )
     assert diff < 1e-3 * ref.abs().max().item()
 
     # Vocabulary padding rows are copies of the last vocabulary row, in both the embedding and the output layer.
@@ -135,8 +153,9 @@ def test_import_gives_transformers_logits(layout, source):
 # --------------------------------------------------------------------------- checkpoints of any layout -> export
 def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
-                              show_progress=False)
+    importer.load_hf_weights(
+        hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None, show_progress=False
+    )
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
 
@@ -169,8 +188,9 @@ def test_export_of_a_tp2_and_a_pp2_vp2_checkpoint_gives_back_the_source_weights(
     tp_checkpoint = checkpoint_from(source["dir"], "tp2", tmp_path / "run_tp", source)
     for name, ckpt in (("tp2", tp_checkpoint), ("pp2_vp2_asym", pp_checkpoint)):
         out = tmp_path / f"export_{name}"
-        code = exporter.main(["--checkpoint", str(ckpt), "--out", str(out), "--max-shard-size", "150KB",
-                               "--no-progress"])
+        code = exporter.main(
+            ["--checkpoint", str(ckpt), "--out", str(out), "--max-shard-size", "150KB", "--no-progress"]
+        )
         assert code == 0
         exported = tensors_of(out)
         assert sorted(exported) == sorted(original)
@@ -190,19 +210,27 @@ def test_export_of_a_tp2_and_a_pp2_vp2_checkpoint_gives_back_the_source_weights(
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
         with torch.no_grad():
             logits = reloaded(source["tokens"]).logits
-        print(f"\n{name}: exported model's logits vs the source model's: max |diff| "
-              f"{(logits - source['logits']).abs().max().item():.1e}")
+        print(
+            f"\n{name}: exported model's logits vs the source model's: max |diff| "
+            f"{(logits - source['logits']).abs().max().item():.1e}"
+        )
         assert torch.equal(logits, source["logits"])
 
 
 def test_export_import_export_is_byte_identical(source, pp_checkpoint, tmp_path):
     first = tmp_path / "first"
-    assert exporter.main(["--checkpoint", str(pp_checkpoint), "--out", str(first), "--max-shard-size", "150KB",
-                           "--no-progress"]) == 0
+    assert (
+        exporter.main(
+            ["--checkpoint", str(pp_checkpoint), "--out", str(first), "--max-shard-size", "150KB", "--no-progress"]
+        )
+        == 0
+    )
     again = checkpoint_from(first, "tp1", tmp_path / "run_again", source)
     second = tmp_path / "second"
-    assert exporter.main(["--checkpoint", str(again), "--out", str(second), "--max-shard-size", "150KB",
-                           "--no-progress"]) == 0
+    assert (
+        exporter.main(["--checkpoint", str(again), "--out", str(second), "--max-shard-size", "150KB", "--no-progress"])
+        == 0
+    )
     files = sorted(p.name for p in first.iterdir())
     assert files == sorted(p.name for p in second.iterdir())
     assert len([f for f in files if f.endswith(".safetensors")]) >= 3
@@ -222,8 +250,11 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
     stamp = shards[0].stat().st_mtime_ns
     checkpoint = exporter.resolve_checkpoint(pp_checkpoint)
     model = yaml.safe_load((pp_checkpoint.parents[1] / "config.yaml").read_text())["training"]["model"]
-    manifest = {"checkpoint": str(checkpoint), "dtype": "bfloat16",
-                "shards": exporter.shard_plan(mapping.hf_shapes(model), 2, 150_000)}
+    manifest = {
+        "checkpoint": str(checkpoint),
+        "dtype": "bfloat16",
+        "shards": exporter.shard_plan(mapping.hf_shapes(model), 2, 150_000),
+    }
     (out / exporter.MANIFEST).write_text(json.dumps(manifest))
     assert exporter.main(args) == 0
     assert shards[0].stat().st_mtime_ns == stamp  # kept, not rewritten
@@ -312,30 +343,49 @@ def test_config_mismatch_names_the_keys(source):
 def fake_llama_dir(directory: Path, **changes) -> Path:
     """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes."""
     directory.mkdir(parents=True, exist_ok=True)
-    config = hf_config.llama_config(compose(["training=llama31/8b"])["training"]["model"], torch_dtype="bfloat16",
-                                    bos_token_id=128000, eos_token_id=128001)
+    config = hf_config.llama_config(
+        compose(["training=llama31/8b"])["training"]["model"],
+        torch_dtype="bfloat16",
+        bos_token_id=128000,
+        eos_token_id=128001,
+    )
     config.update(changes)
     (directory / "config.json").write_text(json.dumps(config))
     return directory
 
 
 def main_py(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_plan_rejects_a_mismatching_config_before_writing_anything(tmp_path):
     wrong = fake_llama_dir(tmp_path / "wrong", num_key_value_heads=16)
-    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
-                     f"results_dir={tmp_path / 'results'}", f"training.checkpoint.init_from_hf={wrong}", cwd=tmp_path)
+    result = main_py(
+        "training=llama31/8b",
+        "cluster=bcm",
+        "cluster.container_runtime=none",
+        "dry_run=true",
+        f"results_dir={tmp_path / 'results'}",
+        f"training.checkpoint.init_from_hf={wrong}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "num_key_value_heads=16 vs training.model.num_query_groups=8" in errors[0], errors
     assert not (tmp_path / "results").exists()
 
     right = fake_llama_dir(tmp_path / "right")
-    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
-                     f"results_dir={tmp_path / 'results'}", f"training.checkpoint.init_from_hf={right}", cwd=tmp_path)
+    result = main_py(
+        "training=llama31/8b",
+        "cluster=bcm",
+        "cluster.container_runtime=none",
+        "dry_run=true",
+        f"results_dir={tmp_path / 'results'}",
+        f"training.checkpoint.init_from_hf={right}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -343,18 +393,33 @@ def test_training_ranks_check_the_config_before_touching_a_gpu(tmp_path):
     """The rank-side check runs before CUDA or NCCL start: on this GPU-less machine the rank stops with the
     config error, not with the missing GPU."""
     source = fake_llama_dir(tmp_path / "weights")
-    result = main_py("training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
-                     "stack_check=false", f"results_dir={tmp_path / 'results'}", "run_name=r",
-                     f"training.checkpoint.init_from_hf={source}", cwd=tmp_path)
+    result = main_py(
+        "training=llama31/8b",
+        "cluster=bcm",
+        "cluster.container_runtime=none",
+        "dry_run=true",
+        "stack_check=false",
+        f"results_dir={tmp_path / 'results'}",
+        "run_name=r",
+        f"training.checkpoint.init_from_hf={source}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     fake_llama_dir(source, num_key_value_heads=16)  # changed after planning
     env = dict(os.environ, RANK="0", WORLD_SIZE="8", LOCAL_RANK="0", PYTHONPATH=str(REPO))
-    rank = subprocess.run([sys.executable, "-m", "recipes.train", "--run-dir", str(tmp_path / "results" / "r")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    rank = subprocess.run(
+        [sys.executable, "-m", "recipes.train", "--run-dir", str(tmp_path / "results" / "r")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rank.returncode != 0
     last = rank.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: training.checkpoint.init_from_hf=") and "num_key_value_heads=16" in last, \
+    assert last.startswith("error: training.checkpoint.init_from_hf=") and "num_key_value_heads=16" in last, (
         rank.stderr[-2000:]
+    )
     assert "CUDA" not in rank.stderr and "GPU" not in rank.stderr
 
 
@@ -362,9 +427,16 @@ def test_the_export_stage_exports_the_newest_checkpoint_of_a_run(source, pp_chec
     results = tmp_path / "results"
     shutil.copytree(pp_checkpoint.parent, results / "r" / "checkpoints")
     overrides = [o for o in SMALL if not o.startswith("cluster.")]
-    result = main_py(*overrides, *LAYOUTS["pp2_vp2_asym"], *with_tokenizer(source), "stages=[export]",
-                     f"results_dir={results}", "run_name=r", "training.checkpoint.export_max_shard_size=150KB",
-                     cwd=tmp_path)
+    result = main_py(
+        *overrides,
+        *LAYOUTS["pp2_vp2_asym"],
+        *with_tokenizer(source),
+        "stages=[export]",
+        f"results_dir={results}",
+        "run_name=r",
+        "training.checkpoint.export_max_shard_size=150KB",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     exported, original = tensors_of(results / "r" / "hf"), tensors_of(source["dir"])
     assert sorted(exported) == sorted(original)
@@ -387,19 +459,50 @@ def test_the_plan_checks_a_cached_hub_id_and_refuses_one_for_several_nodes(tmp_p
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     fake_hub_snapshot(tmp_path / "hub", "meta-llama/Llama-3.1-8B", num_hidden_layers=80)
-    base = ["training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true",
-            f"results_dir={tmp_path / 'results'}", "memory_check=false"]
+    base = [
+        "training=llama31/8b",
+        "cluster=bcm",
+        "cluster.container_runtime=none",
+        "dry_run=true",
+        f"results_dir={tmp_path / 'results'}",
+        "memory_check=false",
+    ]
     with pytest.raises(PlanError, match="num_hidden_layers=80 vs training.model.num_layers=32"):
         prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-8B"]))
     # Not cached: nothing to check yet (rank 0 downloads it); with several nodes a shared directory is required.
-    prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-70B", "parallelism=tp1",
-                     "parallelism.num_gpus=8", "training.global_batch_size=8"]))
+    prepare(
+        compose(
+            [
+                *base,
+                "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-70B",
+                "parallelism=tp1",
+                "parallelism.num_gpus=8",
+                "training.global_batch_size=8",
+            ]
+        )
+    )
     with pytest.raises(PlanError, match=r"hub id.*2-node job.*recipes.hf.importer fetch"):
-        prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-70B", "parallelism=tp1",
-                         "parallelism.num_gpus=16", "training.global_batch_size=16"]))
+        prepare(
+            compose(
+                [
+                    *base,
+                    "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-70B",
+                    "parallelism=tp1",
+                    "parallelism.num_gpus=16",
+                    "training.global_batch_size=16",
+                ]
+            )
+        )
     with pytest.raises(PlanError, match="init_from and training.checkpoint.init_from_hf are both set"):
-        prepare(compose([*base, "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-8B",
-                         "training.checkpoint.init_from=/somewhere/iter_0000010"]))
+        prepare(
+            compose(
+                [
+                    *base,
+                    "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-8B",
+                    "training.checkpoint.init_from=/somewhere/iter_0000010",
+                ]
+            )
+        )
 
 
 def test_rank_zero_downloads_a_hub_id_and_the_others_read_where(tmp_path, monkeypatch):
@@ -411,8 +514,12 @@ def test_rank_zero_downloads_a_hub_id_and_the_others_read_where(tmp_path, monkey
     assert importer.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=0) == str(snapshot)
     assert importer.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=5) == str(snapshot)
     assert downloads == ["meta-llama/Llama-3.1-8B"]  # once, by rank 0
-    cfg = {"training": {"model": compose(["training=llama31/8b"])["training"]["model"],
-                        "checkpoint": {"init_from_hf": "meta-llama/Llama-3.1-8B", "load": True}}}
+    cfg = {
+        "training": {
+            "model": compose(["training=llama31/8b"])["training"]["model"],
+            "checkpoint": {"init_from_hf": "meta-llama/Llama-3.1-8B", "load": True},
+        }
+    }
     assert importer.source_for_run(cfg, str(run_dir), rank=3) == str(snapshot)
     # A rank that cannot see rank 0's download says so, with the fix.
     (run_dir / ".init_from_hf.json").write_text(json.dumps({"source": "org/other", "path": "/not/shared"}))
@@ -428,7 +535,11 @@ def test_a_hub_id_that_cannot_be_downloaded_is_one_line_with_the_fix(monkeypatch
         importer.download("org/never-cached")
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("downloading training.checkpoint.init_from_hf=org/never-cached failed: "
-                              "HF_HUB_OFFLINE is set and no copy is cached (")
-    assert message.endswith("(python -m recipes.hf.importer fetch org/never-cached --local-dir DIR), into a "
-                            "directory every node sees, and set training.checkpoint.init_from_hf=DIR")
+    assert message.startswith(
+        "downloading training.checkpoint.init_from_hf=org/never-cached failed: "
+        "HF_HUB_OFFLINE is set and no copy is cached ("
+    )
+    assert message.endswith(
+        "(python -m recipes.hf.importer fetch org/never-cached --local-dir DIR), into a "
+        "directory every node sees, and set training.checkpoint.init_from_hf=DIR"
+    )

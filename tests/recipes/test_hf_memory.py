@@ -6,6 +6,7 @@ test fits this machine's disk and time; 32 is the whole 8B model, 16 GB).
   runs the real import, which reads every slice the rank holds; its peak RSS must stay below half the model.
 - Export of a TP2 checkpoint of the same model (saved by CPU ranks with dist_checkpointing) in its own process:
   peak RSS below twice the largest tensor plus one shard."""
+
 import json
 import math
 import os
@@ -41,8 +42,11 @@ def gib(n: float) -> str:
 def require_free_disk(directory: Path, needed: int) -> None:
     free = shutil.disk_usage(directory).free
     if free < needed:
-        pytest.fail(f"needs {gib(needed)} free in {directory} (the model, its checkpoint and its export), "
-                    f"has {gib(free)}; set HF_MEMORY_LAYERS lower or free the disk", pytrace=False)
+        pytest.fail(
+            f"needs {gib(needed)} free in {directory} (the model, its checkpoint and its export), "
+            f"has {gib(free)}; set HF_MEMORY_LAYERS lower or free the disk",
+            pytrace=False,
+        )
 
 
 def peak_rss_bytes() -> int:
@@ -58,9 +62,18 @@ def reset_peak_rss() -> None:
 
 
 def configured() -> tuple[dict, Plan]:
-    cfg = compose(["training=llama31/8b", f"training.model.num_layers={LAYERS}", "parallelism=tp2_sp",
-                   "parallelism.sequence_parallel=false", "parallelism.tp_comm_overlap=false",
-                   "cluster.gpus_per_node=2", "memory_check=false", "training.tokenizer.path=/nonexistent"])
+    cfg = compose(
+        [
+            "training=llama31/8b",
+            f"training.model.num_layers={LAYERS}",
+            "parallelism=tp2_sp",
+            "parallelism.sequence_parallel=false",
+            "parallelism.tp_comm_overlap=false",
+            "cluster.gpus_per_node=2",
+            "memory_check=false",
+            "training.tokenizer.path=/nonexistent",
+        ]
+    )
     return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
 
 
@@ -73,11 +86,15 @@ def write_random_model(directory: Path, shapes: dict, total: int) -> None:
     generator = torch.Generator().manual_seed(0)
     for index, names in enumerate(shards):
         file = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file({n: torch.randn(shapes[n], generator=generator).to(torch.bfloat16) for n in names},
-                  str(directory / file), metadata={"format": "pt"})
+        save_file(
+            {n: torch.randn(shapes[n], generator=generator).to(torch.bfloat16) for n in names},
+            str(directory / file),
+            metadata={"format": "pt"},
+        )
         weight_map.update({n: file for n in names})
-    (directory / safetensors_io.INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total},
-                                                         "weight_map": weight_map}))
+    (directory / safetensors_io.INDEX_FILE).write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
 
 
 def import_on_meta(rank: int, cfg: dict, plan: Plan, hf_dir: str) -> tuple[int, int, int]:
@@ -87,15 +104,17 @@ def import_on_meta(rank: int, cfg: dict, plan: Plan, hf_dir: str) -> tuple[int, 
     reset_peak_rss()
     before = peak_rss_bytes()
     local = sum(p.numel() * p.element_size() for c in chunks for p in c.parameters())
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
-                              show_progress=False)
+    importer.load_hf_weights(
+        hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None, show_progress=False
+    )
     return before, peak_rss_bytes(), local
 
 
 def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan, dtype=torch.bfloat16)
-    importer.load_hf_weights(hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None,
-                              show_progress=False)
+    importer.load_hf_weights(
+        hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None, show_progress=False
+    )
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
 
@@ -113,8 +132,10 @@ def source(tmp_path_factory):
     start = time.time()
     try:
         write_random_model(directory, shapes, total)
-        print(f"\nmodel: 8B widths, {LAYERS} layers, {gib(total)} of bf16 weights (largest tensor {gib(largest)}), "
-              f"written in {time.time() - start:.0f} s")
+        print(
+            f"\nmodel: 8B widths, {LAYERS} layers, {gib(total)} of bf16 weights (largest tensor {gib(largest)}), "
+            f"written in {time.time() - start:.0f} s"
+        )
         yield {"dir": directory, "cfg": cfg, "plan": plan, "total": total, "largest": largest}
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -131,8 +152,10 @@ def test_import_into_tp2_keeps_each_rank_below_half_the_model(source):
     results = cpu_megatron.run_ranks(import_on_meta, 2, source["cfg"], source["plan"], str(source["dir"]))
     total = source["total"]
     for rank, (before, peak, local) in enumerate(results):
-        print(f"\nimport into TP2, rank {rank}: reads {gib(local)}; peak RSS {gib(peak)} (process before the import "
-              f"{gib(before)}); limit half the model = {gib(total / 2)}")
+        print(
+            f"\nimport into TP2, rank {rank}: reads {gib(local)}; peak RSS {gib(peak)} (process before the import "
+            f"{gib(before)}); limit half the model = {gib(total / 2)}"
+        )
         assert local > 0.45 * total  # the rank really read its half of the model
         assert peak < total / 2
 
@@ -147,18 +170,38 @@ def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, scratc
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
     checkpoint = cpu_megatron.run_ranks(import_and_save, 2, cfg, plan, str(source["dir"]), str(run_dir))[0]
     out = scratch / "export"
-    probe = ("import sys\nfrom recipes.hf import exporter\nfrom test_hf_memory import peak_rss_bytes\n"
-             "code = exporter.main(sys.argv[1:])\nprint('PEAK_RSS', peak_rss_bytes())\nsys.exit(code)")
+    probe = (
+        "import sys\nfrom recipes.hf import exporter\nfrom test_hf_memory import peak_rss_bytes\n"
+        "code = exporter.main(sys.argv[1:])\nprint('PEAK_RSS', peak_rss_bytes())\nsys.exit(code)"
+    )
     start = time.time()
-    result = subprocess.run([sys.executable, "-c", probe, "--checkpoint", checkpoint, "--out", str(out),
-                             "--max-shard-size", str(SHARD_BYTES), "--no-tokenizer", "--no-progress"],
-                            cwd=REPO, capture_output=True, text=True, timeout=3000,
-                            env=dict(os.environ, PYTHONPATH=f"{REPO}:{Path(__file__).parent}"))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            "--checkpoint",
+            checkpoint,
+            "--out",
+            str(out),
+            "--max-shard-size",
+            str(SHARD_BYTES),
+            "--no-tokenizer",
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        env=dict(os.environ, PYTHONPATH=f"{REPO}:{Path(__file__).parent}"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     peak = int(result.stdout.split("PEAK_RSS")[1].split()[0])
     limit = 2 * source["largest"] + SHARD_BYTES
-    print(f"\nexport of the TP2 checkpoint ({time.time() - start:.0f} s): peak RSS {gib(peak)}; limit 2 x largest "
-          f"tensor + one shard = {gib(limit)}")
+    print(
+        f"\nexport of the TP2 checkpoint ({time.time() - start:.0f} s): peak RSS {gib(peak)}; limit 2 x largest "
+        f"tensor + one shard = {gib(limit)}"
+    )
     assert peak < limit
 
     from safetensors import safe_open

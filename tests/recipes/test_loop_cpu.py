@@ -2,6 +2,7 @@
 then Trainer.train itself with stand-ins for the step, the evaluation, the save and the collectives, recording
 the order of everything it does within a step (saves after evaluation, MLLOG events at their points, the stops),
 and an MLPerf run through the real observers judged by mlperf-logging's compliance checker."""
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ from launcher.report.mlperf import compliance_problems
 from recipes.observability.mlperf import MLPerfLog
 from recipes.observability.observers import Observers
 from recipes.trainer import checkpoint, loop
-from recipes.trainer.cadence import (EvalPolicy, GCPolicy, SavePolicy, StepEnd, divergence, logs_step, step_end)
+from recipes.trainer.cadence import EvalPolicy, GCPolicy, SavePolicy, StepEnd, divergence, logs_step, step_end
 from recipes.resilience.guard import RunGuard
 from recipes.trainer.ranks import RankInfo
 
@@ -201,28 +202,70 @@ def fake_trainer(monkeypatch, events, overrides, *, losses=None, val_losses=(), 
     return trainer
 
 
-SHORT = ["training.train_steps=6", "training.val_interval=2", "training.log_interval=3",
-         "training.checkpoint.interval=3", "training.checkpoint.save_at_end=true"]
+SHORT = [
+    "training.train_steps=6",
+    "training.val_interval=2",
+    "training.log_interval=3",
+    "training.checkpoint.interval=3",
+    "training.checkpoint.save_at_end=true",
+]
 
 
 def test_a_run_saves_after_evaluating_and_logging_and_stops_after_its_last_step(monkeypatch, collector_back_on):
     events: list[str] = []
-    trainer = fake_trainer(monkeypatch, events, [*SHORT, "training.checkpoint.save_initial=true"],
-                           val_losses=[5.0, 4.0, 3.0])
+    trainer = fake_trainer(
+        monkeypatch, events, [*SHORT, "training.checkpoint.save_initial=true"], val_losses=[5.0, 4.0, 3.0]
+    )
     assert trainer.train() == 0
     gbs = trainer.plan.global_batch_size
     assert events == [
-        "save 0", "run_start 0 0",
-        "begin 1", "train 1", "end 1", "agree False",
-        "begin 2", "train 2", "end 2", f"eval_start {2 * gbs}", "range validation", "evaluate 2", "log 2 val=5.0",
-        "agree False", f"eval_stop {2 * gbs} 5.0 goes_on=True",
-        "begin 3", "train 3", "end 3", "log 3", "agree False", "save 3",
-        "begin 4", "train 4", "end 4", f"eval_start {4 * gbs}", "range validation", "evaluate 4", "log 4 val=4.0",
-        "agree False", f"eval_stop {4 * gbs} 4.0 goes_on=True",
-        "begin 5", "train 5", "end 5", "agree False",
-        "begin 6", "train 6", "end 6", f"eval_start {6 * gbs}", "range validation", "evaluate 6", "log 6 val=3.0",
-        f"eval_stop {6 * gbs} 3.0 goes_on=False", f"run_stop False {6 * gbs}", "save 6",
-        "close", "metrics closed"]
+        "save 0",
+        "run_start 0 0",
+        "begin 1",
+        "train 1",
+        "end 1",
+        "agree False",
+        "begin 2",
+        "train 2",
+        "end 2",
+        f"eval_start {2 * gbs}",
+        "range validation",
+        "evaluate 2",
+        "log 2 val=5.0",
+        "agree False",
+        f"eval_stop {2 * gbs} 5.0 goes_on=True",
+        "begin 3",
+        "train 3",
+        "end 3",
+        "log 3",
+        "agree False",
+        "save 3",
+        "begin 4",
+        "train 4",
+        "end 4",
+        f"eval_start {4 * gbs}",
+        "range validation",
+        "evaluate 4",
+        "log 4 val=4.0",
+        "agree False",
+        f"eval_stop {4 * gbs} 4.0 goes_on=True",
+        "begin 5",
+        "train 5",
+        "end 5",
+        "agree False",
+        "begin 6",
+        "train 6",
+        "end 6",
+        f"eval_start {6 * gbs}",
+        "range validation",
+        "evaluate 6",
+        "log 6 val=3.0",
+        f"eval_stop {6 * gbs} 3.0 goes_on=False",
+        f"run_stop False {6 * gbs}",
+        "save 6",
+        "close",
+        "metrics closed",
+    ]
     assert not gc.isenabled()
 
 
@@ -231,28 +274,73 @@ def test_an_agreed_signal_ends_the_step_with_a_save_then_the_run(monkeypatch, co
     trainer = fake_trainer(monkeypatch, events, SHORT, val_losses=[5.0, 4.0], signal_at=4)
     assert trainer.train() == 0
     gbs = trainer.plan.global_batch_size
-    assert events[events.index("begin 4"):] == [
-        "begin 4", "train 4", "end 4", f"eval_start {4 * gbs}", "range validation", "evaluate 4", "log 4 val=4.0",
-        "agree True", f"eval_stop {4 * gbs} 4.0 goes_on=False", f"run_stop False {4 * gbs}", "save 4", "wait",
+    assert events[events.index("begin 4") :] == [
+        "begin 4",
+        "train 4",
+        "end 4",
+        f"eval_start {4 * gbs}",
+        "range validation",
+        "evaluate 4",
+        "log 4 val=4.0",
+        "agree True",
+        f"eval_stop {4 * gbs} 4.0 goes_on=False",
+        f"run_stop False {4 * gbs}",
+        "save 4",
+        "wait",
         "say stopped by signal at step 4; checkpoint saved. Run the same command again to continue.",
-        "close", "metrics closed"]
+        "close",
+        "metrics closed",
+    ]
 
 
 def test_a_reached_target_is_agreed_on_every_step_and_ends_the_run_as_a_success(monkeypatch, collector_back_on):
     events: list[str] = []
-    trainer = fake_trainer(monkeypatch, events, [*SHORT, "training.checkpoint.interval=0",
-                                                 "training.target_val_loss=3.5"], val_losses=[5.0, 3.4])
+    trainer = fake_trainer(
+        monkeypatch,
+        events,
+        [*SHORT, "training.checkpoint.interval=0", "training.target_val_loss=3.5"],
+        val_losses=[5.0, 3.4],
+    )
     assert trainer.train() == 0
     gbs = trainer.plan.global_batch_size
     assert events == [
         "run_start 0 0",
-        "begin 1", "train 1", "end 1", "agree False", "agree False",  # the target, then the signal
-        "begin 2", "train 2", "end 2", f"eval_start {2 * gbs}", "range validation", "evaluate 2", "log 2 val=5.0",
-        "agree False", "agree False", f"eval_stop {2 * gbs} 5.0 goes_on=True",
-        "begin 3", "train 3", "end 3", "log 3", "agree False", "agree False",
-        "begin 4", "train 4", "end 4", f"eval_start {4 * gbs}", "range validation", "evaluate 4", "log 4 val=3.4",
-        "agree True", f"eval_stop {4 * gbs} 3.4 goes_on=False", f"run_stop True {4 * gbs}", "save 4",
-        "say validation loss reached training.target_val_loss=3.5 at step 4", "close", "metrics closed"]
+        "begin 1",
+        "train 1",
+        "end 1",
+        "agree False",
+        "agree False",  # the target, then the signal
+        "begin 2",
+        "train 2",
+        "end 2",
+        f"eval_start {2 * gbs}",
+        "range validation",
+        "evaluate 2",
+        "log 2 val=5.0",
+        "agree False",
+        "agree False",
+        f"eval_stop {2 * gbs} 5.0 goes_on=True",
+        "begin 3",
+        "train 3",
+        "end 3",
+        "log 3",
+        "agree False",
+        "agree False",
+        "begin 4",
+        "train 4",
+        "end 4",
+        f"eval_start {4 * gbs}",
+        "range validation",
+        "evaluate 4",
+        "log 4 val=3.4",
+        "agree True",
+        f"eval_stop {4 * gbs} 3.4 goes_on=False",
+        f"run_stop True {4 * gbs}",
+        "save 4",
+        "say validation loss reached training.target_val_loss=3.5 at step 4",
+        "close",
+        "metrics closed",
+    ]
 
 
 def test_a_diverging_step_stops_the_run_before_evaluating_or_saving(monkeypatch, capsys, collector_back_on):
@@ -260,9 +348,11 @@ def test_a_diverging_step_stops_the_run_before_evaluating_or_saving(monkeypatch,
     trainer = fake_trainer(monkeypatch, events, SHORT, losses={3: (float("nan"), 1.0)}, val_losses=[5.0])
     assert trainer.train() == 3
     gbs = trainer.plan.global_batch_size
-    assert events[events.index("begin 3"):] == ["begin 3", "train 3", "end 3", f"run_stop False {3 * gbs}"]
-    assert ("[recipes] ERROR: loss=nan at step 3: training stopped. Last good checkpoint: none saved yet"
-            in capsys.readouterr().out)
+    assert events[events.index("begin 3") :] == ["begin 3", "train 3", "end 3", f"run_stop False {3 * gbs}"]
+    assert (
+        "[recipes] ERROR: loss=nan at step 3: training stopped. Last good checkpoint: none saved yet"
+        in capsys.readouterr().out
+    )
 
 
 # ----------------------------------------------------------------------------- MLPerf logging as an observer
@@ -278,35 +368,52 @@ class Clock:
 @pytest.fixture
 def world_of_one(tmp_path):
     """The barrier an MLPerf run's start makes, in a gloo group of this process alone."""
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
-                                         world_size=1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     yield
     torch.distributed.destroy_process_group()
 
 
-def test_an_mlperf_run_through_the_observers_passes_the_compliance_checker(monkeypatch, tmp_path, world_of_one,
-                                                                           collector_back_on):
-    overrides = ["training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true", "telemetry.enabled=false",
-                 "logging.tensorboard=false", "training.log_interval=100"]
+def test_an_mlperf_run_through_the_observers_passes_the_compliance_checker(
+    monkeypatch, tmp_path, world_of_one, collector_back_on
+):
+    overrides = [
+        "training=mlperf/llama31_8b",
+        "cluster=bcm",
+        "dry_run=true",
+        "telemetry.enabled=false",
+        "logging.tensorboard=false",
+        "training.log_interval=100",
+    ]
     cfg = compose(overrides)
     target = cfg["training"]["target_val_loss"]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     observers = Observers(str(run_dir), cfg, build_plan(cfg), RankInfo(0, 0, 1, "127.0.0.1", 0))
     # What init_starts opens on the logging rank of a GPU run (cache_clear, init_start).
-    observers.mllog = MLPerfLog.open(str(run_dir), cfg, build_plan(cfg), True, cache_cleared=False,
-                                     gpu_name="NVIDIA H100 80GB HBM3", clock=Clock())
-    trainer = fake_trainer(monkeypatch, [], overrides, observers=observers,
-                           val_losses=[target + 3.0, target + 1.0, target + 0.1, target - 0.05])
+    observers.mllog = MLPerfLog.open(
+        str(run_dir), cfg, build_plan(cfg), True, cache_cleared=False, gpu_name="NVIDIA H100 80GB HBM3", clock=Clock()
+    )
+    trainer = fake_trainer(
+        monkeypatch,
+        [],
+        overrides,
+        observers=observers,
+        val_losses=[target + 3.0, target + 1.0, target + 0.1, target - 0.05],
+    )
     assert trainer.train() == 0
     log = run_dir / cfg["mlperf"]["log_file"]
     events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
     keys = [e["key"] for e in events]
     every = cfg["training"]["val_interval"] * trainer.plan.global_batch_size
     assert [e["metadata"]["samples_count"] for e in events if e["key"] == "eval_accuracy"] == [
-        every, 2 * every, 3 * every, 4 * every]
+        every,
+        2 * every,
+        3 * every,
+        4 * every,
+    ]
     assert keys[-2:] == ["run_stop", "train_samples"] and events[-2]["metadata"]["status"] == "success"
     # The file and line each event names are the trainer's call of its observers.
     assert {e["metadata"]["file"] for e in events if e["key"] in ("run_start", "eval_start", "run_stop")} == {
-        "recipes/trainer/loop.py"}
+        "recipes/trainer/loop.py"
+    }
     assert compliance_problems(log, "llama31_8b", "6.1.0") == []

@@ -1,5 +1,6 @@
 """MLPerf pieces of the training recipe that need no GPU: the MLLOG writer driven through a whole run on CPU and
 judged by mlperf-logging's compliance checker, the keys it logs, and the in-order validation sequences."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def drive_run(run_dir: Path, cfg: dict, plan: Plan, accuracies: list[float], *, 
     """What the trainer does: open the log, start the run, evaluate every val_interval steps, stop at the target
     (or after the last evaluation, aborted)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = MLPerfLog.open(str(run_dir), cfg, plan, logs_here, cache_cleared=False, gpu_name="NVIDIA H100 80GB HBM3",
-                         clock=Clock())
+    log = MLPerfLog.open(
+        str(run_dir), cfg, plan, logs_here, cache_cleared=False, gpu_name="NVIDIA H100 80GB HBM3", clock=Clock()
+    )
     every = cfg["training"]["val_interval"] * plan.global_batch_size
     target = cfg["training"]["target_val_loss"]
     log.run_start(0)
@@ -59,9 +61,16 @@ def events(path: Path) -> list[dict]:
     return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("benchmark,ruleset", [("llama31_8b", "5.1.0"), ("llama31_8b", "6.0.0"),
-                                               ("llama31_8b", "6.1.0"), ("llama31_405b", "5.1.0"),
-                                               ("llama31_405b", "6.0.0")])
+@pytest.mark.parametrize(
+    "benchmark,ruleset",
+    [
+        ("llama31_8b", "5.1.0"),
+        ("llama31_8b", "6.0.0"),
+        ("llama31_8b", "6.1.0"),
+        ("llama31_405b", "5.1.0"),
+        ("llama31_405b", "6.0.0"),
+    ],
+)
 def test_a_converged_run_passes_the_compliance_checker(tmp_path, benchmark, ruleset):
     cfg, plan = mlperf_run(benchmark)
     target = cfg["training"]["target_val_loss"]
@@ -128,7 +137,7 @@ def write_prefix(prefix: Path, documents: list[list[int]]) -> None:
 
 def test_validation_sequences_are_the_first_ones_in_document_order(tmp_path):
     first = [list(range(0, 5)), list(range(5, 12)), list(range(12, 15))]  # 15 tokens
-    second = [list(range(100, 110))]                                       # 10 more
+    second = [list(range(100, 110))]  # 10 more
     write_prefix(tmp_path / "a", first)
     write_prefix(tmp_path / "b", second)
     stream = list(range(15)) + list(range(100, 110))
@@ -138,7 +147,7 @@ def test_validation_sequences_are_the_first_ones_in_document_order(tmp_path):
         assert len(ds) == 6
         for i in range(6):
             sample = ds[i]
-            window = stream[4 * i: 4 * i + 5]  # seq + 1 tokens, overlapping the next sample by one
+            window = stream[4 * i : 4 * i + 5]  # seq + 1 tokens, overlapping the next sample by one
             assert sample["tokens"].tolist() == window[:-1] and sample["labels"].tolist() == window[1:]
             assert sample["loss_mask"].tolist() == [1.0] * 4 and sample["position_ids"].tolist() == [0, 1, 2, 3]
         # 25 tokens hold (25 - 1) // 4 = 6 samples of 4 (+1 label); a seventh does not fit.
@@ -147,8 +156,8 @@ def test_validation_sequences_are_the_first_ones_in_document_order(tmp_path):
 
 
 def test_evaluation_reads_exactly_its_sequences_in_training_sized_calls():
-    assert data.eval_microbatches(1024, 1, 4, 8) == [8] * 32            # 8B default: 256 microbatches per rank
-    assert data.eval_microbatches(1024, 1, 8, 12) == [12] * 10 + [8]     # GBS 96 on DP 8: the rest in a last call
-    assert data.eval_microbatches(5760, 1, 8, 144) == [144] * 5          # 405B
+    assert data.eval_microbatches(1024, 1, 4, 8) == [8] * 32  # 8B default: 256 microbatches per rank
+    assert data.eval_microbatches(1024, 1, 8, 12) == [12] * 10 + [8]  # GBS 96 on DP 8: the rest in a last call
+    assert data.eval_microbatches(5760, 1, 8, 144) == [144] * 5  # 405B
     assert data.eval_samples({"val_samples": None, "val_steps": 4}, 32) == 128
     assert data.eval_samples({"val_samples": 1024, "val_steps": 4}, 32) == 1024

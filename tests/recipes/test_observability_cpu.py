@@ -2,6 +2,7 @@
 (every scalar for every step, also across a crash and resume), a W&B offline run read back with `wandb leet
 inspect`, a torch profiler window, the forward/backward ranges megatron's timer hook opens, and the NVML sampler
 against a stand-in NVML."""
+
 from __future__ import annotations
 
 import gzip
@@ -32,8 +33,17 @@ def plan_for(*overrides):
 
 
 def record(plan, step: int, loss: float, val_loss: float | None = None) -> metrics.StepMetrics:
-    return metrics.step_metrics(plan, step=step, loss=loss, lr=1e-3 * step, grad_norm=0.5, step_time_s=0.25,
-                                consumed_samples=8 * step, val_loss=val_loss, peak_memory_gib=1.5)
+    return metrics.step_metrics(
+        plan,
+        step=step,
+        loss=loss,
+        lr=1e-3 * step,
+        grad_norm=0.5,
+        step_time_s=0.25,
+        consumed_samples=8 * step,
+        val_loss=val_loss,
+        peak_memory_gib=1.5,
+    )
 
 
 def scalars_by_tag(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -79,9 +89,12 @@ os._exit(9)  # killed; the run resumes from its last checkpoint (or from scratch
 @pytest.mark.parametrize("killed_after,resume_step", [(13, 10), (5, 0)])
 def test_tensorboard_has_every_step_once_across_a_crash_and_resume(tmp_path, killed_after, resume_step):
     cfg, plan = plan_for()
-    crashed = subprocess.run([sys.executable, "-c", FIRST_SEGMENT.format(repo=str(REPO), run_dir=str(tmp_path),
-                                                                          killed_after=killed_after)],
-                             capture_output=True, text=True, timeout=300)
+    crashed = subprocess.run(
+        [sys.executable, "-c", FIRST_SEGMENT.format(repo=str(REPO), run_dir=str(tmp_path), killed_after=killed_after)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert crashed.returncode == 9, crashed.stderr
     before = scalars_by_tag(tmp_path / "tensorboard")
     assert [s for s, _ in before["train/loss"]] == list(range(1, killed_after + 1))
@@ -92,13 +105,23 @@ def test_tensorboard_has_every_step_once_across_a_crash_and_resume(tmp_path, kil
     resumed.close()
 
     after = scalars_by_tag(tmp_path / "tensorboard")
-    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/consumed_samples", "perf/step_time_s",
-                "perf/tokens_per_s", "perf/tokens_per_s_per_gpu", "perf/tflops_per_gpu", "memory/peak_gib"):
+    for tag in (
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/consumed_samples",
+        "perf/step_time_s",
+        "perf/tokens_per_s",
+        "perf/tokens_per_s_per_gpu",
+        "perf/tflops_per_gpu",
+        "memory/peak_gib",
+    ):
         assert [s for s, _ in after[tag]] == list(range(1, 21)), tag
     loss = dict(after["train/loss"])
     # Steps up to the checkpoint from the killed run, every later one (re-run ones included) from the resumed run.
     assert [loss[s] for s in range(1, 21)] == pytest.approx(
-        [10.0 - 0.1 * s if s <= resume_step else 20.0 + s for s in range(1, 21)])
+        [10.0 - 0.1 * s if s <= resume_step else 20.0 + s for s in range(1, 21)]
+    )
     assert after["val/loss"] == ([(10, 9.0)] if resume_step >= 10 else []) + [(20, 8.0)]
 
 
@@ -138,8 +161,9 @@ def test_wandb_mode_auto_goes_offline_without_a_server_or_a_key():
 def wandb_history(run: Path) -> tuple[dict, dict[int, dict]]:
     """(config, step -> logged values) of an offline run, as W&B's own reader of the .wandb log shows them."""
     wandb_cli = Path(sys.executable).parent / "wandb"
-    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(run)], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(run)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     config = next(r["run"]["config"]["update"] for r in records if r["type"] == "run")
@@ -168,20 +192,32 @@ print(json.dumps({{"said": said, "train_steps": cfg["training"]["train_steps"], 
 
 
 def test_offline_runs_are_listed_in_the_order_they_started(tmp_path):
-    names = ["offline-run-20261123_075817-abc-10", "offline-run-20261123_075817-abc-2",
-             "offline-run-20261123_075818-abc", "offline-run-20261123_075817-abc"]
+    names = [
+        "offline-run-20261123_075817-abc-10",
+        "offline-run-20261123_075817-abc-2",
+        "offline-run-20261123_075818-abc",
+        "offline-run-20261123_075817-abc",
+    ]
     for name in names:
         (tmp_path / "wandb" / name).mkdir(parents=True)
     assert [Path(r).name for r in tracking.offline_runs(str(tmp_path))] == [
-        "offline-run-20261123_075817-abc", "offline-run-20261123_075817-abc-2", "offline-run-20261123_075817-abc-10",
-        "offline-run-20261123_075818-abc"]
+        "offline-run-20261123_075817-abc",
+        "offline-run-20261123_075817-abc-2",
+        "offline-run-20261123_075817-abc-10",
+        "offline-run-20261123_075818-abc",
+    ]
 
 
 def test_wandb_offline_run_is_readable_and_a_resume_continues_the_same_run(tmp_path):
     pytest.importorskip("wandb", reason="wandb is not installed")
     # In a process of its own: W&B leaves threads behind, which would receive this process's signals.
-    run = subprocess.run([sys.executable, "-c", WANDB_SEGMENTS.format(repo=str(REPO), run_dir=str(tmp_path))],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "WANDB_SILENT": "true"})
+    run = subprocess.run(
+        [sys.executable, "-c", WANDB_SEGMENTS.format(repo=str(REPO), run_dir=str(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "WANDB_SILENT": "true"},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -197,8 +233,10 @@ def test_wandb_offline_run_is_readable_and_a_resume_continues_the_same_run(tmp_p
     assert config["plan"]["global_batch_size"] == result["gbs"]
     _, history = wandb_history(Path(runs[1]))
     assert sorted(history) == [6, 7, 8] and history[8]["val/loss"] == 3.0
-    assert result["said"][-1] == (f"wandb: offline run in {tmp_path / 'wandb'}; upload it from a machine with "
-                                  f"internet: wandb sync {runs[0]} {runs[1]}")
+    assert result["said"][-1] == (
+        f"wandb: offline run in {tmp_path / 'wandb'}; upload it from a machine with "
+        f"internet: wandb sync {runs[0]} {runs[1]}"
+    )
 
 
 # ----------------------------------------------------------------------------- profiling
@@ -221,13 +259,19 @@ def test_megatron_timer_calls_become_named_ranges():
     # The calls megatron-core's schedules make (schedules.py forward_step / backward_step / p2p communication).
     timers("forward-compute", log_level=2).start()
     timers("forward-recv", log_level=2).start()
-    timers("forward-compute").stop()        # not strictly nested: ranges are start/end, not push/pop
+    timers("forward-compute").stop()  # not strictly nested: ranges are start/end, not push/pop
     timers("forward-recv").stop()
     timers("backward-compute", log_level=2).start(barrier=False)
     timers("backward-compute").stop()
-    timers("backward-compute").stop()       # an unmatched stop is ignored
-    assert backend.events == [("open", "forward"), ("open", "forward-recv"), ("close", "forward"),
-                              ("close", "forward-recv"), ("open", "backward"), ("close", "backward")]
+    timers("backward-compute").stop()  # an unmatched stop is ignored
+    assert backend.events == [
+        ("open", "forward"),
+        ("open", "forward-recv"),
+        ("close", "forward"),
+        ("close", "forward-recv"),
+        ("open", "backward"),
+        ("close", "backward"),
+    ]
 
 
 def test_torch_profiler_window_writes_a_trace_with_the_named_ranges(tmp_path):
@@ -272,14 +316,26 @@ def test_nsys_window_opens_and_closes_the_cuda_profiler_capture(tmp_path, monkey
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg, _ = plan_for("profile.enabled=true", "profile.tool=nsys", "profile.start_step=3", "profile.end_step=5")
-    window = profiling.ProfileWindow(str(tmp_path), cfg["profile"], rank=0, say=lambda m: None,
-                                     backend=RecordingBackend())
+    window = profiling.ProfileWindow(
+        str(tmp_path), cfg["profile"], rank=0, say=lambda m: None, backend=RecordingBackend()
+    )
     for step in range(1, 8):
         window.step_begins(step)
         calls.append(f"step {step}")
         window.step_ended(step)
-    assert calls == ["step 1", "step 2", "synchronize", "cudaProfilerStart", "step 3", "step 4", "synchronize",
-                     "cudaProfilerStop", "step 5", "step 6", "step 7"]
+    assert calls == [
+        "step 1",
+        "step 2",
+        "synchronize",
+        "cudaProfilerStart",
+        "step 3",
+        "step 4",
+        "synchronize",
+        "cudaProfilerStop",
+        "step 5",
+        "step 6",
+        "step 7",
+    ]
 
 
 def test_only_the_chosen_ranks_profile():
@@ -295,14 +351,35 @@ class NotSupported(Exception):
 
 class FakeNvml:
     """The pynvml calls the sampler makes, for two GPUs known by UUID; GPU-b reports no power."""
+
     NVML_TEMPERATURE_GPU = 0
     NVML_CLOCK_SM = 1
 
     def __init__(self):
-        self.gpus = {"GPU-a": dict(util=97, mem=40, used=30 * 2**30, total=80 * 2**30, power=650_000, temp=61,
-                                   sm=1980, sm_max=1980, events=0x4),
-                     "GPU-b": dict(util=12, mem=3, used=2**30, total=80 * 2**30, power=None, temp=40, sm=1410,
-                                   sm_max=1980, events=0x1 | 0x20)}
+        self.gpus = {
+            "GPU-a": dict(
+                util=97,
+                mem=40,
+                used=30 * 2**30,
+                total=80 * 2**30,
+                power=650_000,
+                temp=61,
+                sm=1980,
+                sm_max=1980,
+                events=0x4,
+            ),
+            "GPU-b": dict(
+                util=12,
+                mem=3,
+                used=2**30,
+                total=80 * 2**30,
+                power=None,
+                temp=40,
+                sm=1410,
+                sm_max=1980,
+                events=0x1 | 0x20,
+            ),
+        }
         self.shutdown = False
 
     def nvmlInit(self):
@@ -342,15 +419,28 @@ class FakeNvml:
 
 
 def test_a_sample_has_one_row_per_gpu_with_every_metric(tmp_path):
-    sampler = telemetry.Sampler(FakeNvml(), ["GPU-a", "GPU-b"], str(tmp_path / "n.csv"), "node7", 1.0,
-                                clock=lambda: 1234.5)
+    sampler = telemetry.Sampler(
+        FakeNvml(), ["GPU-a", "GPU-b"], str(tmp_path / "n.csv"), "node7", 1.0, clock=lambda: 1234.5
+    )
     assert sampler.activity == "startup"  # until the trainer's first step ends
     sampler.step, sampler.activity = 42, ""
     rows = [dict(zip(telemetry.COLUMNS, row)) for row in sampler.sample()]
-    assert rows[0] == {"time": "1234.500", "node": "node7", "step": "42", "gpu": "0", "util_pct": "97",
-                       "mem_util_pct": "40", "mem_used_mib": "30720", "mem_total_mib": "81920", "power_w": "650.0",
-                       "temp_c": "61", "sm_clock_mhz": "1980", "sm_clock_max_mhz": "1980",
-                       "clock_events": "sw_power_cap", "activity": ""}
+    assert rows[0] == {
+        "time": "1234.500",
+        "node": "node7",
+        "step": "42",
+        "gpu": "0",
+        "util_pct": "97",
+        "mem_util_pct": "40",
+        "mem_used_mib": "30720",
+        "mem_total_mib": "81920",
+        "power_w": "650.0",
+        "temp_c": "61",
+        "sm_clock_mhz": "1980",
+        "sm_clock_max_mhz": "1980",
+        "clock_events": "sw_power_cap",
+        "activity": "",
+    }
     assert rows[1]["power_w"] == "" and rows[1]["clock_events"] == "gpu_idle+sw_thermal_slowdown"
     assert rows[1]["gpu"] == "1" and rows[1]["sm_clock_mhz"] == "1410"
     sampler.activity = "checkpoint"
@@ -388,8 +478,9 @@ def test_job_gpus_follow_cuda_visible_devices_when_cuda_cannot_name_them(monkeyp
 
 # ----------------------------------------------------------------------------- what the trainer calls
 def test_observers_on_the_last_rank_track_profile_and_close(tmp_path):
-    cfg, plan = plan_for("telemetry.enabled=false", "profile.enabled=true", "profile.start_step=1",
-                         "profile.end_step=2")
+    cfg, plan = plan_for(
+        "telemetry.enabled=false", "profile.enabled=true", "profile.start_step=1", "profile.end_step=2"
+    )
     observers = Observers(str(tmp_path), cfg, plan, RankInfo(0, 0, 1, "127.0.0.1", 0))
     model_config = SimpleNamespace(timers=None)
     observers.training_starts(model_config, resume_step=0)
@@ -443,8 +534,11 @@ def test_missing_packages_stop_every_rank_with_one_line_each(tmp_path, monkeypat
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("tensorboard", "wandb", "pynvml") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("tensorboard", "wandb", "pynvml") else real(name, *a),
+    )
     cfg, plan = plan_for("logging.wandb.enabled=true")
     with pytest.raises(SystemExit) as stop:
         Observers(str(tmp_path), cfg, plan, RankInfo(0, 0, 2, "h", 0))
@@ -454,4 +548,5 @@ def test_missing_packages_stop_every_rank_with_one_line_each(tmp_path, monkeypat
         "error: logging.wandb.enabled=true needs the wandb package: pip install wandb, or set "
         "logging.wandb.enabled=false",
         "error: telemetry.enabled=true needs NVML's Python bindings: pip install nvidia-ml-py, or set "
-        "telemetry.enabled=false"]
+        "telemetry.enabled=false",
+    ]

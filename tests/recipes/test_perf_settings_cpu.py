@@ -2,6 +2,7 @@
 produces (built for real, with megatron-core's own validation), the combinations the plan refuses being ones
 megatron-core refuses too, the rank order reaching megatron-core's parallel state (gloo ranks), and the CUDA-graph
 component's decisions (when to capture, which schedule evaluation uses, what is released)."""
+
 from __future__ import annotations
 
 import warnings
@@ -15,8 +16,11 @@ from recipes.trainer import graphs, settings
 
 from cpu_megatron import run_ranks
 
-FULL_RECOMPUTE = ["parallelism.recompute_granularity=full", "parallelism.recompute_method=uniform",
-                  "parallelism.recompute_num_layers=1"]
+FULL_RECOMPUTE = [
+    "parallelism.recompute_granularity=full",
+    "parallelism.recompute_method=uniform",
+    "parallelism.recompute_num_layers=1",
+]
 # megatron-core checks that Transformer Engine's RoPE kernel imports, and Transformer Engine needs a GPU.
 NO_TE = {"apply_rope_fusion": False}
 
@@ -75,8 +79,14 @@ def test_fp8_on_one_gpu_keeps_bf16_weights_and_the_cast_keys_reach_megatron():
 
 
 def test_blackwell_recipes_reach_megatron():
-    mxfp8, _ = config_for("dtype=fp8", "dtype.fp8_recipe=mxfp8", "dtype.fp8_output_layer=true", "cluster=bcm",
-                          "cluster.gpu_type=b200", "dry_run=true")
+    mxfp8, _ = config_for(
+        "dtype=fp8",
+        "dtype.fp8_recipe=mxfp8",
+        "dtype.fp8_output_layer=true",
+        "cluster=bcm",
+        "cluster.gpu_type=b200",
+        "dry_run=true",
+    )
     assert mxfp8.fp8_recipe == "mxfp8" and mxfp8.fp8_output_proj and mxfp8.fp4 is None
     nvfp4, _ = config_for("dtype=nvfp4", "cluster=bcm", "cluster.gpu_type=gb200", "dry_run=true")
     assert (nvfp4.fp4, nvfp4.fp4_recipe, nvfp4.fp8) == ("e2m1", "nvfp4", None) and not nvfp4.fp8_param
@@ -103,11 +113,10 @@ def _megatron_refuses(overrides: list[str], plan_overrides: dict) -> str:
 
 def test_what_the_plan_refuses_megatron_refuses_too():
     assert "full recompute is only supported with full iteration CUDA graph" in _megatron_refuses(
-        ["training.cuda_graphs=per_layer", *FULL_RECOMPUTE], {})
-    assert "fp8_output_proj requires fp8_recipe='mxfp8'" in _megatron_refuses(
-        ["dtype=fp8"], {"fp8_output_proj": True})
-    assert "fp4 and fp8 cannot be used simultaneously" in _megatron_refuses(
-        ["dtype=fp8"], {"fp4": "e2m1"})
+        ["training.cuda_graphs=per_layer", *FULL_RECOMPUTE], {}
+    )
+    assert "fp8_output_proj requires fp8_recipe='mxfp8'" in _megatron_refuses(["dtype=fp8"], {"fp8_output_proj": True})
+    assert "fp4 and fp8 cannot be used simultaneously" in _megatron_refuses(["dtype=fp8"], {"fp4": "e2m1"})
     # And what the plan accepts, megatron-core accepts.
     config_for("training.cuda_graphs=full_iteration", *FULL_RECOMPUTE)
     config_for("training.cuda_graphs=per_layer", "parallelism.recompute_granularity=selective")
@@ -124,13 +133,24 @@ def _groups(rank: int, plan_json: dict) -> dict:
         distributed.initialize_model_parallel(Plan(**plan_json))
     except AssertionError as err:  # megatron-core's own refusal, for the test to read
         return {"refused": str(err)}
-    return {"dp": torch.distributed.get_process_group_ranks(ps.get_data_parallel_group()),
-            "pp": torch.distributed.get_process_group_ranks(ps.get_pipeline_model_parallel_group())}
+    return {
+        "dp": torch.distributed.get_process_group_ranks(ps.get_data_parallel_group()),
+        "pp": torch.distributed.get_process_group_ranks(ps.get_pipeline_model_parallel_group()),
+    }
 
 
 def _plan_json(*overrides: str) -> dict:
-    cfg = compose(["parallelism=custom", "parallelism.num_gpus=4", "training.global_batch_size=16",
-                   "cluster=bcm", "dry_run=true", "memory_check=false", *overrides])
+    cfg = compose(
+        [
+            "parallelism=custom",
+            "parallelism.num_gpus=4",
+            "training.global_batch_size=16",
+            "cluster=bcm",
+            "dry_run=true",
+            "memory_check=false",
+            *overrides,
+        ]
+    )
     return build_plan(cfg).to_json_dict()
 
 
@@ -188,8 +208,14 @@ class FakeChunk:
 
 def _per_layer(log, overlap=True, warmup=2):
     helper = FakeHelper(log)
-    component = graphs.CudaGraphs("per_layer", warmup, [FakeChunk(log)], overlap_param_gather=overlap,
-                                  helper_factory=lambda: helper, say=lambda line: log.append(line))
+    component = graphs.CudaGraphs(
+        "per_layer",
+        warmup,
+        [FakeChunk(log)],
+        overlap_param_gather=overlap,
+        helper_factory=lambda: helper,
+        say=lambda line: log.append(line),
+    )
     return component, helper
 
 
@@ -203,8 +229,18 @@ def test_per_layer_graphs_are_captured_once_after_the_warmup_steps_of_this_proce
         log.append("step")
         component.after_step()
     # Two eager steps, then the capture with the all-gather hooks off (no sync), back on, and the manual hooks.
-    assert log == ["step", "step", "hooks off (sync=False)", "capture", "hooks on", "manual hooks",
-                   "CUDA graphs: per-layer graphs captured after 2 eager steps", "step", "step", "step"]
+    assert log == [
+        "step",
+        "step",
+        "hooks off (sync=False)",
+        "capture",
+        "hooks on",
+        "manual hooks",
+        "CUDA graphs: per-layer graphs captured after 2 eager steps",
+        "step",
+        "step",
+        "step",
+    ]
     component.release()
     component.release()  # idempotent: the loop's finally may meet graphs already gone
     assert log[-1] == "delete" and log.count("delete") == 1
@@ -243,8 +279,13 @@ def test_full_iteration_wraps_only_the_training_schedule_and_is_reset_before_tea
 
 def test_no_graphs_change_nothing():
     eager = object()
-    component = graphs.CudaGraphs("none", 3, [], helper_factory=lambda: pytest.fail("no helper"),
-                                  wrapper_factory=lambda fn: pytest.fail("no wrapper"))
+    component = graphs.CudaGraphs(
+        "none",
+        3,
+        [],
+        helper_factory=lambda: pytest.fail("no helper"),
+        wrapper_factory=lambda fn: pytest.fail("no wrapper"),
+    )
     assert component.training_schedule(eager) is eager
     component.before_step()
     component.after_step()

@@ -1,6 +1,7 @@
 """The network preflight without GPUs: message sizes from the plan, thresholds, the node pairing and how slow
 nodes are told from slow links (with made-up bandwidths), and the stage itself run by torchrun over gloo on CPU
 processes posing as 2 and 4 nodes."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,12 @@ def test_training_messages_follow_the_plan():
     assert preflight.training_messages(cfg, plan) == {"gradient bucket": 40_000_000 * 2}
     cfg, plan = plan_for("training=llama31/70b")  # TP4 PP4 CP2 VP5 DP2: bucket, and 8192 / 2 x 8192 x 2 bytes
     assert preflight.training_messages(cfg, plan) == {"gradient bucket": 80_000_000, "TP activation": 64 * MIB}
-    cfg, plan = plan_for("training=llama31/8b", "parallelism.grad_reduce_in_fp32=true",
-                         "parallelism.overlap_grad_reduce=false", "parallelism.num_gpus=16")
+    cfg, plan = plan_for(
+        "training=llama31/8b",
+        "parallelism.grad_reduce_in_fp32=true",
+        "parallelism.overlap_grad_reduce=false",
+        "parallelism.num_gpus=16",
+    )
     whole = plan.num_parameters // (plan.tp * plan.pp)
     assert preflight.training_messages(cfg, plan) == {"gradient bucket": whole * 4}
 
@@ -68,12 +73,15 @@ def test_bus_bandwidth_is_nccl_tests_definition():
     assert preflight.verdict(m, 100.0, "x")[0] and not preflight.verdict(m, 200.0, "x")[0]
 
 
-@pytest.mark.parametrize("nodes,rounds", [
-    (1, []),
-    (2, [[(0, 1)]]),
-    (4, [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]),
-    (5, [[(0, 1), (2, 3)], [(1, 2), (3, 4)], [(4, 0)]]),
-])
+@pytest.mark.parametrize(
+    "nodes,rounds",
+    [
+        (1, []),
+        (2, [[(0, 1)]]),
+        (4, [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]),
+        (5, [[(0, 1), (2, 3)], [(1, 2), (3, 4)], [(4, 0)]]),
+    ],
+)
 def test_pair_rounds_pair_each_node_with_its_neighbours_once_per_round(nodes, rounds):
     assert preflight.pair_rounds(nodes) == rounds
     for round_ in rounds:
@@ -108,32 +116,67 @@ def test_a_node_slow_on_its_own_is_named_and_equal_nodes_are_not():
 def test_the_verdict_is_one_line_naming_the_key_and_the_nodes():
     m = Measurement(size_bytes=80 * MIB, seconds=0.01, gpus=16)
     assert [preflight.size_text(s) for s in (MIB // 16, 8 * MIB, 80_000_000)] == ["64 KiB", "8 MiB", "76.3 MiB"]
-    passed, line = preflight.verdict(m, 300.0, "the h100 default in preflight.min_busbw_gbps_by_gpu_type",
-                                     ["gpu-07"], ["gpu-01-gpu-02"])
+    passed, line = preflight.verdict(
+        m, 300.0, "the h100 default in preflight.min_busbw_gbps_by_gpu_type", ["gpu-07"], ["gpu-01-gpu-02"]
+    )
     assert not passed and "\n" not in line
-    assert line == ("preflight: FAILED: all-reduce bus bandwidth 15.7 GB/s at 80 MiB over 16 GPUs is below 300 "
-                    "GB/s (the h100 default in preflight.min_busbw_gbps_by_gpu_type); slow nodes: gpu-07; slow "
-                    "links between nodes: gpu-01-gpu-02; training was not started (fix or exclude the nodes, or "
-                    "lower preflight.min_busbw_gbps to accept)")
+    assert line == (
+        "preflight: FAILED: all-reduce bus bandwidth 15.7 GB/s at 80 MiB over 16 GPUs is below 300 "
+        "GB/s (the h100 default in preflight.min_busbw_gbps_by_gpu_type); slow nodes: gpu-07; slow "
+        "links between nodes: gpu-01-gpu-02; training was not started (fix or exclude the nodes, or "
+        "lower preflight.min_busbw_gbps to accept)"
+    )
     passed, line = preflight.verdict(m, None, "no threshold for GPU type unknown: set preflight.min_busbw_gbps")
     assert passed and line.startswith("preflight: passed: all-reduce bus bandwidth 15.7 GB/s")
 
 
 # ----------------------------------------------------------------------------- the stage on CPU processes
 def run_dir_for(tmp_path: Path, *overrides: str) -> Path:
-    cfg = compose(["stages=[preflight,training]", "preflight.sizes_mib=[0.0625,0.25]", "preflight.iterations=3",
-                   "preflight.warmup_iterations=1", f"results_dir={tmp_path}", "parallelism=tp1", *overrides])
+    cfg = compose(
+        [
+            "stages=[preflight,training]",
+            "preflight.sizes_mib=[0.0625,0.25]",
+            "preflight.iterations=3",
+            "preflight.warmup_iterations=1",
+            f"results_dir={tmp_path}",
+            "parallelism=tp1",
+            *overrides,
+        ]
+    )
     prepared = prepare(cfg, LocalGpus(8, "h100", ("NVIDIA H100 80GB HBM3",) * 8))
     write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs)
     return prepared.run_dir
 
 
 def torchrun_preflight(run_dir: Path, nproc: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(nproc), "-m", "recipes.preflight", "--run-dir", str(run_dir), "--device", "cpu"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+    }
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            "recipes.preflight",
+            "--run-dir",
+            str(run_dir),
+            "--device",
+            "cpu",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_stage_passes_and_prints_the_bandwidth_table(tmp_path):
@@ -151,11 +194,17 @@ def test_the_stage_passes_and_prints_the_bandwidth_table(tmp_path):
 
 
 @pytest.mark.parametrize("nodes,gpus_per_node", [(4, 1), (2, 2)])
-def test_below_the_threshold_it_fails_with_one_line_after_measuring_nodes_and_pairs(tmp_path, nodes,
-                                                                                    gpus_per_node):
+def test_below_the_threshold_it_fails_with_one_line_after_measuring_nodes_and_pairs(tmp_path, nodes, gpus_per_node):
     world = nodes * gpus_per_node
-    run_dir = run_dir_for(tmp_path, "cluster=bcm", "cluster.container_runtime=none", f"cluster.gpus_per_node={gpus_per_node}",
-                          f"parallelism.num_gpus={world}", "preflight.min_busbw_gbps=1000000", "dry_run=true")
+    run_dir = run_dir_for(
+        tmp_path,
+        "cluster=bcm",
+        "cluster.container_runtime=none",
+        f"cluster.gpus_per_node={gpus_per_node}",
+        f"parallelism.num_gpus={world}",
+        "preflight.min_busbw_gbps=1000000",
+        "dry_run=true",
+    )
     result = torchrun_preflight(run_dir, world)
     assert result.returncode != 0
     out = result.stdout.splitlines()

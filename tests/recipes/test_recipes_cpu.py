@@ -1,5 +1,6 @@
 """The training recipe's pieces that need no GPU: config mapping, layer split, sampling, checkpoint
 bookkeeping, metrics and the Hugging Face weight mapping."""
+
 from dataclasses import astuple
 import json
 import os
@@ -50,9 +51,11 @@ def test_a_plan_json_of_another_launcher_version_is_one_line_naming_the_keys(tmp
     write_plan(tmp_path, data)
     with pytest.raises(PlanFileError) as err:
         load_plan(tmp_path)
-    assert str(err.value) == (f"{tmp_path / 'plan.json'} was written by another version of the launcher (missing tp, "
-                              "cannot_train_reason; unknown tensor_parallel); write the run directory again with "
-                              "this version's python main.py")
+    assert str(err.value) == (
+        f"{tmp_path / 'plan.json'} was written by another version of the launcher (missing tp, "
+        "cannot_train_reason; unknown tensor_parallel); write the run directory again with "
+        "this version's python main.py"
+    )
     write_plan(tmp_path, [1, 2])
     with pytest.raises(PlanFileError, match="does not hold a plan"):
         load_plan(tmp_path)
@@ -64,17 +67,28 @@ def test_a_plan_json_of_another_launcher_version_is_one_line_naming_the_keys(tmp
 
 
 def test_a_rank_given_a_foreign_plan_json_stops_with_that_line(tmp_path):
-    subprocess.run([sys.executable, str(REPO / "main.py"), "dry_run=true", f"results_dir={tmp_path}", "run_name=r"],
-                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(REPO / "main.py"), "dry_run=true", f"results_dir={tmp_path}", "run_name=r"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     run_dir = tmp_path / "r"
     data = json.loads((run_dir / "plan.json").read_text())
     write_plan(run_dir, {**data, "expert_parallel": 1})
-    rank = subprocess.run([sys.executable, "-m", "recipes.train", "--run-dir", str(run_dir)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    rank = subprocess.run(
+        [sys.executable, "-m", "recipes.train", "--run-dir", str(run_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rank.returncode == 1
     assert rank.stderr.strip().splitlines() == [
         f"error: {run_dir / 'plan.json'} was written by another version of the launcher (unknown expert_parallel); "
-        "write the run directory again with this version's python main.py"]
+        "write the run directory again with this version's python main.py"
+    ]
 
 
 # ----------------------------------------------------------------------------- config mapping
@@ -114,7 +128,9 @@ def test_deterministic_mode_sets_config_and_environment():
     default_cfg, default_plan = plan_for()
     environ = {}
     assert not settings.apply_determinism(default_cfg, environ) and environ == {}
-    assert not settings.transformer_config_kwargs(default_cfg, default_plan, grad_accum_fusion=True)["deterministic_mode"]
+    assert not settings.transformer_config_kwargs(default_cfg, default_plan, grad_accum_fusion=True)[
+        "deterministic_mode"
+    ]
 
 
 def test_p2p_overlap_only_with_interleaving():
@@ -151,20 +167,30 @@ def test_userbuffer_shape_is_one_cp_shard_of_a_microbatch():
     assert ub["ub_cfgs"]["proj_fprop"]["fp8_buf"] is True and ub["ub_cfgs"]["qkv_fprop"]["method"] == "ring_exchange"
 
 
-@pytest.mark.parametrize("layers,pp,vp,asym", [(126, 8, 8, True), (126, 8, 2, True), (80, 4, 5, False),
-                                               (80, 8, 5, False), (6, 2, 2, True), (32, 1, None, False)])
+@pytest.mark.parametrize(
+    "layers,pp,vp,asym",
+    [(126, 8, 8, True), (126, 8, 2, True), (80, 4, 5, False), (80, 8, 5, False), (6, 2, 2, True), (32, 1, None, False)],
+)
 def test_plan_layer_split_matches_megatron(layers, pp, vp, asym):
     """The launcher's per-stage layer counts are what megatron-core builds on each pipeline rank."""
     from launcher.plan.formulas import layers_per_pipeline_stage
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
-    config = TransformerConfig(num_layers=layers, hidden_size=64, num_attention_heads=4,
-                               pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vp,
-                               account_for_embedding_in_pipeline_split=asym,
-                               account_for_loss_in_pipeline_split=asym, pipeline_dtype=torch.bfloat16)
-    built = [sum(get_num_layers_to_build(config, vp_stage=v if vp else None, pp_rank=r) for v in range(vp or 1))
-             for r in range(pp)]
+    config = TransformerConfig(
+        num_layers=layers,
+        hidden_size=64,
+        num_attention_heads=4,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vp,
+        account_for_embedding_in_pipeline_split=asym,
+        account_for_loss_in_pipeline_split=asym,
+        pipeline_dtype=torch.bfloat16,
+    )
+    built = [
+        sum(get_num_layers_to_build(config, vp_stage=v if vp else None, pp_rank=r) for v in range(vp or 1))
+        for r in range(pp)
+    ]
     assert layers_per_pipeline_stage(layers, pp, asym) == built
     assert sum(built) == layers
 
@@ -200,10 +226,17 @@ def test_a_wrong_tokenizer_is_named_by_its_training_key(tmp_path):
     from data_prep.tokenizer import TokenizerError
 
     (tmp_path / "tokenizer.model").write_bytes(b"\x00")
-    cfg, _ = plan_for("training.data.mock=false", f"training.tokenizer.path={tmp_path}",
-                      "training.tokenizer.type=huggingface", "dry_run=true")
-    with pytest.raises(TokenizerError, match=rf"^training\.tokenizer\.path={tmp_path} is a directory without "
-                                             r"tokenizer\.json; .* set training\.tokenizer\.type=sentencepiece"):
+    cfg, _ = plan_for(
+        "training.data.mock=false",
+        f"training.tokenizer.path={tmp_path}",
+        "training.tokenizer.type=huggingface",
+        "dry_run=true",
+    )
+    with pytest.raises(
+        TokenizerError,
+        match=rf"^training\.tokenizer\.path={tmp_path} is a directory without "
+        r"tokenizer\.json; .* set training\.tokenizer\.type=sentencepiece",
+    ):
         data.build_tokenizer(cfg)
 
 
@@ -281,10 +314,20 @@ manager.shutdown()
 
 # ----------------------------------------------------------------------------- ranks
 def test_rank_info_from_torchrun_then_slurm():
-    assert astuple(rank_info({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "n1",
-                              "MASTER_PORT": "6000"})) == (3, 1, 8, "n1", 6000)
-    assert astuple(rank_info({"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16",
-                              "MASTER_ADDR": "n0", "MASTER_PORT": "7000"}))[:3] == (9, 1, 16)
+    assert astuple(
+        rank_info({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "n1", "MASTER_PORT": "6000"})
+    ) == (3, 1, 8, "n1", 6000)
+    assert astuple(
+        rank_info(
+            {
+                "SLURM_PROCID": "9",
+                "SLURM_LOCALID": "1",
+                "SLURM_NTASKS": "16",
+                "MASTER_ADDR": "n0",
+                "MASTER_PORT": "7000",
+            }
+        )
+    )[:3] == (9, 1, 16)
     assert astuple(rank_info({}))[:3] == (0, 0, 1)
 
 
@@ -328,13 +371,16 @@ def test_resaving_a_step_replaces_it(tmp_path):
 # ----------------------------------------------------------------------------- metrics
 def test_metrics_match_reference_formulas():
     _, plan = plan_for("training=llama31/70b", "dtype=fp8", "cluster=bcm")
-    m = metrics.step_metrics(plan, step=10, loss=2.5, lr=1e-4, grad_norm=1.0, step_time_s=11.31,
-                             consumed_samples=1280)
+    m = metrics.step_metrics(plan, step=10, loss=2.5, lr=1e-4, grad_norm=1.0, step_time_s=11.31, consumed_samples=1280)
     assert round(m.tokens_per_s) == 92712
     assert round(m.mfu * 100, 1) == 35.2 and m.mfu_peak_flops == 1979e12
     line = metrics.progress_line(m, 50)
-    for field in ("reduced_train_loss=2.5000", "global_step=10", "consumed_samples=1280",
-                  "train_step_timing in s=11.3100"):
+    for field in (
+        "reduced_train_loss=2.5000",
+        "global_step=10",
+        "consumed_samples=1280",
+        "train_step_timing in s=11.3100",
+    ):
         assert field in line
 
 
@@ -343,8 +389,11 @@ def test_metrics_writer_drops_records_past_the_resume_point(tmp_path):
     path = str(tmp_path / "metrics.jsonl")
     writer = metrics.MetricsWriter(path, resume_step=0)
     for step in range(1, 6):
-        writer.write(metrics.step_metrics(plan, step=step, loss=1.0, lr=0.1, grad_norm=1.0, step_time_s=0.1,
-                                          consumed_samples=step * 8))
+        writer.write(
+            metrics.step_metrics(
+                plan, step=step, loss=1.0, lr=0.1, grad_norm=1.0, step_time_s=0.1, consumed_samples=step * 8
+            )
+        )
     writer.close()
     with open(path, "a") as f:
         f.write('{"step": 6, "lo')  # a line cut by a crash
@@ -352,25 +401,50 @@ def test_metrics_writer_drops_records_past_the_resume_point(tmp_path):
     steps = [json.loads(line)["step"] for line in open(path)]
     assert steps == [1, 2, 3]
     record = json.loads(open(path).readline())
-    assert {"step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
-            "mfu_peak_flops"} <= set(record)
+    assert {
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "step_time_s",
+        "tokens_per_s",
+        "tflops_per_gpu",
+        "mfu",
+        "mfu_peak_flops",
+    } <= set(record)
 
 
 # ----------------------------------------------------------------------------- Hugging Face mapping
 def _random_hf_state(model):
-    h, ffn, heads, groups, d = (model["hidden_size"], model["ffn_hidden_size"], model["num_attention_heads"],
-                                model["num_query_groups"], model["kv_channels"])
+    h, ffn, heads, groups, d = (
+        model["hidden_size"],
+        model["ffn_hidden_size"],
+        model["num_attention_heads"],
+        model["num_query_groups"],
+        model["kv_channels"],
+    )
     g = torch.Generator().manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
-    state = {"model.embed_tokens.weight": r(model["vocab_size"], h), "model.norm.weight": r(h),
-             "lm_head.weight": r(model["vocab_size"], h)}
+    state = {
+        "model.embed_tokens.weight": r(model["vocab_size"], h),
+        "model.norm.weight": r(h),
+        "lm_head.weight": r(model["vocab_size"], h),
+    }
     for i in range(model["num_layers"]):
         p = f"model.layers.{i}."
-        state.update({p + "input_layernorm.weight": r(h), p + "self_attn.q_proj.weight": r(heads * d, h),
-                      p + "self_attn.k_proj.weight": r(groups * d, h), p + "self_attn.v_proj.weight": r(groups * d, h),
-                      p + "self_attn.o_proj.weight": r(h, heads * d), p + "post_attention_layernorm.weight": r(h),
-                      p + "mlp.gate_proj.weight": r(ffn, h), p + "mlp.up_proj.weight": r(ffn, h),
-                      p + "mlp.down_proj.weight": r(h, ffn)})
+        state.update(
+            {
+                p + "input_layernorm.weight": r(h),
+                p + "self_attn.q_proj.weight": r(heads * d, h),
+                p + "self_attn.k_proj.weight": r(groups * d, h),
+                p + "self_attn.v_proj.weight": r(groups * d, h),
+                p + "self_attn.o_proj.weight": r(h, heads * d),
+                p + "post_attention_layernorm.weight": r(h),
+                p + "mlp.gate_proj.weight": r(ffn, h),
+                p + "mlp.up_proj.weight": r(ffn, h),
+                p + "mlp.down_proj.weight": r(h, ffn),
+            }
+        )
     return state
 
 
@@ -388,8 +462,8 @@ def test_hf_mapping_round_trips_and_packs_qkv_per_group():
     start = (per_group + 2) * d
     q = hf_state["model.layers.1.self_attn.q_proj.weight"]
     k = hf_state["model.layers.1.self_attn.k_proj.weight"]
-    assert torch.equal(qkv[start:start + d], q[per_group * d:per_group * d + d])
-    assert torch.equal(qkv[start + per_group * d:start + per_group * d + d], k[d:2 * d])
+    assert torch.equal(qkv[start : start + d], q[per_group * d : per_group * d + d])
+    assert torch.equal(qkv[start + per_group * d : start + per_group * d + d], k[d : 2 * d])
     back = mapping.megatron_to_hf(mc, model)
     assert back.keys() == hf_state.keys()
     for key in hf_state:
@@ -406,8 +480,9 @@ def test_wgrad_fallback_accumulates_the_weight_gradient(dtype):
     dy = torch.randn(2, 16, 8, generator=g).to(torch.bfloat16)  # [seq, batch, out]
     start = torch.randn(8, 32, generator=g).to(dtype)
     main_grad = start.clone()
-    accumulate = (wgrad_fallback.wgrad_gemm_accum_fp32 if dtype == torch.float32
-                  else wgrad_fallback.wgrad_gemm_accum_fp16)
+    accumulate = (
+        wgrad_fallback.wgrad_gemm_accum_fp32 if dtype == torch.float32 else wgrad_fallback.wgrad_gemm_accum_fp16
+    )
     accumulate(x, dy, main_grad)
     expected = start.double() + dy.reshape(-1, 8).double().t() @ x.reshape(-1, 32).double()
     error = (main_grad.double() - expected).norm() / expected.norm()
@@ -464,8 +539,10 @@ def _state(pid: int) -> str:
 def test_the_training_entry_imports_neither_torch_nor_megatron_before_its_stack_check():
     # What `python -m recipes.train` has loaded once its module ran: the trainer (torch, megatron-core at the top
     # of its modules) is imported by main() only after the check.
-    script = ("import sys, recipes.train; print(sorted(m for m in sys.modules "
-              "if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine', 'recipes')))")
+    script = (
+        "import sys, recipes.train; print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine', 'recipes')))"
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == str(["recipes", "recipes.train", "recipes.trainer", "recipes.trainer.ranks"])

@@ -1,6 +1,7 @@
 """The trainer's long-run component without a GPU (recipes/resilience/): the rank monitor's sections in the order
 the loop opens them, a fault that fires once at its step and never after the restart it causes, and the events a
 process records for the report (where the process before it got to, when it is back there)."""
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,22 @@ def test_the_first_step_belongs_to_the_start_and_saves_to_their_own_section():
         with hangs.checkpointing():
             pass
     hangs.close()
-    assert client.calls == ["+setup", "-setup", "+checkpointing", "-checkpointing",
-                            "+step", "-step", "+checkpointing", "-checkpointing",
-                            "+step", "-step", "+checkpointing", "-checkpointing", "end all", "shutdown"]
+    assert client.calls == [
+        "+setup",
+        "-setup",
+        "+checkpointing",
+        "-checkpointing",
+        "+step",
+        "-step",
+        "+checkpointing",
+        "-checkpointing",
+        "+step",
+        "-step",
+        "+checkpointing",
+        "-checkpointing",
+        "end all",
+        "shutdown",
+    ]
 
 
 def test_not_under_ft_launcher_there_is_no_monitor(monkeypatch):
@@ -52,9 +66,11 @@ def test_not_under_ft_launcher_there_is_no_monitor(monkeypatch):
 
 
 def test_a_fault_fires_once_on_its_rank_and_step(tmp_path):
-    script = ("import sys; from recipes.resilience.faults import FaultInjector; from common import run_events; "
-              "f = FaultInjector(sys.argv[1], {'kind': 'crash', 'rank': 0, 'step': 3, 'during': 'step'}, 0, "
-              "run_events.read(sys.argv[1])); [f.at(s, 'step') for s in range(1, 6)]; print('ran through')")
+    script = (
+        "import sys; from recipes.resilience.faults import FaultInjector; from common import run_events; "
+        "f = FaultInjector(sys.argv[1], {'kind': 'crash', 'rank': 0, 'step': 3, 'during': 'step'}, 0, "
+        "run_events.read(sys.argv[1])); [f.at(s, 'step') for s in range(1, 6)]; print('ran through')"
+    )
     first = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert first.returncode == 1 and "rank 0 crashes (os._exit(1)) at step 3" in first.stdout
     assert "ran through" not in first.stdout
@@ -76,7 +92,11 @@ def test_a_restarted_process_records_where_the_one_before_got_and_when_it_is_bac
     g.ended(59, finished=True)
     start, recovered, end = run_events.read(str(tmp_path))
     assert (start["event"], start["resumed_step"], start["last_step"], start["last_step_time"]) == (
-        "start", 40, 57, 1_700_000_000)
+        "start",
+        40,
+        57,
+        1_700_000_000,
+    )
     assert recovered["event"] == "recovered" and recovered["step"] == 57 and recovered["time_lost_s"] > 0
     assert end == {**end, "event": "end", "step": 59, "finished": True}
     assert guard.job_id({"SLURM_JOB_ID": "12"}) == "12" and guard.job_id({"JOB_ID": "7"}) == "7"

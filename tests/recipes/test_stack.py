@@ -1,5 +1,6 @@
 """The declared training stack (conf/stack.yaml): the check every rank runs first, with faked discoveries (no
 other versions installed), the installer's choices, and the places that must name the same versions."""
+
 import re
 import subprocess
 import sys
@@ -30,11 +31,14 @@ def test_the_declared_stack_passes_for_bf16_and_fp8():
         assert stack.problems(DECLARED, AS_TESTED, H100, precision, python="3.12.3") == []
 
 
-@pytest.mark.parametrize("component, version, needed", [
-    ("megatron_core", "0.14.0", ">=0.19.2,<0.20"),   # what the NeMo 25.09 container ships
-    ("megatron_core", "0.20.0", ">=0.19.2,<0.20"),
-    ("transformer_engine", "2.7.0", ">=2.20,<2.21"),
-])
+@pytest.mark.parametrize(
+    "component, version, needed",
+    [
+        ("megatron_core", "0.14.0", ">=0.19.2,<0.20"),  # what the NeMo 25.09 container ships
+        ("megatron_core", "0.20.0", ">=0.19.2,<0.20"),
+        ("transformer_engine", "2.7.0", ">=2.20,<2.21"),
+    ],
+)
 def test_a_version_outside_the_range_is_one_line_naming_found_needed_and_the_fix(component, version, needed):
     found_problems = stack.problems(DECLARED, with_found(**{component: Found(version)}), H100, python="3.12.3")
     assert len(found_problems) == 1
@@ -61,8 +65,10 @@ def test_fp8_needs_an_fp8_gpu_and_bf16_an_ampere_one():
 
 def test_no_gpu_and_no_nccl_are_named():
     found_problems = stack.problems(DECLARED, AS_TESTED, GpuFound(None, None, None), python="3.12.3")
-    assert found_problems == ["no CUDA GPU visible to this process",
-                              "torch has no NCCL (torch.distributed.is_nccl_available() is false)"]
+    assert found_problems == [
+        "no CUDA GPU visible to this process",
+        "torch has no NCCL (torch.distributed.is_nccl_available() is false)",
+    ]
 
 
 def test_an_old_python_is_named():
@@ -117,16 +123,18 @@ def test_a_package_that_is_not_there_names_the_import_error():
 
 
 def test_the_table_and_data_preparations_check_import_neither_torch_nor_megatron():
-    script = ("import importlib.metadata as md, sys\n"
-              "from common import stack\n"
-              "found = stack.discover_all(stack.load_declared(), ('torch', 'megatron_core'))\n"
-              "def installed(name):\n"
-              "    try:\n"
-              "        return md.version(name)\n"
-              "    except md.PackageNotFoundError:\n"
-              "        return None\n"
-              "print([(f.version, installed(n)) for n, f in zip(('torch', 'megatron-core'), found.values())])\n"
-              "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))\n")
+    script = (
+        "import importlib.metadata as md, sys\n"
+        "from common import stack\n"
+        "found = stack.discover_all(stack.load_declared(), ('torch', 'megatron_core'))\n"
+        "def installed(name):\n"
+        "    try:\n"
+        "        return md.version(name)\n"
+        "    except md.PackageNotFoundError:\n"
+        "        return None\n"
+        "print([(f.version, installed(n)) for n, f in zip(('torch', 'megatron-core'), found.values())])\n"
+        "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))\n"
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     versions, imported = result.stdout.splitlines()
     assert imported == "[]", result.stdout
@@ -147,16 +155,30 @@ def test_a_cpu_build_of_torch_sees_no_gpu_and_no_nccl_without_being_imported(mon
 
 # ----------------------------------------------------------------------------- real processes, bad stack
 def _run_dir(tmp_path, *overrides) -> Path:
-    subprocess.run([sys.executable, str(REPO / "main.py"), "dry_run=true", f"results_dir={tmp_path}",
-                    "run_name=stack", *overrides], cwd=REPO, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "main.py"),
+            "dry_run=true",
+            f"results_dir={tmp_path}",
+            "run_name=stack",
+            *overrides,
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return tmp_path / "stack"
 
 
 def test_training_with_a_bad_stack_exits_2_with_one_line_before_the_model_is_built(tmp_path):
     # The range is one no release satisfies, so this fails whatever this machine has installed.
     run_dir = _run_dir(tmp_path, "stack.megatron_core.supported='>=99'")
-    for command in (["-m", "recipes.train", "--run-dir", str(run_dir)],
-                    ["-m", "recipes.stack", "check", "--run-dir", str(run_dir)]):
+    for command in (
+        ["-m", "recipes.train", "--run-dir", str(run_dir)],
+        ["-m", "recipes.stack", "check", "--run-dir", str(run_dir)],
+    ):
         result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 2, result.stderr[-2000:]
@@ -166,11 +188,21 @@ def test_training_with_a_bad_stack_exits_2_with_one_line_before_the_model_is_bui
 
 def test_data_preparation_with_a_bad_stack_exits_2(tmp_path):
     (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
-    run_dir = _run_dir(tmp_path, "stages=[data_preparation]", "data_preparation=files",
-                       f"data_preparation.inputs=[{tmp_path / 'in.jsonl'}]",
-                       f"data_preparation.output_dir={tmp_path / 'out'}", "stack.torch.supported='>=99'")
-    result = subprocess.run([sys.executable, "-m", "data_prep", "run", "--config", str(run_dir / "config.yaml")],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    run_dir = _run_dir(
+        tmp_path,
+        "stages=[data_preparation]",
+        "data_preparation=files",
+        f"data_preparation.inputs=[{tmp_path / 'in.jsonl'}]",
+        f"data_preparation.output_dir={tmp_path / 'out'}",
+        "stack.torch.supported='>=99'",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "data_prep", "run", "--config", str(run_dir / "config.yaml")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and "torch" in result.stderr and ">=99 needed" in result.stderr, result.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.bin"))
 
@@ -191,23 +223,37 @@ def test_the_installer_adds_only_what_is_missing_or_out_of_range():
     ok = stack.missing_requirements(DECLARED, AS_TESTED, installed, cuda_major=lambda: "13")
     assert ok == []  # a base that already has the stack is left as it is
     old = with_found(megatron_core=Found("0.14.0"), transformer_engine=Found(None, "not installed"))
-    todo = stack.missing_requirements(DECLARED, old, lambda name: None if name == "zstandard" else installed(name),
-                                      cuda_major=lambda: "12")
-    assert todo == [f"megatron-core=={DECLARED['megatron_core']['tested']}",
-                    f"transformer-engine[pytorch,core_cu12]=={DECLARED['transformer_engine']['tested']}",
-                    "zstandard"]
+    todo = stack.missing_requirements(
+        DECLARED, old, lambda name: None if name == "zstandard" else installed(name), cuda_major=lambda: "12"
+    )
+    assert todo == [
+        f"megatron-core=={DECLARED['megatron_core']['tested']}",
+        f"transformer-engine[pytorch,core_cu12]=={DECLARED['transformer_engine']['tested']}",
+        "zstandard",
+    ]
 
 
 def test_the_base_images_torch_is_never_replaced():
     with pytest.raises(SystemExit, match="comes with the base image"):
-        stack.missing_requirements(DECLARED, with_found(torch=Found("2.1.0")), lambda name: "9.9",
-                                   cuda_major=lambda: "12")
+        stack.missing_requirements(
+            DECLARED, with_found(torch=Found("2.1.0")), lambda name: "9.9", cuda_major=lambda: "12"
+        )
 
 
 def test_air_gapped_installs_read_only_the_wheel_directory():
     command = stack.pip_command(["megatron-core==0.19.2"], "/shared/wheels", "/tmp/c.txt")
-    assert command[1:] == ["-m", "pip", "install", "--no-build-isolation", "--no-index", "--find-links",
-                           "/shared/wheels", "--constraint", "/tmp/c.txt", "megatron-core==0.19.2"]
+    assert command[1:] == [
+        "-m",
+        "pip",
+        "install",
+        "--no-build-isolation",
+        "--no-index",
+        "--find-links",
+        "/shared/wheels",
+        "--constraint",
+        "/tmp/c.txt",
+        "megatron-core==0.19.2",
+    ]
 
 
 def test_install_with_nothing_to_do_runs_no_pip(monkeypatch):
@@ -223,10 +269,12 @@ def test_install_with_nothing_to_do_runs_no_pip(monkeypatch):
 def test_the_dockerfile_names_the_declared_versions_and_the_default_base():
     dockerfile = (REPO / "Dockerfile").read_text()
     labels = dict(re.findall(r'io\.llama31-recipes\.([\w-]+)="([^"]+)"', dockerfile))
-    assert labels == {"megatron-core": str(DECLARED["megatron_core"]["tested"]),
-                      "transformer-engine": str(DECLARED["transformer_engine"]["tested"]),
-                      "torch-tested": str(DECLARED["torch"]["tested"]),
-                      "python-tested": str(DECLARED["python"]["tested"])}
+    assert labels == {
+        "megatron-core": str(DECLARED["megatron_core"]["tested"]),
+        "transformer-engine": str(DECLARED["transformer_engine"]["tested"]),
+        "torch-tested": str(DECLARED["torch"]["tested"]),
+        "python-tested": str(DECLARED["python"]["tested"]),
+    }
     assert "python -m recipes.stack install" in dockerfile
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M).group(1)
     bcm = yaml.safe_load((REPO / "conf" / "cluster" / "bcm.yaml").read_text())
@@ -252,20 +300,38 @@ def test_pyproject_and_the_declared_stack_list_the_same_gpu_side_packages():
 
 
 def test_the_wheels_for_an_air_gapped_machine_are_the_files_pip_chose_dependencies_included():
-    report = {"install": [
-        {"metadata": {"name": "megatron-core", "version": "0.19.2"},
-         "download_info": {"url": "https://files.example/megatron_core-0.19.2-cp312-cp312-manylinux_2_28_x86_64.whl"}},
-        {"metadata": {"name": "transformer-engine-torch", "version": "2.20.2"},
-         "download_info": {"url": "https://files.example/transformer_engine_torch-2.20.2.tar.gz"}},
-        {"metadata": {"name": "importlib-metadata", "version": "10.2.0"},
-         "download_info": {"url": "https://files.example/importlib_metadata-10.2.0-py3-none-any.whl"}},
-    ]}
+    report = {
+        "install": [
+            {
+                "metadata": {"name": "megatron-core", "version": "0.19.2"},
+                "download_info": {
+                    "url": "https://files.example/megatron_core-0.19.2-cp312-cp312-manylinux_2_28_x86_64.whl"
+                },
+            },
+            {
+                "metadata": {"name": "transformer-engine-torch", "version": "2.20.2"},
+                "download_info": {"url": "https://files.example/transformer_engine_torch-2.20.2.tar.gz"},
+            },
+            {
+                "metadata": {"name": "importlib-metadata", "version": "10.2.0"},
+                "download_info": {"url": "https://files.example/importlib_metadata-10.2.0-py3-none-any.whl"},
+            },
+        ]
+    }
     commands = [c[1:] for c in stack.fetch_commands(report, "/w")]
     assert commands == [
         ["-m", "pip", "download", "--no-deps", "-d", "/w", report["install"][0]["download_info"]["url"]],
         # A source archive is built here, against this image's torch.
-        ["-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", "/w",
-         report["install"][1]["download_info"]["url"]],
+        [
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            "/w",
+            report["install"][1]["download_info"]["url"],
+        ],
         ["-m", "pip", "download", "--no-deps", "-d", "/w", report["install"][2]["download_info"]["url"]],
     ]
 

@@ -1,5 +1,6 @@
 """A real one-node Grid Engine for the integration tests, started once per session with sge-local.sh (Debian's
 gridengine-master/-exec/-client, installed through apt when missing) and stopped at the end."""
+
 from __future__ import annotations
 
 import os

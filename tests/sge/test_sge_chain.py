@@ -3,6 +3,7 @@
 report), and a stand-in trainer (tests/standin/: it resumes, steps, checkpoints and stops on SIGUSR1 as the
 trainer does, on the CPU) takes the GPU trainer's place, started by a stand-in mpirun (one rank; the cell has no
 Open MPI). The jobs run bare metal without a node resource."""
+
 from __future__ import annotations
 
 import json
@@ -29,11 +30,27 @@ def submit_chain(grid_engine, tmp_path: Path, behaviour: dict, *overrides: str) 
     shutil.copytree(STANDIN, workdir)
     (workdir / "standin.json").write_text(json.dumps(behaviour))
     out = subprocess.run(
-        [sys.executable, "main.py", "cluster=sge", "cluster.container_runtime=none", "cluster.node_resource=null",
-         f"results_dir={tmp_path}/results", "run_name=chain", "resilience.job_restarts=3",
-         "training.train_steps=30", "training.checkpoint.interval=5", f'cluster.qsub_args=["-wd {workdir}"]',
-         f'cluster.setup=["export PATH={workdir}/bin:$PATH"]', *overrides],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env={**grid_engine.env, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "main.py",
+            "cluster=sge",
+            "cluster.container_runtime=none",
+            "cluster.node_resource=null",
+            f"results_dir={tmp_path}/results",
+            "run_name=chain",
+            "resilience.job_restarts=3",
+            "training.train_steps=30",
+            "training.checkpoint.interval=5",
+            f'cluster.qsub_args=["-wd {workdir}"]',
+            f'cluster.setup=["export PATH={workdir}/bin:$PATH"]',
+            *overrides,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**grid_engine.env, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     run_dir = tmp_path / "results" / "chain"
     jobs = json.loads((run_dir / "jobs.json").read_text())
@@ -57,8 +74,9 @@ def wait_until_gone(grid_engine, jobs: list[dict], timeout_s: int = 600) -> None
 
 def test_a_chain_continues_job_after_job_until_training_finishes(grid_engine, tmp_path):
     # h_rt of 1 minute, SIGUSR1 at s_rt 45 s before it: each job trains a while, saves, and leaves the rest.
-    run_dir, jobs = submit_chain(grid_engine, tmp_path, {"step_s": 1.0}, "cluster.time_limit=00:01:00",
-                                 "cluster.signal_before_timeout_s=45")
+    run_dir, jobs = submit_chain(
+        grid_engine, tmp_path, {"step_s": 1.0}, "cluster.time_limit=00:01:00", "cluster.signal_before_timeout_s=45"
+    )
     try:
         wait_until_gone(grid_engine, jobs)
     finally:

@@ -2,6 +2,7 @@
 tokenization into .bin/.idx) and the check job that holds on it (-hold_jid) and reads every shard as training
 would. The cluster has no GPUs and no Apptainer, so the jobs run bare metal (container_runtime=none) without a
 node resource (the Debian cell defines no node_f)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,13 @@ pytestmark = pytest.mark.sge
 pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
 
 REPO = Path(__file__).resolve().parents[2]
-BARE_METAL = ["cluster=sge", "cluster.container_runtime=none", "cluster.node_resource=null",
-              "cluster.time_limit=00:10:00", "data_preparation.job.time_limit=00:10:00"]
+BARE_METAL = [
+    "cluster=sge",
+    "cluster.container_runtime=none",
+    "cluster.node_resource=null",
+    "cluster.time_limit=00:10:00",
+    "data_preparation.job.time_limit=00:10:00",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +36,24 @@ def tokenizer(tmp_path_factory) -> Path:
 def submit(grid_engine, tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
     out = subprocess.run(
-        [sys.executable, "main.py", *BARE_METAL, "stages=[data_preparation]", "data_preparation=files",
-         f"data_preparation.inputs=[{inputs}]", f"data_preparation.output_dir={tmp_path}/data",
-         "training.tokenizer.type=sentencepiece", f"training.tokenizer.path={tokenizer}", f"results_dir={results}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**grid_engine.env, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "main.py",
+            *BARE_METAL,
+            "stages=[data_preparation]",
+            "data_preparation=files",
+            f"data_preparation.inputs=[{inputs}]",
+            f"data_preparation.output_dir={tmp_path}/data",
+            "training.tokenizer.type=sentencepiece",
+            f"training.tokenizer.path={tokenizer}",
+            f"results_dir={results}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**grid_engine.env, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert out.returncode == 0, out.stderr
     run_dir = results / "data_files"  # data preparation alone: its own run directory
     jobs = json.loads((run_dir / "jobs.json").read_text())

@@ -1,5 +1,6 @@
 """A real single-node Slurm for the integration tests, started once per session with the vendored
 slurm-local.sh (Debian's slurm 22.05 + munge, installed through apt when missing) and stopped at the end."""
+
 from __future__ import annotations
 
 import subprocess
@@ -22,8 +23,11 @@ class SlurmCluster:
     def show(self, job_id: str) -> list[dict[str, str]]:
         """`scontrol show job` as one dict per (array) task."""
         out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True)
-        return [dict(field.split("=", 1) for field in line.split() if "=" in field)
-                for line in out.stdout.splitlines() if line.strip()]
+        return [
+            dict(field.split("=", 1) for field in line.split() if "=" in field)
+            for line in out.stdout.splitlines()
+            if line.strip()
+        ]
 
 
 @pytest.fixture(scope="session")

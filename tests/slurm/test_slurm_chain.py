@@ -2,6 +2,7 @@
 each job runs the rendered submission.sbatch (its chain check, training, the check after it, the report), and a
 stand-in trainer (tests/standin/: it resumes, steps, checkpoints and stops on SIGUSR1 as the trainer does, on the
 CPU) takes the GPU trainer's place. The cluster has no GPUs, so the jobs run bare metal."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "standin"
-BARE_METAL = ["cluster=bcm", "cluster.container_runtime=none", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1",
-              "cluster.exclusive=false"]
+BARE_METAL = [
+    "cluster=bcm",
+    "cluster.container_runtime=none",
+    "cluster.gpus_per_node=null",
+    "cluster.ntasks_per_node=1",
+    "cluster.exclusive=false",
+]
 
 
 def submit_chain(tmp_path: Path, behaviour: dict, *overrides: str) -> tuple[Path, list[dict]]:
@@ -30,10 +36,24 @@ def submit_chain(tmp_path: Path, behaviour: dict, *overrides: str) -> tuple[Path
     shutil.copytree(STANDIN, workdir)
     (workdir / "standin.json").write_text(json.dumps(behaviour))
     out = subprocess.run(
-        [sys.executable, "main.py", *BARE_METAL, f"results_dir={tmp_path}/results", "run_name=chain",
-         "resilience.job_restarts=3", "training.train_steps=30", "training.checkpoint.interval=5",
-         f'cluster.sbatch_args=["--chdir={workdir}"]', *overrides],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "main.py",
+            *BARE_METAL,
+            f"results_dir={tmp_path}/results",
+            "run_name=chain",
+            "resilience.job_restarts=3",
+            "training.train_steps=30",
+            "training.checkpoint.interval=5",
+            f'cluster.sbatch_args=["--chdir={workdir}"]',
+            *overrides,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     run_dir = tmp_path / "results" / "chain"
     jobs = json.loads((run_dir / "jobs.json").read_text())
@@ -54,8 +74,9 @@ def states(slurm_cluster, jobs: list[dict]) -> list[str]:
 def test_a_chain_continues_job_after_job_until_training_finishes(slurm_cluster, tmp_path):
     # A 1-minute limit with the warning 45 s before it: each job trains for some seconds, saves on SIGUSR1 and
     # leaves the rest to the next one (Slurm sends the warning within about a minute of the time asked).
-    run_dir, jobs = submit_chain(tmp_path, {"step_s": 1.0}, "cluster.time_limit=00:01:00",
-                                 "cluster.signal_before_timeout_s=45")
+    run_dir, jobs = submit_chain(
+        tmp_path, {"step_s": 1.0}, "cluster.time_limit=00:01:00", "cluster.signal_before_timeout_s=45"
+    )
     final = states(slurm_cluster, jobs)
     logs = {j["job_id"]: log_of(run_dir, j["job_id"]) + log_of(run_dir, j["job_id"], ".err") for j in jobs}
     events = run_events.read(str(run_dir))
@@ -88,8 +109,10 @@ def test_a_job_that_fails_without_progress_is_retried_once_then_the_chain_stops(
     assert final[0].startswith("FAILED") and final[1].startswith("FAILED"), final
     stop_line = [line for line in log_of(run_dir, third["job_id"]).splitlines() if line.startswith("chain: stopped")]
     print(stop_line[0] if stop_line else log_of(run_dir, third["job_id"]))
-    assert stop_line and f"jobs {first['job_id']} and {retry['job_id']} both ended without a new checkpoint" \
-        in stop_line[0]
+    assert (
+        stop_line
+        and f"jobs {first['job_id']} and {retry['job_id']} both ended without a new checkpoint" in stop_line[0]
+    )
     assert final[2].startswith("FAILED"), final  # the stopping job says so in its state too
     assert final[3].startswith("CANCELLED") and not log_of(run_dir, fourth["job_id"]), final
     decisions = [e["decision"] for e in run_events.read(str(run_dir)) if e["event"] == "job"]

@@ -1,6 +1,7 @@
 """main.py against a real one-node Slurm: a data-preparation array (one task per shard, real tokenization into
 .bin/.idx) and the dependent check job that reads every shard as training would. The cluster has no GPUs,
 pyxis or PMIx, so the jobs run bare metal (cluster.container_runtime=none, no GRES, one task per node)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,14 @@ pytestmark = pytest.mark.slurm
 pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
 
 REPO = Path(__file__).resolve().parents[2]
-BARE_METAL = ["cluster=bcm", "cluster.container_runtime=none", "cluster.gpus_per_node=null", "cluster.ntasks_per_node=1",
-              "cluster.exclusive=false", "cluster.time_limit=00:10:00"]
+BARE_METAL = [
+    "cluster=bcm",
+    "cluster.container_runtime=none",
+    "cluster.gpus_per_node=null",
+    "cluster.ntasks_per_node=1",
+    "cluster.exclusive=false",
+    "cluster.time_limit=00:10:00",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +37,24 @@ def tokenizer(tmp_path_factory) -> Path:
 def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
     out = subprocess.run(
-        [sys.executable, "main.py", *BARE_METAL, "stages=[data_preparation]", "data_preparation=files",
-         f"data_preparation.inputs=[{inputs}]", f"data_preparation.output_dir={tmp_path}/data",
-         "training.tokenizer.type=sentencepiece", f"training.tokenizer.path={tokenizer}", f"results_dir={results}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "main.py",
+            *BARE_METAL,
+            "stages=[data_preparation]",
+            "data_preparation=files",
+            f"data_preparation.inputs=[{inputs}]",
+            f"data_preparation.output_dir={tmp_path}/data",
+            "training.tokenizer.type=sentencepiece",
+            f"training.tokenizer.path={tokenizer}",
+            f"results_dir={results}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert out.returncode == 0, out.stderr
     run_dir = results / "data_files"  # data preparation alone: its own run directory
     jobs = json.loads((run_dir / "jobs.json").read_text())

@@ -1,4 +1,5 @@
 """training: batch, sequence, steps and evaluation sizes, against the layout."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -24,20 +25,26 @@ def _sequence(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if cp > 1 and seq % (2 * cp):
         found.problem(f"training.seq_length={seq} must be divisible by 2 x parallelism.cp={2 * cp}")
     elif cfg["parallelism"]["sequence_parallel"] and tp > 1 and (seq // cp) % tp:
-        found.problem(f"training.seq_length / parallelism.cp = {seq // cp} must be divisible by parallelism.tp={tp} "
-                      "for sequence parallelism")
+        found.problem(
+            f"training.seq_length / parallelism.cp = {seq // cp} must be divisible by parallelism.tp={tp} "
+            "for sequence parallelism"
+        )
 
 
 def _batch(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     mbs, gbs, dp, pp = sizes.micro_batch_size, sizes.global_batch_size, sizes.dp, sizes.pp
     if sizes.num_microbatches is None:
-        found.problem(f"training.global_batch_size={gbs} is not divisible by training.micro_batch_size={mbs} x "
-                      f"data-parallel size {dp} (= num_gpus {sizes.num_gpus} / (tp {sizes.tp} x pp {pp} x cp "
-                      f"{sizes.cp})); use a multiple of {mbs * dp}")
+        found.problem(
+            f"training.global_batch_size={gbs} is not divisible by training.micro_batch_size={mbs} x "
+            f"data-parallel size {dp} (= num_gpus {sizes.num_gpus} / (tp {sizes.tp} x pp {pp} x cp "
+            f"{sizes.cp})); use a multiple of {mbs * dp}"
+        )
         return
     if sizes.vp and sizes.num_microbatches < pp:
-        found.problem(f"the interleaved pipeline needs at least parallelism.pp={pp} microbatches per step; "
-                      f"training.global_batch_size={gbs} gives {sizes.num_microbatches}")
+        found.problem(
+            f"the interleaved pipeline needs at least parallelism.pp={pp} microbatches per step; "
+            f"training.global_batch_size={gbs} gives {sizes.num_microbatches}"
+        )
     _evaluation(cfg["training"].get("val_samples"), sizes, found)
 
 
@@ -48,11 +55,15 @@ def _evaluation(val_samples: int | None, sizes: Sizes, found: Findings) -> None:
         return
     per_rank = sizes.micro_batch_size * sizes.dp
     if val_samples % per_rank:
-        found.problem(f"training.val_samples={val_samples} is not a multiple of training.micro_batch_size="
-                      f"{sizes.micro_batch_size} x data-parallel size {sizes.dp}; use a multiple of {per_rank}")
+        found.problem(
+            f"training.val_samples={val_samples} is not a multiple of training.micro_batch_size="
+            f"{sizes.micro_batch_size} x data-parallel size {sizes.dp}; use a multiple of {per_rank}"
+        )
         return
     last_call = (val_samples // per_rank) % sizes.num_microbatches
     if sizes.vp and last_call % sizes.pp:
-        found.problem(f"training.val_samples={val_samples} leaves a last evaluation call of {last_call} "
-                      f"microbatch(es) per rank, which the interleaved pipeline cannot run (it needs a multiple of "
-                      f"parallelism.pp={sizes.pp}); use a multiple of {per_rank * sizes.pp}")
+        found.problem(
+            f"training.val_samples={val_samples} leaves a last evaluation call of {last_call} "
+            f"microbatch(es) per rank, which the interleaved pipeline cannot run (it needs a multiple of "
+            f"parallelism.pp={sizes.pp}); use a multiple of {per_rank * sizes.pp}"
+        )

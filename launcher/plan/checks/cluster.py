@@ -1,5 +1,6 @@
 """cluster: GPUs per node and ranks per node against the job, this machine's GPUs (cluster=local), the GPU type,
 the container, and the environment the ranks get."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -24,23 +25,31 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         found.problem(f"unknown cluster.gpu_type={sizes.gpu_type!r}; known: {', '.join(GPUS)}")
     runs_in_container = cluster["platform"] in ("slurm", "sge")  # local jobs never do; bcp and k8s always do
     if runs_in_container and not cluster.get("container") and cluster["container_runtime"] != "none":
-        found.problem(f"cluster.container=null gives cluster.container_runtime={cluster['container_runtime']} no "
-                      "image: set cluster.container, or cluster.container_runtime=none to run bare metal")
+        found.problem(
+            f"cluster.container=null gives cluster.container_runtime={cluster['container_runtime']} no "
+            "image: set cluster.container, or cluster.container_runtime=none to run bare metal"
+        )
     conflicting = sorted(k for k in ATTENTION_VARIABLES if k in (cluster.get("env") or {}))
     if conflicting:
-        found.problem(f"cluster.env sets {', '.join(conflicting)}: choose the attention backend with "
-                      "training.model.attention_backend instead (megatron-core sets these itself)")
+        found.problem(
+            f"cluster.env sets {', '.join(conflicting)}: choose the attention backend with "
+            "training.model.attention_backend instead (megatron-core sets these itself)"
+        )
 
 
 def _this_machine(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     asked, here = cfg["cluster"].get("gpus_per_node"), sizes.local_gpus or 0
     if asked and asked > here:
-        found.problem(f"cluster.gpus_per_node={asked} but this machine has {here} GPUs; set "
-                      "cluster.gpus_per_node=null to use what nvidia-smi finds")
+        found.problem(
+            f"cluster.gpus_per_node={asked} but this machine has {here} GPUs; set "
+            "cluster.gpus_per_node=null to use what nvidia-smi finds"
+        )
     elif here and sizes.num_gpus and sizes.num_gpus > (asked or here):
         available = asked or here
-        found.problem(f"parallelism.num_gpus={sizes.num_gpus} but this machine has {available} GPUs; set "
-                      f"parallelism.num_gpus={available} (and a layout that fits) or use cluster=bcm")
+        found.problem(
+            f"parallelism.num_gpus={sizes.num_gpus} but this machine has {available} GPUs; set "
+            f"parallelism.num_gpus={available} (and a layout that fits) or use cluster=bcm"
+        )
 
 
 def _nodes(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
@@ -52,11 +61,17 @@ def _nodes(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if sizes.gpus_per_node is None or sizes.num_gpus is None:
         return  # a value out of range, reported above
     if gpus and gpus >= 1 and tasks and tasks > gpus:
-        found.problem(f"cluster.ntasks_per_node={tasks} asks for more GPUs per node than the nodes have "
-                      f"(cluster.gpus_per_node={gpus}); set cluster.ntasks_per_node=null (one task per GPU)")
+        found.problem(
+            f"cluster.ntasks_per_node={tasks} asks for more GPUs per node than the nodes have "
+            f"(cluster.gpus_per_node={gpus}); set cluster.ntasks_per_node=null (one task per GPU)"
+        )
     if sizes.num_gpus % sizes.gpus_per_node:
-        found.problem(f"parallelism.num_gpus={sizes.num_gpus} is not a whole number of nodes of "
-                      f"{sizes.gpus_per_node} GPUs (cluster.gpus_per_node); use a multiple of {sizes.gpus_per_node}")
+        found.problem(
+            f"parallelism.num_gpus={sizes.num_gpus} is not a whole number of nodes of "
+            f"{sizes.gpus_per_node} GPUs (cluster.gpus_per_node); use a multiple of {sizes.gpus_per_node}"
+        )
     if sizes.tp and sizes.tp > sizes.gpus_per_node:
-        found.problem(f"parallelism.tp={sizes.tp} spans nodes (cluster.gpus_per_node={sizes.gpus_per_node}); keep "
-                      "TP within a node")
+        found.problem(
+            f"parallelism.tp={sizes.tp} spans nodes (cluster.gpus_per_node={sizes.gpus_per_node}); keep "
+            "TP within a node"
+        )

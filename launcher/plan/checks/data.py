@@ -1,5 +1,6 @@
 """training.data and training.tokenizer: the blend, and for real data that its files are there, intact and made
 with training's tokenizer (data_prep/checks.py reads their headers and done markers)."""
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,10 @@ def missing_data(cfg: Mapping[str, Any]) -> list[str]:
     for key in ("blend", "valid_blend"):
         missing = [p for p in blend_prefixes(data.get(key)) or [] if not _prepared(p)]
         if missing:
-            lines.append(f"training.data.{key}: no .bin/.idx for {', '.join(missing)}; run the data_preparation "
-                         "stage first or fix the prefixes")
+            lines.append(
+                f"training.data.{key}: no .bin/.idx for {', '.join(missing)}; run the data_preparation "
+                "stage first or fix the prefixes"
+            )
     return lines
 
 
@@ -53,8 +56,10 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if data["mock"]:
         for key in ("blend", "valid_blend"):
             if data.get(key):
-                found.problem(f"training.data.mock=true ignores training.data.{key}: set training.data.mock=false "
-                              f"to train on it, or training.data.{key}=null")
+                found.problem(
+                    f"training.data.mock=true ignores training.data.{key}: set training.data.mock=false "
+                    f"to train on it, or training.data.{key}=null"
+                )
         return
     if not _blends(data, found):
         return
@@ -97,4 +102,4 @@ def _split(split: str, found: Findings) -> None:
     except ValueError:
         shares = []
     if len(shares) != 3 or any(s < 0 for s in shares) or sum(shares) <= 0:
-        found.problem(f"training.data.split={split!r} must be three shares train,validation,test, e.g. \"99,1,0\"")
+        found.problem(f'training.data.split={split!r} must be three shares train,validation,test, e.g. "99,1,0"')

@@ -1,5 +1,6 @@
 """data_preparation, when the stage is selected: its settings, sources and tokenizer (data_prep/checks.py), before
 any job is written, on every platform and in dry runs."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -15,6 +16,8 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     for line in preparation_problems(cfg["data_preparation"]):
         found.problem(line)
     if "training" in cfg["stages"] and cfg["training"]["data"]["mock"]:
-        found.warning("training.data.mock=true: training will not read the prepared data; set "
-                      "training.data.mock=false and training.data.blend to the prepared prefixes "
-                      "(python -m data_prep list --config RUN_DIR/config.yaml --prefixes)")
+        found.warning(
+            "training.data.mock=true: training will not read the prepared data; set "
+            "training.data.mock=false and training.data.blend to the prepared prefixes "
+            "(python -m data_prep list --config RUN_DIR/config.yaml --prefixes)"
+        )

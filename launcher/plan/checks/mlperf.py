@@ -5,6 +5,7 @@ A setting that differs from the rules is a note, not an error: small runs (smoke
 purpose, and the note says that such a run is no benchmark result. Starting a benchmark that is defined from a
 checkpoint with random weights is an error unless `mlperf.allow_random_init=true`.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,12 +25,16 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         return
     known = RULESETS.get(ml["benchmark"], ())
     if ml["ruleset"] not in known:
-        found.problem(f"mlperf.ruleset={ml['ruleset']} has no compliance rules for {ml['benchmark']}: use one of "
-                      f"{', '.join(known) or '(none known)'}")
+        found.problem(
+            f"mlperf.ruleset={ml['ruleset']} has no compliance rules for {ml['benchmark']}: use one of "
+            f"{', '.join(known) or '(none known)'}"
+        )
     if sizes.global_batch_size:
         for key, have, want, why in deviations(cfg, sizes.global_batch_size):
-            found.warning(f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} ({why}): "
-                          "this run is not a valid MLPerf result")
+            found.warning(
+                f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} ({why}): "
+                "this run is not a valid MLPerf result"
+            )
     init = initial_weights_problem(cfg)
     if init:
         found.problem_unless_dry_run(init)
@@ -40,8 +45,10 @@ def expected_settings(rules: Mapping[str, Any], gbs: int) -> dict[str, tuple[Any
     want = {
         "seq_length": (rules["seq_length"], "max_sequence_length"),
         "val_samples": (rules["eval_samples"], "eval_samples"),
-        "val_interval": (math.ceil(rules["eval_every_samples"] / gbs),
-                         f"an evaluation every {rules['eval_every_samples']} sequences at GBS {gbs}"),
+        "val_interval": (
+            math.ceil(rules["eval_every_samples"] / gbs),
+            f"an evaluation every {rules['eval_every_samples']} sequences at GBS {gbs}",
+        ),
         "target_val_loss": (rules["target"], "the quality target"),
         "optimizer.adam_beta1": (rules["adam_beta1"], "opt_adamw_beta_1"),
         "optimizer.adam_beta2": (rules["adam_beta2"], "opt_adamw_beta_2"),
@@ -51,14 +58,18 @@ def expected_settings(rules: Mapping[str, Any], gbs: int) -> dict[str, tuple[Any
     }
     reference_gbs = rules.get("reference_gbs")
     if reference_gbs:  # LR, warmup and the schedule's horizon scale with the batch size
-        want["optimizer.lr"] = (round(rules["lr_at_reference_gbs"] * gbs / reference_gbs, 8),
-                                f"opt_base_learning_rate x {reference_gbs} = GBS {gbs} x "
-                                f"{rules['lr_at_reference_gbs']}")
-        want["scheduler.warmup_steps"] = (math.ceil(rules["warmup_steps_at_reference_gbs"] * reference_gbs / gbs),
-                                          f"opt_learning_rate_warmup_steps at GBS {gbs}")
-        want["scheduler.decay_steps"] = (math.ceil(rules["max_steps"] * reference_gbs / gbs),
-                                         f"the schedule's horizon at GBS {gbs}, warmup + "
-                                         "opt_learning_rate_decay_steps")
+        want["optimizer.lr"] = (
+            round(rules["lr_at_reference_gbs"] * gbs / reference_gbs, 8),
+            f"opt_base_learning_rate x {reference_gbs} = GBS {gbs} x {rules['lr_at_reference_gbs']}",
+        )
+        want["scheduler.warmup_steps"] = (
+            math.ceil(rules["warmup_steps_at_reference_gbs"] * reference_gbs / gbs),
+            f"opt_learning_rate_warmup_steps at GBS {gbs}",
+        )
+        want["scheduler.decay_steps"] = (
+            math.ceil(rules["max_steps"] * reference_gbs / gbs),
+            f"the schedule's horizon at GBS {gbs}, warmup + opt_learning_rate_decay_steps",
+        )
     else:
         want["scheduler.decay_steps"] = (rules["max_steps"], "max_steps")
     return want
@@ -83,9 +94,11 @@ def initial_weights_problem(cfg: Mapping[str, Any]) -> str | None:
         return None
     if ckpt.get("init_from") or ckpt.get("init_from_hf"):
         return None
-    return (f"mlperf {ml['benchmark']} starts from Meta's checkpoint (init_checkpoint_step 0): set "
-            "training.checkpoint.init_from_hf=<directory of meta-llama/Llama-3.1-405B> (or "
-            "training.checkpoint.init_from=<checkpoint directory>), or mlperf.allow_random_init=true for a smoke test")
+    return (
+        f"mlperf {ml['benchmark']} starts from Meta's checkpoint (init_checkpoint_step 0): set "
+        "training.checkpoint.init_from_hf=<directory of meta-llama/Llama-3.1-405B> (or "
+        "training.checkpoint.init_from=<checkpoint directory>), or mlperf.allow_random_init=true for a smoke test"
+    )
 
 
 def _lookup(section: Mapping[str, Any], dotted: str) -> Any:

@@ -1,4 +1,5 @@
 """training.optimizer and training.scheduler: AdamW and the learning-rate schedule."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -28,8 +29,10 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if found.at_least("training.scheduler.decay_steps", sched.get("decay_steps"), 1, "or null: train_steps"):
         decay = sched.get("decay_steps") or train["train_steps"]
         if 0 <= sched["warmup_steps"] and decay >= 1 and sched["warmup_steps"] >= decay:
-            found.problem(f"training.scheduler.warmup_steps={sched['warmup_steps']} must be smaller than the decay "
-                          f"horizon {decay} (training.scheduler.decay_steps, or train_steps when null)")
+            found.problem(
+                f"training.scheduler.warmup_steps={sched['warmup_steps']} must be smaller than the decay "
+                f"horizon {decay} (training.scheduler.decay_steps, or train_steps when null)"
+            )
     target = train.get("target_val_loss")
     if target is not None and target <= 0:
         found.problem(f"training.target_val_loss={target} must be positive (a log perplexity) or null")

@@ -1,4 +1,5 @@
 """parallelism: the layout's sizes and the rules between them and the model."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -11,8 +12,10 @@ from launcher.plan.sizes import Sizes
 def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     par = cfg["parallelism"]
     if par.get("auto") is not None:
-        found.problem("parallelism=auto is a search, not a layout: main.py replaces it with the layout it picks "
-                      "(parallelism.auto.pick) before planning")
+        found.problem(
+            "parallelism=auto is a search, not a layout: main.py replaces it with the layout it picks "
+            "(parallelism.auto.pick) before planning"
+        )
         return
     ok = all([found.at_least(f"parallelism.{key}", par[key], 1) for key in ("tp", "pp", "cp", "num_gpus")])
     found.at_least("parallelism.vp", par.get("vp"), 1)
@@ -23,12 +26,15 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if (par.get("vp") or 1) > 1 and pp == 1:
         found.problem(f"parallelism.vp={par['vp']} (interleaved pipeline) needs parallelism.pp > 1; set vp=null")
     _tensor_parallel(cfg, tp, found)
-    for line in pipeline_split_problems(cfg["training"]["model"]["num_layers"], pp, sizes.vp,
-                                        par["asymmetric_pipeline"]):
+    for line in pipeline_split_problems(
+        cfg["training"]["model"]["num_layers"], pp, sizes.vp, par["asymmetric_pipeline"]
+    ):
         found.problem(line)
     if cp > 1 and cfg["training"]["model"]["attention_backend"] == "unfused":
-        found.problem("parallelism.cp > 1 needs Transformer Engine fused or flash attention; set "
-                      "training.model.attention_backend=auto")
+        found.problem(
+            "parallelism.cp > 1 needs Transformer Engine fused or flash attention; set "
+            "training.model.attention_backend=auto"
+        )
     if par["cp_comm_type"] not in ("p2p", "a2a", "allgather", "a2a+p2p"):
         found.problem(f"parallelism.cp_comm_type={par['cp_comm_type']!r}: use p2p, a2a, allgather or a2a+p2p")
     if sizes.dp is None:
@@ -38,8 +44,10 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if par.get("rank_order") == "dp_last" and pp > 1 and cp > 1:
         # megatron-core builds the expert grid without CP: with the data-parallel dimension last, its expert DP
         # (dp x cp) must equal the dense DP, which only holds for cp=1 (initialize_model_parallel asserts it).
-        found.problem(f"parallelism.rank_order=dp_last with parallelism.pp={pp} and parallelism.cp={cp}: megatron-core "
-                      "accepts the data-parallel-last order only with pp=1 or cp=1; use rank_order=pp_last")
+        found.problem(
+            f"parallelism.rank_order=dp_last with parallelism.pp={pp} and parallelism.cp={cp}: megatron-core "
+            "accepts the data-parallel-last order only with pp=1 or cp=1; use rank_order=pp_last"
+        )
 
 
 def _tensor_parallel(cfg: Mapping[str, Any], tp: int, found: Findings) -> None:
@@ -47,8 +55,10 @@ def _tensor_parallel(cfg: Mapping[str, Any], tp: int, found: Findings) -> None:
     heads, groups, ffn = model["num_attention_heads"], model["num_query_groups"], model["ffn_hidden_size"]
     if min(heads, groups, ffn) >= 1 and (heads % tp or groups % tp or ffn % tp):
         good = [t for t in (1, 2, 4, 8, 16) if heads % t == 0 and groups % t == 0 and ffn % t == 0]
-        found.problem(f"parallelism.tp={tp} must divide training.model.num_attention_heads={heads} and "
-                      f"training.model.num_query_groups={groups}; use tp in {good}")
+        found.problem(
+            f"parallelism.tp={tp} must divide training.model.num_attention_heads={heads} and "
+            f"training.model.num_query_groups={groups}; use tp in {good}"
+        )
     if par["sequence_parallel"] and tp == 1:
         found.problem("parallelism.sequence_parallel=true needs parallelism.tp > 1; set it to false")
     if par["tp_comm_overlap"] and not (par["sequence_parallel"] and tp > 1):
@@ -64,7 +74,10 @@ def _optimizer_sharding(par: Mapping[str, Any], pp: int, found: Findings) -> Non
 
 def _recompute(par: Mapping[str, Any], found: Findings) -> None:
     found.at_least("parallelism.recompute_num_layers", par.get("recompute_num_layers"), 1)
-    if par.get("recompute_granularity") == "full" and not (par.get("recompute_method")
-                                                           and par.get("recompute_num_layers")):
-        found.problem("parallelism.recompute_granularity=full needs parallelism.recompute_method=uniform|block "
-                      "and parallelism.recompute_num_layers")
+    if par.get("recompute_granularity") == "full" and not (
+        par.get("recompute_method") and par.get("recompute_num_layers")
+    ):
+        found.problem(
+            "parallelism.recompute_granularity=full needs parallelism.recompute_method=uniform|block "
+            "and parallelism.recompute_num_layers"
+        )

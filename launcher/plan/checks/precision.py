@@ -1,4 +1,5 @@
 """dtype: FP8 and FP4 settings, the combinations megatron-core refuses, and whether the GPU has the formats."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -17,16 +18,20 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if fp8 and not recipe:
         found.problem("dtype.fp8 is set but dtype.fp8_recipe is null: use delayed, tensorwise, blockwise or mxfp8")
     if fp8 and fp4:
-        found.problem(f"dtype.fp4={fp4} and dtype.fp8={fp8} cannot be combined (megatron-core runs one low "
-                      "precision): use dtype=nvfp4, or set dtype.fp8=null")
+        found.problem(
+            f"dtype.fp4={fp4} and dtype.fp8={fp8} cannot be combined (megatron-core runs one low "
+            "precision): use dtype=nvfp4, or set dtype.fp8=null"
+        )
     for key in ("fp8_param_gather", "fp8_dot_product_attention", "fp8_output_layer"):
         if dtype.get(key) and not fp8:
             found.problem(f"dtype.{key}=true needs dtype.fp8 (use dtype=fp8)")
     if dtype.get("fp8_param_gather") and not par["use_distributed_optimizer"]:
         found.problem("dtype.fp8_param_gather=true needs parallelism.use_distributed_optimizer=true")
     if fp8 and dtype.get("fp8_output_layer") and recipe not in BLOCK_SCALED_FP8:
-        found.problem(f"dtype.fp8_output_layer=true needs dtype.fp8_recipe=mxfp8 (megatron-core runs the output layer "
-                      f"in FP8 only with MXFP8), not {recipe}; set dtype.fp8_output_layer=false")
+        found.problem(
+            f"dtype.fp8_output_layer=true needs dtype.fp8_recipe=mxfp8 (megatron-core runs the output layer "
+            f"in FP8 only with MXFP8), not {recipe}; set dtype.fp8_output_layer=false"
+        )
     found.at_least("dtype.fp8_amax_history_len", dtype["fp8_amax_history_len"], 1)
     found.at_least("dtype.fp8_margin", dtype["fp8_margin"], 0)
     if dtype["fp8_amax_compute_algo"] not in ("max", "most_recent"):
@@ -35,17 +40,22 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if spec is None:
         return
     if fp8 and spec.fp8_peak_flops is None:
-        found.problem(f"dtype=fp8 needs FP8 tensor cores (Hopper or newer); cluster.gpu_type={sizes.gpu_type} has "
-                      "none; use dtype=bf16")
+        found.problem(
+            f"dtype=fp8 needs FP8 tensor cores (Hopper or newer); cluster.gpu_type={sizes.gpu_type} has "
+            "none; use dtype=bf16"
+        )
     elif fp8 and recipe in BLOCK_SCALED_FP8 and not spec.block_scaled:
-        found.problem(f"dtype.fp8_recipe={recipe} needs {_blackwell()}; cluster.gpu_type={sizes.gpu_type} has no "
-                      "MXFP8 tensor cores; use dtype.fp8_recipe=delayed or tensorwise")
+        found.problem(
+            f"dtype.fp8_recipe={recipe} needs {_blackwell()}; cluster.gpu_type={sizes.gpu_type} has no "
+            "MXFP8 tensor cores; use dtype.fp8_recipe=delayed or tensorwise"
+        )
     if fp4 and not spec.block_scaled:
-        found.problem(f"dtype.fp4={fp4} needs {_blackwell()}; cluster.gpu_type={sizes.gpu_type} has no FP4 tensor "
-                      "cores; use dtype=fp8")
+        found.problem(
+            f"dtype.fp4={fp4} needs {_blackwell()}; cluster.gpu_type={sizes.gpu_type} has no FP4 tensor "
+            "cores; use dtype=fp8"
+        )
 
 
 def _blackwell() -> str:
     names = gpu_types_with(lambda spec: spec.block_scaled)
     return f"a Blackwell GPU (cluster.gpu_type={' or '.join(names)})"
-

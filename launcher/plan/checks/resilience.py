@@ -1,6 +1,7 @@
 """conf/resilience/: restarts after a time limit or a failure, hang detection, straggler detection and fault
 injection. Ranges and combinations here; what a platform cannot do is its one-line refusal
 (launcher/platforms/base.py: resilience_refusals)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,8 +22,10 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     found.at_least("resilience.in_job_restarts", res["in_job_restarts"], 0)
     for key in ("hang_timeout_s", "startup_timeout_s", "checkpoint_timeout_s"):
         if res[key] < MIN_TIMEOUT_S:
-            found.problem(f"resilience.{key}={res[key]:g} must be at least {MIN_TIMEOUT_S} seconds (ft_launcher "
-                          "looks at the ranks every 5 s)")
+            found.problem(
+                f"resilience.{key}={res[key]:g} must be at least {MIN_TIMEOUT_S} seconds (ft_launcher "
+                "looks at the ranks every 5 s)"
+            )
     for line in platform_of(cfg).resilience_refusals(cfg):
         found.problem(line)
     if res["job_restarts"] > 0 or res["in_job_restarts"] > 0:
@@ -37,14 +40,19 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
 def _restarts(cfg: Mapping[str, Any], found: Findings) -> None:
     """A restart continues from the newest complete checkpoint: there must be one to continue from."""
     ckpt = cfg["training"]["checkpoint"]
-    which = ", ".join(f"resilience.{k}={cfg['resilience'][k]}" for k in ("job_restarts", "in_job_restarts")
-                      if cfg["resilience"][k])
+    which = ", ".join(
+        f"resilience.{k}={cfg['resilience'][k]}" for k in ("job_restarts", "in_job_restarts") if cfg["resilience"][k]
+    )
     if not ckpt["load"]:
-        found.problem(f"{which} continues from the newest checkpoint, but training.checkpoint.load=false starts "
-                      "every job or restart from scratch: set training.checkpoint.load=true")
+        found.problem(
+            f"{which} continues from the newest checkpoint, but training.checkpoint.load=false starts "
+            "every job or restart from scratch: set training.checkpoint.load=true"
+        )
     elif not ckpt["interval"]:
-        found.warning(f"{which} with training.checkpoint.interval=0: a restart after a failure goes back to the "
-                      "start or to the last stop signal's checkpoint; set an interval to lose less")
+        found.warning(
+            f"{which} with training.checkpoint.interval=0: a restart after a failure goes back to the "
+            "start or to the last stop signal's checkpoint; set an interval to lose less"
+        )
     if cfg.get("mlperf"):
         found.warning(f"{which}: an MLPerf run that resumes from a checkpoint is not a valid result")
 
@@ -52,10 +60,11 @@ def _restarts(cfg: Mapping[str, Any], found: Findings) -> None:
 def _nvrx_here(res: Mapping[str, Any], found: Findings) -> None:
     """cluster=local runs ft_launcher and the detector with this Python; elsewhere they run in the image."""
     if importlib.util.find_spec("nvidia_resiliency_ext") is None:
-        key = ("resilience.in_job_restarts" if res["in_job_restarts"] > 0
-               else "resilience.straggler_detection.enabled")
-        found.problem_unless_dry_run(f"{key} needs nvidia-resiliency-ext, which this Python cannot import: "
-                                     "pip install nvidia-resiliency-ext (or turn it off)")
+        key = "resilience.in_job_restarts" if res["in_job_restarts"] > 0 else "resilience.straggler_detection.enabled"
+        found.problem_unless_dry_run(
+            f"{key} needs nvidia-resiliency-ext, which this Python cannot import: "
+            "pip install nvidia-resiliency-ext (or turn it off)"
+        )
 
 
 def _straggler(cfg: Mapping[str, Any], found: Findings) -> None:
@@ -64,28 +73,39 @@ def _straggler(cfg: Mapping[str, Any], found: Findings) -> None:
         return
     log = cfg["training"]["log_interval"]
     if det["enabled"] and log > 0 and det["interval_steps"] % log:
-        found.problem(f"resilience.straggler_detection.interval_steps={det['interval_steps']} must be a multiple of "
-                      f"training.log_interval={log} (each report goes into that step's metrics.jsonl record)")
+        found.problem(
+            f"resilience.straggler_detection.interval_steps={det['interval_steps']} must be a multiple of "
+            f"training.log_interval={log} (each report goes into that step's metrics.jsonl record)"
+        )
     if not 0 < det["threshold"] <= 1:
-        found.problem(f"resilience.straggler_detection.threshold={det['threshold']} must be a share of the fastest "
-                      "GPU's speed, above 0 and at most 1 (e.g. 0.7)")
+        found.problem(
+            f"resilience.straggler_detection.threshold={det['threshold']} must be a share of the fastest "
+            "GPU's speed, above 0 and at most 1 (e.g. 0.7)"
+        )
 
 
 def _fault(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     fault, train = cfg["resilience"]["inject_fault"], cfg["training"]
     steps, ckpt = train["train_steps"], train["checkpoint"]
     if sizes.num_gpus and not 0 <= fault["rank"] < sizes.num_gpus:
-        found.problem(f"resilience.inject_fault.rank={fault['rank']} is not a rank of this job: use 0.."
-                      f"{sizes.num_gpus - 1}")
+        found.problem(
+            f"resilience.inject_fault.rank={fault['rank']} is not a rank of this job: use 0..{sizes.num_gpus - 1}"
+        )
     if not 1 <= fault["step"] <= steps:
-        found.problem(f"resilience.inject_fault.step={fault['step']} must be a step of the run: 1..{steps} "
-                      "(training.train_steps)")
+        found.problem(
+            f"resilience.inject_fault.step={fault['step']} must be a step of the run: 1..{steps} (training.train_steps)"
+        )
     elif fault["during"] == "save":
         saves = (ckpt["interval"] and fault["step"] % ckpt["interval"] == 0) or (
-            fault["step"] == steps and ckpt["save_at_end"])
+            fault["step"] == steps and ckpt["save_at_end"]
+        )
         if not saves:
-            found.problem(f"resilience.inject_fault.during=save at step {fault['step']}, which saves no checkpoint "
-                          f"(training.checkpoint.interval={ckpt['interval']}): pick a multiple of the interval")
+            found.problem(
+                f"resilience.inject_fault.during=save at step {fault['step']}, which saves no checkpoint "
+                f"(training.checkpoint.interval={ckpt['interval']}): pick a multiple of the interval"
+            )
     if fault["kind"] == "hang" and not cfg["resilience"]["in_job_restarts"]:
-        found.warning(f"resilience.inject_fault.kind=hang without resilience.in_job_restarts: nothing detects the "
-                      "hang, and the job waits until its time limit (or NCCL's timeout)")
+        found.warning(
+            f"resilience.inject_fault.kind=hang without resilience.in_job_restarts: nothing detects the "
+            "hang, and the job waits until its time limit (or NCCL's timeout)"
+        )

@@ -1,5 +1,6 @@
 """The run as a whole: its name and results_dir (they become paths and appear in job scripts), the seed, the stages,
 and keys no config group declares."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,10 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     if problem:
         found.problem(f"results_dir={cfg['results_dir']} {problem}")
     if cfg["cluster"]["platform"] != "local" and not BATCH_PATH.fullmatch(str(results)):
-        found.problem(f"results_dir={cfg['results_dir']!r} has a space, quote or other character that #SBATCH and "
-                      "#$ lines cannot carry in log paths; choose a path of letters, digits and / . _ - + = only")
+        found.problem(
+            f"results_dir={cfg['results_dir']!r} has a space, quote or other character that #SBATCH and "
+            "#$ lines cannot carry in log paths; choose a path of letters, digits and / . _ - + = only"
+        )
     if not 0 <= cfg["seed"] < SEED_LIMIT:
         found.problem(f"seed={cfg['seed']} must be from 0 to {SEED_LIMIT - 1}")
     _stages(cfg["stages"], found)
@@ -41,8 +44,10 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
 
 def run_name_problem(name: str) -> str | None:
     if not RUN_NAME.fullmatch(name) or ".." in name:
-        return (f"run_name={name!r}: use letters, digits and . _ = + - only (no /, .., spaces or quotes): it "
-                "becomes a directory and appears in job scripts")
+        return (
+            f"run_name={name!r}: use letters, digits and . _ = + - only (no /, .., spaces or quotes): it "
+            "becomes a directory and appears in job scripts"
+        )
     if len(name) > MAX_RUN_NAME:
         return f"run_name is {len(name)} characters long; keep it to {MAX_RUN_NAME}"
     return None
@@ -76,5 +81,7 @@ def _stages(stages: list[str], found: Findings) -> None:
         found.problem(f"stages is empty; pick from {', '.join(s.name for s in Stage)} (default: [training])")
     twice = sorted({s for s in stages if stages.count(s) > 1})
     if twice:
-        found.problem(f"stages names {', '.join(twice)} more than once; each stage runs once, in the order "
-                      f"{', '.join(s.name for s in Stage)}")
+        found.problem(
+            f"stages names {', '.join(twice)} more than once; each stage runs once, in the order "
+            f"{', '.join(s.name for s in Stage)}"
+        )

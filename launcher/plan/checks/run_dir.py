@@ -3,6 +3,7 @@ two may differ only in how and where that run is run, watched or continued (OPER
 leave another run's scripts, config or checkpoints beside this one's, so it is refused with the keys that differ
 and how to name this run. A run with checkpoints is also checked for what resuming needs: the same model and
 weights, and a layout the checkpoints can be resharded to."""
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,29 @@ from launcher.plan.sizes import Sizes
 # the real one, a resubmission with another partition or time limit, more steps, another layout to resume with
 # (checked against the checkpoints below), other tracking or profiling.
 OPERATIONAL = (
-    "dry_run", "stages", "results_dir", "run_name", "memory_check", "stack_check", "stack.", "cluster.",
-    "logging.", "profile.", "telemetry.", "preflight.", "resilience.", "parallelism.",
-    "training.train_steps", "training.log_interval", "training.val_interval", "training.val_steps",
-    "training.checkpoint.", "training.data.num_workers",
-    "data_preparation.workers", "data_preparation.chunk_bytes", "data_preparation.download.",
+    "dry_run",
+    "stages",
+    "results_dir",
+    "run_name",
+    "memory_check",
+    "stack_check",
+    "stack.",
+    "cluster.",
+    "logging.",
+    "profile.",
+    "telemetry.",
+    "preflight.",
+    "resilience.",
+    "parallelism.",
+    "training.train_steps",
+    "training.log_interval",
+    "training.val_interval",
+    "training.val_steps",
+    "training.checkpoint.",
+    "training.data.num_workers",
+    "data_preparation.workers",
+    "data_preparation.chunk_bytes",
+    "data_preparation.download.",
     "data_preparation.job.",
 )
 SHOWN = 4  # differing keys named in the message
@@ -35,8 +54,10 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     before = _load(run_dir / "config.yaml")
     newest = latest_checkpoint(str(run_dir / "checkpoints"))
     if "export" in cfg["stages"] and "training" not in cfg["stages"] and newest is None:
-        found.problem(f"stages has export but not training, and {run_dir} has no complete checkpoint to export: "
-                      "check run_name (and results_dir), or add training to stages")
+        found.problem(
+            f"stages has export but not training, and {run_dir} has no complete checkpoint to export: "
+            "check run_name (and results_dir), or add training to stages"
+        )
     if before is None:
         return
     differing = [key for key in _differing(before, cfg) if not _operational(key)]
@@ -76,17 +97,21 @@ def _value(flat_cfg: Mapping[str, Any], key: str) -> Any:
     return dict(_flat(flat_cfg)).get(key)
 
 
-def _collision(run_dir: Path, keys: list[str], before: Mapping[str, Any], now: Mapping[str, Any],
-               has_checkpoints: bool) -> str:
+def _collision(
+    run_dir: Path, keys: list[str], before: Mapping[str, Any], now: Mapping[str, Any], has_checkpoints: bool
+) -> str:
     shown = ", ".join(f"{k}={_value(before, k)!r} there, {_value(now, k)!r} here" for k in keys[:SHOWN])
     more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
     holds = "checkpoints of another run" if has_checkpoints else "another run"
-    return (f"{run_dir} holds {holds}: {shown}{more}; give this run its own directory with "
-            f"run_name={now['run_name']}_2 (any free name), or resume with that run's settings")
+    return (
+        f"{run_dir} holds {holds}: {shown}{more}; give this run its own directory with "
+        f"run_name={now['run_name']}_2 (any free name), or resume with that run's settings"
+    )
 
 
-def _resharding(run_dir: Path, before: Mapping[str, Any], cfg: Mapping[str, Any], sizes: Sizes,
-                found: Findings) -> None:
+def _resharding(
+    run_dir: Path, before: Mapping[str, Any], cfg: Mapping[str, Any], sizes: Sizes, found: Findings
+) -> None:
     """A layout change resumes by resharding the checkpoints, except where the tensors themselves differ: the
     padded vocabulary (it follows TP) and the optimizer state's form."""
     model = cfg["training"]["model"]
@@ -96,11 +121,15 @@ def _resharding(run_dir: Path, before: Mapping[str, Any], cfg: Mapping[str, Any]
         saved_vocab = None
     vocab = padded_vocab_size(model["vocab_size"], model["make_vocab_size_divisible_by"], sizes.tp)
     if saved_vocab is not None and saved_vocab != vocab:
-        found.problem(f"parallelism.tp={sizes.tp} pads the vocabulary to {vocab} rows but the checkpoints in "
-                      f"{run_dir} hold {saved_vocab} (saved with parallelism.tp={before['parallelism']['tp']}): "
-                      "resume with that TP, or start a new run (run_name=...)")
+        found.problem(
+            f"parallelism.tp={sizes.tp} pads the vocabulary to {vocab} rows but the checkpoints in "
+            f"{run_dir} hold {saved_vocab} (saved with parallelism.tp={before['parallelism']['tp']}): "
+            "resume with that TP, or start a new run (run_name=...)"
+        )
     old, new = before["parallelism"]["use_distributed_optimizer"], cfg["parallelism"]["use_distributed_optimizer"]
     if old != new:
-        found.problem(f"the checkpoints in {run_dir} hold the optimizer state of parallelism."
-                      f"use_distributed_optimizer={str(old).lower()}; resume with it, or start a new run "
-                      "(run_name=...)")
+        found.problem(
+            f"the checkpoints in {run_dir} hold the optimizer state of parallelism."
+            f"use_distributed_optimizer={str(old).lower()}; resume with it, or start a new run "
+            "(run_name=...)"
+        )

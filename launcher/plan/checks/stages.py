@@ -1,5 +1,6 @@
 """The stages against the platform: what each platform can run (launcher/platforms/), the image the jobs run in or
 the container stage builds, and data preparation having something to prepare."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping

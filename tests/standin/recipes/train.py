@@ -4,6 +4,7 @@ checkpoint files (common/checkpoints.py: partial name, then rename), the same st
 time limit: save, exit 0), the same guard recording the run's events (recipes/resilience/guard.py). The job runs
 it when its working directory is this one (the directory comes first on sys.path for `python -m`). What it does
 is read from standin.json there: {"step_s": seconds per step, "fail": exit 1 before the first step}."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,14 @@ import time
 import yaml
 
 from common import run_events
-from common.checkpoints import (TrainState, finalize_checkpoint, latest_checkpoint, partial_path, prune_checkpoints,
-                                remove_partials)
+from common.checkpoints import (
+    TrainState,
+    finalize_checkpoint,
+    latest_checkpoint,
+    partial_path,
+    prune_checkpoints,
+    remove_partials,
+)
 from recipes.resilience.guard import RunGuard
 from recipes.trainer.stop_signals import StopSignal
 
@@ -28,8 +35,14 @@ def save(root: str, step: int, keep_last: int) -> None:
         f.write(os.urandom(1024))
     finalize_checkpoint(root, TrainState(step=step, consumed_samples=step * 8), partial)
     prune_checkpoints(root, keep_last)
-    run_events.record(os.path.dirname(root), "checkpoint", step=step, blocking_s=round(time.perf_counter() - started, 3),
-                      complete_s=round(time.perf_counter() - started, 3), **{"async": False})
+    run_events.record(
+        os.path.dirname(root),
+        "checkpoint",
+        step=step,
+        blocking_s=round(time.perf_counter() - started, 3),
+        complete_s=round(time.perf_counter() - started, 3),
+        **{"async": False},
+    )
     print(f"[stand-in] saved checkpoint iter_{step:07d}", flush=True)
 
 

@@ -166,7 +166,7 @@ def cmd_download(args) -> int:
 
     dp, shards = _load(args, settings=True)
     pipeline = Pipeline(Settings.from_config(dp, workers=1))
-    pipeline.tokenizer  # a hub tokenizer lands in the Hugging Face cache
+    _ = pipeline.tokenizer  # a hub tokenizer lands in the Hugging Face cache
     return _report(pipeline.fetch(shards, progress=not args.no_progress))
 
 

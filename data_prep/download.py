@@ -133,10 +133,10 @@ def _fetch(url: str, part: str, timeout: float, progress: bool) -> Optional[str]
         if e.code == 416 and offset:
             # Our partial file is not a prefix the server can continue (e.g. the file changed): start over.
             os.remove(part)
-            raise _Retry(f"HTTP 416 resuming at byte {offset}; restarting from zero")
+            raise _Retry(f"HTTP 416 resuming at byte {offset}; restarting from zero") from None
         raise _http_error(url, e.code, e.reason) from None
     except (urllib.error.URLError, socket.timeout, ConnectionError, HTTPException, OSError) as e:
-        raise _Retry(_reason(e))
+        raise _Retry(_reason(e)) from None
     with resp:
         total = None
         if offset and resp.status == 206:
@@ -178,7 +178,7 @@ def _fetch(url: str, part: str, timeout: float, progress: bool) -> Optional[str]
                     out.write(block)
                     bar.update(len(block))
             except (socket.timeout, ConnectionError, HTTPException, OSError) as e:
-                raise _Retry(f"connection lost after {out.tell()} bytes ({_reason(e)}); resuming")
+                raise _Retry(f"connection lost after {out.tell()} bytes ({_reason(e)}); resuming") from None
     size = os.path.getsize(part)
     if total is not None and size != total:
         if size > total:

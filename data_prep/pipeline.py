@@ -120,7 +120,7 @@ class Pipeline:
         results = []
         try:
             for k, shard in enumerate(shards):
-                result = self._guarded(shard, lambda: self.process(shard, force, progress))
+                result = self._guarded(shard, lambda shard=shard: self.process(shard, force, progress))
                 self.log(f"[{k + 1}/{len(shards)}] {format_result(result)}")
                 results.append(result)
         finally:
@@ -132,7 +132,7 @@ class Pipeline:
         when compute nodes have none."""
         results = []
         for shard in shards:
-            result = self._guarded(shard, lambda: self._fetch_only(shard, progress))
+            result = self._guarded(shard, lambda shard=shard: self._fetch_only(shard, progress))
             self.log(format_result(result))
             results.append(result)
         return results

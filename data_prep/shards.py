@@ -254,7 +254,7 @@ def _fmt(template: str, n: int, key: str) -> str:
     try:
         return str(template).format(n)
     except (IndexError, KeyError, ValueError) as e:
-        raise ConfigError(f"data_preparation.{key}={template!r}: not a format string taking one number ({e})")
+        raise ConfigError(f"data_preparation.{key}={template!r}: not a format string taking one number ({e})") from None
 
 
 def _local_path(path: str, key: str) -> str:

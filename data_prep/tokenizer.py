@@ -392,7 +392,7 @@ def _transformers_or_fail(directory: str, eod, name: str) -> Tokenizer:
         )
         raise TokenizerError(
             f"tokenizer directory {name} has no tokenizer.json and transformers is not installed{hint}"
-        )
+        ) from None
     return TransformersTokenizer(directory, eod, name=name)
 
 
@@ -425,7 +425,7 @@ def _hub_file(repo_id: str, filename: str, also: Sequence[str] = ()) -> str:
                 RepositoryNotFoundError,
             )
     except ImportError:
-        raise TokenizerError(f"tokenizer {repo_id} is not a local path and huggingface_hub is not installed")
+        raise TokenizerError(f"tokenizer {repo_id} is not a local path and huggingface_hub is not installed") from None
     token = os.environ.get("HF_TOKEN") or None
     try:
         path = hf_hub_download(repo_id, filename, token=token)
@@ -434,24 +434,24 @@ def _hub_file(repo_id: str, filename: str, also: Sequence[str] = ()) -> str:
         raise TokenizerError(
             f"tokenizer {repo_id} is gated on the Hugging Face hub: accept its license at "
             f"https://huggingface.co/{repo_id} and {fix}, or point the tokenizer path at a local copy"
-        )
+        ) from None
     except RepositoryNotFoundError:
         fix = "export HF_TOKEN=<your token> if it is private" if token is None else "check the name and HF_TOKEN"
-        raise TokenizerError(f"tokenizer {repo_id}: no such repository on the Hugging Face hub ({fix})")
+        raise TokenizerError(f"tokenizer {repo_id}: no such repository on the Hugging Face hub ({fix})") from None
     except LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError: test it first)
         raise TokenizerError(
             f"tokenizer {repo_id}: the hub cannot be reached and no cached copy exists; fetch "
             "it where there is network (python -m data_prep download ...) or use a local path"
-        )
+        ) from None
     except EntryNotFoundError:
         raise TokenizerError(
             f"tokenizer {repo_id} has no {filename} on the hub: use the other tokenizer type or a local directory"
-        )
+        ) from None
     except HfHubHTTPError as e:
         fix = "; export HF_TOKEN=<your token>" if token is None else ""
         raise TokenizerError(
             f"tokenizer {repo_id}: the Hugging Face hub refused {filename}: {str(e).splitlines()[0]}{fix}"
-        )
+        ) from None
     for extra in also:
         try:
             hf_hub_download(repo_id, extra, token=token)

@@ -1,7 +1,7 @@
 """The project's modules import each other without cycles. Each module's imports are read with ast (those Python
 runs when the module is imported: at module level, in classes and if/try blocks; an import inside a function runs
-later, when called, and one under `if TYPE_CHECKING:` never runs) and mapped to the project's modules, package __init__ files included: importing a.b.c runs
-a/__init__.py and a/b/__init__.py first."""
+later, when called, and one under `if TYPE_CHECKING:` never runs) and mapped to the project's modules, package
+__init__ files included: importing a.b.c runs a/__init__.py and a/b/__init__.py first."""
 
 from __future__ import annotations
 
@@ -138,7 +138,9 @@ def test_cycles_are_found_through_relative_imports_and_package_inits(tmp_path):
             "other/__init__.py": "from pkg.d import x\n",  # ... which imports pkg.d
             "other/leaf.py": "",
             "pkg/late.py": "def f():\n    import pkg.a\n",  # runs when called, not when imported
-            "pkg/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\nelse:\n    import pkg.b\n",
+            "pkg/typed.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\nelse:\n    import pkg.b\n"
+            ),
         },
     )
     graph = import_graph(tmp_path, ("pkg", "other"))

@@ -133,7 +133,8 @@ class Bcp(Platform):
             [
                 "#!/usr/bin/env bash",
                 f"# {job.title}",
-                "# Runs in the image on the job's first replica (ngc base-command job run --commandline); bcprun starts",
+                "# Runs in the image on the job's first replica (ngc base-command job run --commandline); "
+                "bcprun starts",
                 "# the processes on every replica. Written by main.py for " + run_dir.name,
                 "set -euo pipefail",
                 KEEP_LOG,

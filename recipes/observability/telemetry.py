@@ -1,7 +1,8 @@
 """GPU telemetry: on local rank 0 of every node, a thread samples the node's GPUs of the job through NVML
 (nvidia-ml-py) every telemetry.interval_s seconds into RUN_DIR/telemetry/<node>.csv, one row per GPU and sample:
 utilisation, memory, power, temperature, SM clock, clock event (throttle) reasons, the training step the
-sample fell in and what else the trainer was doing (startup until its first step ends, checkpoint, validation). `python -m launcher.report RUN_DIR` plots it and flags GPUs far below their peers.
+sample fell in and what else the trainer was doing (startup until its first step ends, checkpoint, validation).
+`python -m launcher.report RUN_DIR` plots it and flags GPUs far below their peers.
 
 NVML calls release the GIL (ctypes), so sampling a node's GPUs once a second costs the trainer nothing it would
 notice; a thread (unlike a process) also ends with the trainer however it ends."""

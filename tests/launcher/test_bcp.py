@@ -214,7 +214,9 @@ n=$(ls "$NGC_CALLS" | wc -l)
 printf '%s\n' "$@" > "$NGC_CALLS/$n"
 case "$1 $2 $3" in
     "base-command job run") printf '%s' "$RUN_OUTPUT" | sed "s/{id}/$((7180359 + n))/; s/{name}/x/" ;;
-    "base-command job info") printf ' Job Status\n   Created at: 2026-11-23 07:59:10 UTC\n   Status: %s\n' "${JOB_STATUS:-FINISHED_SUCCESS}" ;;
+    "base-command job info")
+        status=${JOB_STATUS:-FINISHED_SUCCESS}
+        printf ' Job Status\n   Created at: 2026-11-23 07:59:10 UTC\n   Status: %s\n' "$status" ;;
     *) echo "unexpected: $*" >&2; exit 2 ;;
 esac
 """

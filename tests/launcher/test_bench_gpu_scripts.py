@@ -95,7 +95,9 @@ KERNELS = {
     "nvjet_qqtst_128x256_64x4_2x1_v_bz_coopA_TNN": "GEMM",
     "sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x128_warpgroupsize1x1x1": "GEMM",
     "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128_4x1x1_kernel0_0": "attention",
-    "void transformer_engine::detail::cast_transpose_general_kernel<64, 8, float, __nv_bfloat16>": "FP8 cast/transpose/amax",
+    "void transformer_engine::detail::cast_transpose_general_kernel<64, 8, float, __nv_bfloat16>": (
+        "FP8 cast/transpose/amax"
+    ),
     "void transformer_engine::delayed_scaling_recipe::amax_and_scale_update_kernel": "FP8 cast/transpose/amax",
     "void transformer_engine::normalization::rmsnorm_fwd_tuned_kernel<float, __nv_fp8_e4m3>": "norm/RoPE/SwiGLU",
     "void transformer_engine::fused_rope::fused_rope_forward_kernel<__nv_bfloat16>": "norm/RoPE/SwiGLU",

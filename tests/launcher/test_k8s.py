@@ -160,7 +160,8 @@ case " $* " in
         echo "job.batch/$(awk '/^kind: Job/ {j = 1} j && /^  name:/ {print $2; exit}' "$file")" ;;
     *" get "*)
         status=${JOB_STATUS:-Complete}
-        echo "{\"status\": {\"conditions\": [{\"type\": \"$status\", \"status\": \"True\", \"reason\": \"BackoffLimitExceeded\"}]}}" ;;
+        condition="{\"type\": \"$status\", \"status\": \"True\", \"reason\": \"BackoffLimitExceeded\"}"
+        echo "{\"status\": {\"conditions\": [$condition]}}" ;;
 esac
 """
 

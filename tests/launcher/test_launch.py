@@ -25,7 +25,10 @@ FAKE_SBATCH = """#!/usr/bin/env bash
 n=$(( $(cat "$FAKE_STATE/count" 2>/dev/null || echo 100) + 1 ))
 echo "$n" > "$FAKE_STATE/count"
 echo "$*" >> "$FAKE_STATE/sbatch_calls"
-if [ "$n" = "${FAKE_FAIL_AT:-none}" ]; then echo "sbatch: error: Batch job submission failed: Invalid account" >&2; exit 1; fi
+if [ "$n" = "${FAKE_FAIL_AT:-none}" ]; then
+    echo "sbatch: error: Batch job submission failed: Invalid account" >&2
+    exit 1
+fi
 echo "$n;local"
 """
 FAKE_SCANCEL = """#!/usr/bin/env bash

@@ -186,8 +186,8 @@ def test_nothing_changes_while_resilience_is_off(cfg_for, tmp_path):
         (
             ["resilience.job_restarts=2", "stages=[training,export]"],
             "stages has export and resilience.job_restarts=2: "
-            "the export would wait on a chain of training jobs that ends early once training finished; drop export from "
-            "stages and run stages=[export] with the same run_name when training finished",
+            "the export would wait on a chain of training jobs that ends early once training finished; drop export "
+            "from stages and run stages=[export] with the same run_name when training finished",
         ),
         (
             [

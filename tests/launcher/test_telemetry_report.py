@@ -105,8 +105,8 @@ def test_report_prints_the_table_and_flags_and_writes_the_plot(run_dir):
     text = "\n".join(lines)
     assert "telemetry: 4 GPUs on 2 nodes, samples during steps 1-9" in text
     assert "flagged: gpu-b GPU 1: utilisation 30%" in text
-    table_rows = [l for l in text.splitlines() if l.startswith(("gpu-a", "gpu-b"))]
-    assert len(table_rows) == 4 and sum("<- flagged" in l for l in table_rows) == 2
+    table_rows = [line for line in text.splitlines() if line.startswith(("gpu-a", "gpu-b"))]
+    assert len(table_rows) == 4 and sum("<- flagged" in row for row in table_rows) == 2
     assert (run_dir / "telemetry.png").read_bytes()[:8] == PNG_MAGIC
 
 

@@ -79,7 +79,7 @@ def work(tmp_path_factory) -> dict:
         embedding = torch.randn(VOCAB, h)
         model.model.embed_tokens.weight.copy_(embedding)
         model.lm_head.weight.copy_(10.0 / h * embedding.roll(1, dims=0))  # row j = E[j-1]: predicts t + 1
-        for name, param in model.named_parameters():
+        for param in model.parameters():
             if param.dim() == 1:  # norms not all ones, so a misplaced norm shows
                 param.copy_(1 + 0.1 * torch.randn_like(param))
     model.to(torch.bfloat16).save_pretrained(source, max_shard_size="20MB")

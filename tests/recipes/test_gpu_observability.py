@@ -101,9 +101,13 @@ def observed(tmp_path_factory) -> dict:
 
 
 def test_preflight_prints_a_bandwidth_table_and_passes(observed):
-    lines = [l for l in observed["first"].splitlines() if l.startswith("preflight") or "GB/s" in l or "MiB" in l]
+    lines = [
+        line
+        for line in observed["first"].splitlines()
+        if line.startswith("preflight") or "GB/s" in line or "MiB" in line
+    ]
     print("\n" + "\n".join(lines))
-    assert any(l.startswith("preflight: passed") for l in lines), observed["first"][-3000:]
+    assert any(line.startswith("preflight: passed") for line in lines), observed["first"][-3000:]
     report = json.loads((observed["run_dir"] / "preflight.json").read_text())
     assert report["passed"]
     if gpus() > 1:
@@ -169,7 +173,7 @@ def test_wandb_offline_run_is_readable(observed):
     assert "wandb sync" in observed["second"]
     print(
         f"\nW&B offline: {runs[-1]} holds steps 21-{STEPS}; upload with: "
-        + next(l for l in observed["second"].splitlines() if "wandb sync" in l).split(": ", 2)[-1]
+        + next(line for line in observed["second"].splitlines() if "wandb sync" in line).split(": ", 2)[-1]
     )
 
 
@@ -223,7 +227,7 @@ def test_a_preflight_threshold_above_the_machine_stops_the_chain_before_training
         check=False,
     )
     output = result.stdout + result.stderr
-    failed = [l for l in output.splitlines() if l.startswith("preflight: FAILED:")]
+    failed = [line for line in output.splitlines() if line.startswith("preflight: FAILED:")]
     print("\n" + "\n".join(failed))
     assert result.returncode != 0
     assert len(failed) == 1 and "preflight.min_busbw_gbps" in failed[0]

@@ -15,7 +15,10 @@ import signal
 
 import pytest
 
-from test_gpu_training import corpus, interrupt_at_step, main_py, read_metrics, tiny  # noqa: F401 (corpus: fixture)
+import test_gpu_training
+from test_gpu_training import interrupt_at_step, main_py, read_metrics, tiny
+
+corpus = test_gpu_training.corpus  # the module-scoped fixture, here for this module's tests
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(2400)]
 

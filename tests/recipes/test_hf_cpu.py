@@ -89,7 +89,7 @@ def source(tmp_path_factory) -> dict:
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
     with torch.no_grad():  # large enough weights that every mix-up shows; norms not all ones
-        for name, param in model.named_parameters():
+        for param in model.parameters():
             if param.dim() == 1:
                 param.copy_(1 + 0.2 * torch.randn_like(param))
             else:

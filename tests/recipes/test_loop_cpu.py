@@ -34,7 +34,7 @@ def never() -> bool:
 def saved_steps(policy: SavePolicy, last_step: int, signal_at: int | None = None) -> list[int]:
     saved = []
     for step in range(1, last_step + 1):
-        end = step_end(step, last_step, False, lambda: step == signal_at)
+        end = step_end(step, last_step, False, lambda step=step: step == signal_at)
         if policy.saves_after(step, end):
             saved.append(step)
         if not end.run_goes_on:

@@ -106,6 +106,6 @@ def _fault(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
             )
     if fault["kind"] == "hang" and not cfg["resilience"]["in_job_restarts"]:
         found.warning(
-            f"resilience.inject_fault.kind=hang without resilience.in_job_restarts: nothing detects the "
+            "resilience.inject_fault.kind=hang without resilience.in_job_restarts: nothing detects the "
             "hang, and the job waits until its time limit (or NCCL's timeout)"
         )

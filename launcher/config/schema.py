@@ -697,9 +697,14 @@ class StackPackage:
 
 
 @dataclass
+class TorchPackage(StackPackage):
+    cpu_build: str = key("the CPU build dev.sh installs where no training stack is found")
+
+
+@dataclass
 class StackConfig:
     python: PythonVersion = group(PythonVersion, "the interpreter")
-    torch: StackPackage = group(StackPackage, "from the base image, never reinstalled")
+    torch: TorchPackage = group(TorchPackage, "from the base image, never reinstalled")
     megatron_core: StackPackage = group(StackPackage, "megatron-core")
     transformer_engine: StackPackage = group(StackPackage, "Transformer Engine")
     requirements: List[str] = key("the recipes' own GPU-side dependencies")

@@ -115,3 +115,7 @@ class GCPolicy:
     def after_step(self, step: int) -> None:
         if self.due(step):
             gc.collect()
+
+    def stop(self) -> None:
+        """The collector back on at the end of training."""
+        gc.enable()

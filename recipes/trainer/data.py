@@ -203,6 +203,24 @@ def make_loader(
         return iter(loader)
 
 
+def close_loader(loader: Iterator[torch.Tensor] | None) -> None:
+    """Shut a loader's worker processes down now, rather than leaving it to the iterator's finalizer. Run by the
+    garbage collector (the trainer holds its iterators in reference cycles, and collects only at set steps), that
+    finalizer finds the queues' feeder threads already stopped by their own finalizers: the workers never hear
+    that the loader is done, and the interpreter's exit then waits for them forever (they block SIGTERM,
+    helpers_immune_to_stop_signals, so multiprocessing's terminate() does not end them either)."""
+    shutdown = getattr(loader, "_shutdown_workers", None)  # torch's multiprocess iterator (num_workers > 0)
+    if shutdown is not None:
+        shutdown()
+
+
+def close_sources(sources) -> None:
+    """Close what Trainer._iterators returned: one source, one per model chunk, or None."""
+    for source in sources if isinstance(sources, list) else [sources]:
+        if source is not None:
+            source.close()
+
+
 class MicrobatchSource:
     """One rank's microbatches. TP rank 0 of a stage that needs data reads them; the other TP ranks receive
     them by broadcast. Every rank of the stage then keeps its context-parallel share of the sequence."""
@@ -218,6 +236,10 @@ class MicrobatchSource:
 
     def __iter__(self):
         return self
+
+    def close(self) -> None:
+        close_loader(self.loader)
+        self.loader = None
 
     def __next__(self) -> dict[str, torch.Tensor]:
         if self.loader is not None:

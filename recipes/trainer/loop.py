@@ -217,6 +217,12 @@ class Trainer:
                 for chunk in self.chunks:
                     chunk.enable_forward_pre_hook()
 
+    def close_data(self) -> None:
+        """Shut the data-loader workers down before the interpreter's exit would wait for them."""
+        data.close_sources(self.train_iters)
+        self.train_iters = None
+        self.gc_policy.stop()
+
     def _iterators(self, dataset, consumed_samples: int):
         shape = (self.plan.micro_batch_size, self.plan.seq_length)
         loader = None
@@ -276,6 +282,7 @@ class Trainer:
             losses = []
             for num_microbatches in calls:
                 losses += self._run_schedule(iters, num_microbatches, forward_only=True)
+            data.close_sources(iters)
             for chunk in self.chunks:
                 chunk.train()
         return reduce_loss(losses)
@@ -425,4 +432,5 @@ def run(run_dir: str) -> int:
             trainer.graphs.release()  # graphs hold NCCL communicators: gone before the process groups are
             trainer.observers.close()  # the profile, the tracker's last events, the telemetry thread
             trainer.guard.close()
+            trainer.close_data()
         distributed.shutdown()

@@ -9,7 +9,10 @@ import contextlib
 import gc
 import json
 import signal
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -417,3 +420,51 @@ def test_an_mlperf_run_through_the_observers_passes_the_compliance_checker(
         "recipes/trainer/loop.py"
     }
     assert compliance_problems(log, "llama31_8b", "6.1.0") == []
+
+
+# ----------------------------------------------------------------------------- the end of a run
+REPO = Path(__file__).resolve().parents[2]
+EXIT_AFTER_TRAINING = """
+import gc
+import sys
+from recipes.trainer import data
+from recipes.trainer.cadence import GCPolicy
+from recipes.trainer.stop_signals import StopSignal
+
+
+class Samples:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {name: [i] * 8 for name in data.BATCH_FIELDS}
+
+
+class Trainer:  # held by a reference cycle, as the real one is
+    def __init__(self):
+        self.me = self
+
+
+StopSignal()
+policy = GCPolicy()
+policy.start()
+trainer = Trainer()
+trainer.iters = data.make_loader(Samples(), 0, 2, 0, 1, num_workers=2)
+next(trainer.iters)
+if sys.argv[1] == "close":
+    data.close_loader(trainer.iters)
+del trainer
+policy.stop()
+gc.collect()
+print("exiting", flush=True)
+"""
+
+
+def test_a_run_ends_with_its_data_workers_shut_down_so_the_process_exits():
+    # Left to the garbage collector, the iterator's finalizer cannot reach its workers, which block SIGTERM
+    # (helpers_immune_to_stop_signals): the interpreter's exit would then wait for them forever (`python -c
+    # "$EXIT_AFTER_TRAINING" leave` does). close_loader shuts them down first.
+    result = subprocess.run(
+        [sys.executable, "-c", EXIT_AFTER_TRAINING, "close"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and "exiting" in result.stdout, result.stderr[-3000:]

@@ -694,6 +694,7 @@ class StackPackage:
     tested: str = key("version the GPU tests ran on")
     supported: str = key("versions the check accepts (PEP 440)")
     install: bool = key("python -m recipes.stack install installs it")
+    cpu_build: Optional[str] = key("the CPU build dev.sh installs where no training stack is found", default=None)
 
 
 @dataclass

@@ -104,12 +104,14 @@ prepare_over_training_stack() {
             exit 1
         }
     fi
-    # Optional here: what the tests and MLPerf mode need (a warning, not a stop, when it cannot be installed).
-    optional=$(unmet_requirements test mlperf)
+    # Optional here: what the tests, MLPerf mode and the docs site need (a warning, not a stop, when it cannot be
+    # installed).
+    optional=$(unmet_requirements test mlperf docs)
     if [ -n "$optional" ]; then
         # shellcheck disable=SC2086
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check $optional 2>/dev/null \
-            || echo "dev.sh: the tests and MLPerf mode also need $(echo $optional); install them for those" >&2
+            || echo "dev.sh: the tests, MLPerf mode and the docs site also need $(echo $optional);" \
+                    "install them for those" >&2
     fi
 }
 
@@ -123,7 +125,7 @@ prepare_self_contained() {
     # import megatron.core needs triton.
     "${pip[@]}" --no-deps --ignore-requires-python "megatron-core==$(stack_version megatron_core tested)"
     "${pip[@]}" triton numpy "packaging>=24.2"
-    "${pip[@]}" -e ".[dataprep,mlperf,test]"
+    "${pip[@]}" -e ".[dataprep,mlperf,test,docs]"
 }
 
 if [ ! -f "$stamp" ]; then

@@ -18,7 +18,7 @@
 #   HF_TOKEN         Hugging Face token for gated tokenizers (the Llama 3 one) and datasets
 #   PYTHON           interpreter that runs main.py (default: python3; it needs the project's packages:
 #                    run `bash dev.sh bash generate_dataset.sh ...` to use the project's .venv)
-# Every key: README.md (Data preparation); Hydra's help and the composed config: python main.py --help.
+# Every key: docs/data-preparation.md; Hydra's help and the composed config: python main.py --help.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 

@@ -33,8 +33,8 @@ STACK_FILE = REPO / "conf" / "stack.yaml"
 # The declared components, in the order they import (each needs the one before).
 COMPONENTS = ("torch", "megatron_core", "transformer_engine")
 FIX = (
-    "build the training image (python main.py stages=[container], or the Dockerfile; README: The training "
-    "stack), install it here with `python -m recipes.stack install`, or set stack_check=false to accept the risk"
+    "build the training image (python main.py stages=[container], or the Dockerfile; docs/stack.md), "
+    "install it here with `python -m recipes.stack install`, or set stack_check=false to accept the risk"
 )
 
 

@@ -20,7 +20,7 @@ def _gpu_skip_reason() -> str | None:
         return "no CUDA GPU visible"
     for module in ("megatron.core", "transformer_engine"):
         if importlib.util.find_spec(module.split(".")[0]) is None:
-            return f"{module} is not installed (see README: GPU tests)"
+            return f"{module} is not installed (see docs/contributing.md: Tests)"
     return None
 
 

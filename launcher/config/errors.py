@@ -213,7 +213,7 @@ def _unknown_key(full_key: str, owner: Any) -> str:
     where = f" of {section}" if section else ""
     if section == "cluster" and owner is not None:
         where = f" of cluster on platform {_platform_of(owner)}"
-    return f"{full_key} is not a key{where}{hint} (README: Configuration lists the keys)"
+    return f"{full_key} is not a key{where}{hint} (docs/configuration-reference.md lists the keys)"
 
 
 def _platform_of(owner: type) -> str:

@@ -44,7 +44,7 @@ from launcher.platforms import containers
 Say = Callable[[str], None]
 Cfg = Mapping[str, Any]
 
-IMAGE_HELP = "README: Images for NGC Base Command and Kubernetes"
+IMAGE_HELP = "docs/stack.md: Images for NGC Base Command and Kubernetes"
 
 # What the checks print for something the selected stages ask of a platform that it cannot do: one line naming
 # the cluster and the way around it.

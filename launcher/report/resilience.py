@@ -1,4 +1,4 @@
-"""A run's restarts and slow GPUs (README: Long runs), beside the telemetry table: from RUN/events.jsonl
+"""A run's restarts and slow GPUs (docs/long-runs.md), beside the telemetry table: from RUN/events.jsonl
 (common/run_events.py) each restart's time, how it came (in the job by ft_launcher, or by the next job of a
 chain), why (time limit, hang, crash), the step it resumed from, the steps and the time it lost; the chain's stop
 when it stopped; and from metrics.jsonl the straggler reports (resilience.straggler_detection), naming the GPUs

@@ -1,4 +1,4 @@
-"""What the training loop asks and tells for a long run (README: Long runs), in one component: the rank monitor
+"""What the training loop asks and tells for a long run (docs/long-runs.md), in one component: the rank monitor
 that detects hangs under ft_launcher (monitor.py), the fault injected on purpose (faults.py), the straggler
 reports (straggler.py), and the run's events (common/run_events.py) from which the report tells each restart's
 time, cause, steps lost and time lost. Every call is cheap and does nothing where its feature is off."""

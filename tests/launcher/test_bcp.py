@@ -179,8 +179,8 @@ def test_data_preparation_spreads_the_shards_over_the_replicas_then_checks(cfg_f
         (
             ["stages=[container]"],
             "stages has container but cluster=bcp runs images by name from a registry and builds "
-            "none: build and push the image with docker (README: Images for NGC Base Command and "
-            "Kubernetes)",
+            "none: build and push the image with docker (docs/stack.md: Images for NGC Base Command "
+            "and Kubernetes)",
         ),
     ],
 )

@@ -139,8 +139,8 @@ def test_kubernetes_validate_rejects_a_broken_manifest(cfg_for, tmp_path):
         (
             ["stages=[container]"],
             "stages has container but cluster=k8s runs images by name from a registry and builds "
-            "none: build and push the image with docker (README: Images for NGC Base Command and "
-            "Kubernetes)",
+            "none: build and push the image with docker (docs/stack.md: Images for NGC Base Command "
+            "and Kubernetes)",
         ),
     ],
 )

@@ -16,7 +16,7 @@ from launcher.platforms.base import Platform
 
 RUN = Path("/results/run")
 
-# What each platform runs besides data preparation and training (README: Stages).
+# What each platform runs besides data preparation and training (docs/run.md: Stages).
 CAN = {
     "local": {"container", "preflight", "export", "nsys"},
     "slurm": {"container", "preflight", "export", "nsys"},

@@ -115,7 +115,7 @@ def test_container_stage_on_bcm(cfg_for, tmp_path):
 
 
 def test_container_stage_alone_builds_the_tested_image(tmp_path):
-    """`python main.py stages=[container] cluster=bcm dry_run=true`, as the README has it: import the base, install
+    """`python main.py stages=[container] cluster=bcm dry_run=true`, as docs/stack.md has it: import the base, install
     the declared stack into it with the repository mounted, export the .sqsh under a temporary name."""
     out = run_main("stages=[container]", "cluster=bcm", "dry_run=true", f"results_dir={tmp_path}/results")
     assert out.returncode == 0, out.stderr

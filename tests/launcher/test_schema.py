@@ -1,5 +1,5 @@
 """The typed schema: every option of every config group composes, and every resolved value has the type the schema
-declares (interpolations included); the README's configuration reference is the one the schema generates."""
+declares (interpolations included); the configuration reference page (docs/) is the one the schema generates."""
 
 from __future__ import annotations
 
@@ -123,10 +123,9 @@ def test_every_schema_key_has_a_one_line_doc():
             assert doc and "\n" not in doc, f"{kind.__name__}.{f.name}"
 
 
-def test_the_readme_reference_is_the_generated_one():
-    readme = (REPO / "README.md").read_text()
-    assert config_reference.BEGIN in readme and config_reference.END in readme
-    assert config_reference.replace_block(readme, config_reference.reference()) == readme, (
-        "README's configuration reference differs from the schema: python -m launcher.config.reference "
-        "--write README.md"
+def test_the_docs_reference_is_the_generated_one():
+    page = REPO / config_reference.PAGE
+    assert page.read_text() == config_reference.page(), (
+        f"{config_reference.PAGE} differs from the schema: python -m launcher.config.reference --write "
+        f"{config_reference.PAGE}"
     )

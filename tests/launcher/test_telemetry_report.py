@@ -16,7 +16,9 @@ from launcher.report import telemetry
 
 from launcher_helpers import REPO
 
-FIXTURES = Path(__file__).parent / "fixtures" / "telemetry"
+# A run directory of four GPUs on two nodes (docs/report.md and docs/watching.md show its report).
+RUN_FIXTURE = Path(__file__).parent / "fixtures" / "telemetry_run"
+FIXTURES = RUN_FIXTURE / "telemetry"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

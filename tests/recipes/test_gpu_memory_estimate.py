@@ -1,6 +1,6 @@
 """The plan's memory estimate against the peak PyTorch allocation measured on this machine's GPUs, for the 70B and
 405B layer proxies on TP only (data parallel 1), where the optimizer step's fp32 copy of the gradients is the peak
-(README: What a run is). Prints both numbers."""
+(docs/memory.md). Prints both numbers."""
 
 import json
 import subprocess

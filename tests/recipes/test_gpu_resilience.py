@@ -1,4 +1,4 @@
-"""Long runs on one GPU (README: Long runs): a rank that hangs or crashes at step 60 under ft_launcher
+"""Long runs on one GPU (docs/long-runs.md): a rank that hangs or crashes at step 60 under ft_launcher
 (resilience.in_job_restarts=2) is restarted in the same job from its newest checkpoint, and a run killed with
 SIGKILL while its asynchronous save is being written resumes from the checkpoint before; every time, the per-step
 losses equal an uninterrupted run's bit for bit (training.deterministic=true, the tiny model on mock data). The

@@ -54,6 +54,23 @@ def wait_for_job(script: Path, job_id: str, timeout_s: int) -> tuple[int, str]:
 WORDS = "the llama reads tokens from every shard of the corpus before its training starts on many nodes".split()
 
 
+def submit_with_main(
+    overrides: list[str], env: dict[str, str], run_dir: Path
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`python main.py *overrides` with no GPU, as a user submits to the scheduler; its output and the jobs it
+    submitted (run_dir/jobs.json)."""
+    out = subprocess.run(
+        [sys.executable, "main.py", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out, json.loads((run_dir / "jobs.json").read_text())
+
+
 def write_corpus(directory: Path, names: list[str]) -> list[Path]:
     """One 120-document .jsonl file per name."""
     directory.mkdir(parents=True)

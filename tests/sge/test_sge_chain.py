@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from common import run_events
+
+from cluster_jobs import submit_with_main
 
 pytestmark = pytest.mark.sge
 
@@ -29,10 +29,9 @@ def submit_chain(grid_engine, tmp_path: Path, behaviour: dict, *overrides: str) 
     workdir = tmp_path / "standin"
     shutil.copytree(STANDIN, workdir)
     (workdir / "standin.json").write_text(json.dumps(behaviour))
-    out = subprocess.run(
+    run_dir = tmp_path / "results" / "chain"
+    _, jobs = submit_with_main(
         [
-            sys.executable,
-            "main.py",
             "cluster=sge",
             "cluster.container_runtime=none",
             "cluster.node_resource=null",
@@ -45,15 +44,9 @@ def submit_chain(grid_engine, tmp_path: Path, behaviour: dict, *overrides: str) 
             f'cluster.setup=["export PATH={workdir}/bin:$PATH"]',
             *overrides,
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**grid_engine.env, "CUDA_VISIBLE_DEVICES": ""},
+        grid_engine.env,
+        run_dir,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
-    run_dir = tmp_path / "results" / "chain"
-    jobs = json.loads((run_dir / "jobs.json").read_text())
     assert [j["stage"] for j in jobs] == ["training"] * 4
     assert [j["dependency"] for j in jobs[1:]] == [f"hold_jid:{j['job_id']}" for j in jobs[:-1]]
     return run_dir, jobs

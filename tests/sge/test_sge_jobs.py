@@ -6,19 +6,16 @@ node resource (the Debian cell defines no node_f)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from cluster_jobs import train_tokenizer, write_corpus
+from cluster_jobs import submit_with_main, train_tokenizer, write_corpus
 
 pytestmark = pytest.mark.sge
 pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
 
-REPO = Path(__file__).resolve().parents[2]
 BARE_METAL = [
     "cluster=sge",
     "cluster.container_runtime=none",
@@ -35,10 +32,9 @@ def tokenizer(tmp_path_factory) -> Path:
 
 def submit(grid_engine, tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
-    out = subprocess.run(
+    run_dir = results / "data_files"  # data preparation alone: its own run directory
+    out, jobs = submit_with_main(
         [
-            sys.executable,
-            "main.py",
             *BARE_METAL,
             "stages=[data_preparation]",
             "data_preparation=files",
@@ -48,15 +44,9 @@ def submit(grid_engine, tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[P
             f"training.tokenizer.path={tokenizer}",
             f"results_dir={results}",
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**grid_engine.env, "CUDA_VISIBLE_DEVICES": ""},
+        grid_engine.env,
+        run_dir,
     )
-    assert out.returncode == 0, out.stderr
-    run_dir = results / "data_files"  # data preparation alone: its own run directory
-    jobs = json.loads((run_dir / "jobs.json").read_text())
     assert [j["stage"] for j in jobs] == ["data_preparation", "data_check"]
     assert jobs[1]["dependency"] == f"hold_jid:{jobs[0]['job_id']}"
     assert f"submitted data_check: job {jobs[1]['job_id']} (-hold_jid {jobs[0]['job_id']})" in out.stdout

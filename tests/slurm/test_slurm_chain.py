@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from common import run_events
+
+from cluster_jobs import submit_with_main
 
 pytestmark = pytest.mark.slurm
 
@@ -35,10 +35,9 @@ def submit_chain(tmp_path: Path, behaviour: dict, *overrides: str) -> tuple[Path
     workdir = tmp_path / "standin"
     shutil.copytree(STANDIN, workdir)
     (workdir / "standin.json").write_text(json.dumps(behaviour))
-    out = subprocess.run(
+    run_dir = tmp_path / "results" / "chain"
+    _, jobs = submit_with_main(
         [
-            sys.executable,
-            "main.py",
             *BARE_METAL,
             f"results_dir={tmp_path}/results",
             "run_name=chain",
@@ -48,15 +47,9 @@ def submit_chain(tmp_path: Path, behaviour: dict, *overrides: str) -> tuple[Path
             f'cluster.sbatch_args=["--chdir={workdir}"]',
             *overrides,
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        os.environ,
+        run_dir,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
-    run_dir = tmp_path / "results" / "chain"
-    jobs = json.loads((run_dir / "jobs.json").read_text())
     assert [j["stage"] for j in jobs] == ["training"] * 4
     assert [j["dependency"] for j in jobs[1:]] == [f"afterany:{j['job_id']}" for j in jobs[:-1]]
     return run_dir, jobs

@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from cluster_jobs import train_tokenizer, write_corpus
+from cluster_jobs import submit_with_main, train_tokenizer, write_corpus
 
 pytestmark = pytest.mark.slurm
 pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
 
-REPO = Path(__file__).resolve().parents[2]
 BARE_METAL = [
     "cluster=bcm",
     "cluster.container_runtime=none",
@@ -36,10 +33,9 @@ def tokenizer(tmp_path_factory) -> Path:
 
 def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
-    out = subprocess.run(
+    run_dir = results / "data_files"  # data preparation alone: its own run directory
+    _, jobs = submit_with_main(
         [
-            sys.executable,
-            "main.py",
             *BARE_METAL,
             "stages=[data_preparation]",
             "data_preparation=files",
@@ -49,15 +45,9 @@ def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dic
             f"training.tokenizer.path={tokenizer}",
             f"results_dir={results}",
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        os.environ,
+        run_dir,
     )
-    assert out.returncode == 0, out.stderr
-    run_dir = results / "data_files"  # data preparation alone: its own run directory
-    jobs = json.loads((run_dir / "jobs.json").read_text())
     assert [j["stage"] for j in jobs] == ["data_preparation", "data_check"]
     assert jobs[1]["dependency"] == f"afterok:{jobs[0]['job_id']}"
     return run_dir, jobs

@@ -43,6 +43,16 @@ CROSS_ENTROPY = {"native": (True, "native"), "te": (True, "te"), "none": (False,
 FP4 = {"nvfp4": ("e2m1", "nvfp4")}
 
 
+def cross_entropy_fusion(cfg: Mapping[str, Any]) -> str:
+    """training.model.cross_entropy_fusion, except that deterministic runs never take the native fusion: its
+    torch.compile'd kernels give the loss gradient a rounding that differs from one process to the next (the
+    first difference between two otherwise identical runs is the gradient of the logits), so a resumed or
+    repeated run would not reproduce the losses. Transformer Engine's fused kernel has one fixed reduction order."""
+    train = cfg["training"]
+    choice = train["model"].get("cross_entropy_fusion") or "native"
+    return "te" if choice == "native" and train.get("deterministic") else choice
+
+
 def precision_kwargs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     """TransformerConfig's low-precision fields: FP8 (its recipe, FP8 weights, FP8 attention and output layer),
     FP4, and the Transformer Engine kernels that write the FP8 copies themselves."""
@@ -95,7 +105,7 @@ def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *, grad_accum_
     vp = plan.vp
     deferral = bool(par["defer_embedding_wgrad_compute"]) and grad_accum_fusion
     p2p_overlap = bool(par["overlap_p2p_comm"]) and vp is not None  # only the interleaved schedule overlaps
-    ce_fusion, ce_impl = CROSS_ENTROPY[model.get("cross_entropy_fusion") or "native"]
+    ce_fusion, ce_impl = CROSS_ENTROPY[cross_entropy_fusion(cfg)]
     return dict(
         # Architecture.
         num_layers=model["num_layers"],

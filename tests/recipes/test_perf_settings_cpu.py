@@ -59,6 +59,16 @@ def test_the_loss_fusion_key():
     assert not none.cross_entropy_loss_fusion
 
 
+def test_a_deterministic_run_takes_the_loss_kernel_with_one_fixed_reduction_order():
+    # The native fusion's compiled kernels gave two processes of the same step different logit gradients (see
+    # docs/training.md#deterministic-runs); a deterministic run takes Transformer Engine's kernel instead.
+    deterministic, _ = config_for("training.deterministic=true")
+    assert deterministic.cross_entropy_loss_fusion and deterministic.cross_entropy_fusion_impl == "te"
+    assert deterministic.deterministic_mode
+    unfused, _ = config_for("training.deterministic=true", "training.model.cross_entropy_fusion=none")
+    assert not unfused.cross_entropy_loss_fusion  # another kernel the user chose stays
+
+
 def test_fp8_on_one_gpu_keeps_bf16_weights_and_the_cast_keys_reach_megatron():
     config, _ = config_for("dtype=fp8")
     assert config.fp8 == "hybrid" and config.fp8_recipe == "delayed" and not config.fp8_param

@@ -12,7 +12,7 @@ import os
 import sys
 
 from common import stack
-from recipes.trainer import ranks
+from recipes.runtime import ranks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     stack.check_run(run_dir, info.rank, info.local_rank)  # exits 2 with one line when the stack does not match
     # The trainer's modules import torch and megatron-core (and through it Transformer Engine) at their top: only
     # once the check accepted them, so that a mismatch is its one line rather than an import error.
-    from recipes.trainer import loop
+    from recipes.trainer import build
 
-    return loop.run(run_dir)
+    return build.run(run_dir)
 
 
 if __name__ == "__main__":  # dist_checkpointing starts a multiprocessing manager: the guard is required

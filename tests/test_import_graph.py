@@ -164,3 +164,51 @@ def test_a_package_init_importing_a_module_that_imports_the_package_is_a_cycle(t
     graph = import_graph(tmp_path, ("pkg",))
     assert graph["pkg"] == {"pkg.util"} and graph["pkg.alone"] == {"pkg", "pkg.other"}
     assert cycles(graph) == [["pkg", "pkg.util"]]
+
+
+def imports_into(graph: dict[str, set[str]], room: str) -> dict[str, list[str]]:
+    """Modules of the other rooms (sub-packages) of `room`'s package that import `room`: a room below importing
+    up. Modules at the package's top (entry points such as recipes.train) stand above every room and may."""
+    package = room.rpartition(".")[0]
+    rooms = {name for name in graph if name.count(".") == package.count(".") + 1 and name.startswith(package + ".")}
+    rooms = {r for r in rooms if any(other.startswith(r + ".") for other in graph)}
+
+    def in_room(name: str, r: str) -> bool:
+        return name == r or name.startswith(r + ".")
+
+    found = {}
+    for module, imports in graph.items():
+        if any(in_room(module, r) for r in rooms - {room}):
+            up = sorted(i for i in imports if in_room(i, room))
+            if up:
+                found[module] = up
+    return found
+
+
+def test_no_room_of_the_gpu_side_imports_up_into_the_trainer():
+    graph = import_graph(REPO)
+    assert imports_into(graph, "recipes.trainer") == {}
+    # The runtime room is below all the others: it imports none of them.
+    below = {
+        m: sorted(i for i in graph[m] if i.startswith("recipes.") and not i.startswith("recipes.runtime"))
+        for m in graph
+        if m.startswith("recipes.runtime")
+    }
+    assert below == {m: [] for m in below} and "recipes.runtime.callbacks" in below
+
+
+def test_an_upward_import_is_found(tmp_path):
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/main.py": "from pkg.core import loop\n",  # an entry point above the rooms: allowed
+            "pkg/core/__init__.py": "",
+            "pkg/core/loop.py": "from pkg.extras import tool\n",
+            "pkg/extras/__init__.py": "",
+            "pkg/extras/tool.py": "",
+            "pkg/extras/hook.py": "from pkg.core.loop import x\n",
+        },
+    )
+    graph = import_graph(tmp_path, ("pkg",))
+    assert imports_into(graph, "pkg.core") == {"pkg.extras.hook": ["pkg.core", "pkg.core.loop"]}

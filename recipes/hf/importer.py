@@ -36,7 +36,7 @@ from common.files import atomic_write
 from common.hf_config import KEY, HFConfigError
 from recipes.hf import hub, mapping
 from recipes.hf.safetensors_io import INDEX_FILE, METADATA_KEY, SafetensorsFileError, read_header
-from recipes.trainer.model import unwrap
+from recipes.runtime.distributed import unwrap
 
 READ_BLOCK_BYTES = 64 * 2**20
 _MARKER = ".init_from_hf.json"  # in the run directory: where rank 0 found (or downloaded) a hub id

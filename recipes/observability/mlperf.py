@@ -3,14 +3,15 @@
 RUN_DIR/<mlperf.log_file>. Only runs whose config has an `mlperf` section (training=mlperf/<benchmark>) log;
 mlperf-logging is imported only then.
 
-The timeline the trainer drives, through its observers (recipes/observability/observers.py):
+The timeline the trainer drives, through its observers (recipes/observability/observers.py, one of the training
+loop's callbacks):
     cache_clear, init_start                      init_starts: start, MLPerfLog.open (before the model is built)
-    submission_*, hyperparameters, init_stop,    run_starts: run_start (right before the first training step)
+    submission_*, hyperparameters, init_stop,    training_starts: run_start (right before the first training step)
     run_start, block_start
     block_stop, eval_start                       evaluation_starts: eval_start (before each evaluation)
-    eval_accuracy, eval_stop, [block_start]      evaluation_ended: eval_stop (after it; a new block unless the
+    eval_accuracy, eval_stop, [block_start]      evaluation_ends: eval_stop (after it; a new block unless the
                                                  run stops)
-    run_stop (status success | aborted),         run_stops: run_stop
+    run_stop (status success | aborted),         run_ends: run_stop
     train_samples
 The score is run_stop - run_start. Samples are training sequences (`samples_count`).
 
@@ -29,8 +30,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from common.plan import Plan
-from recipes.trainer.data import eval_samples
-from recipes.trainer.distributed import any_rank
+from common.evaluation import eval_samples
+from recipes.runtime.distributed import any_rank
 
 SUCCESS, ABORTED = "success", "aborted"
 
@@ -153,11 +154,12 @@ class MLPerfLog:
         from mlperf_logging.mllog import mllog  # an optional package: only MLPerf runs need it
 
         path = os.path.join(run_dir, cfg["mlperf"]["log_file"])
-        # stack offset 4: the file and line in each event's metadata are the trainer's call of the observer
-        # (recipes/observability/observers.py) that calls this class.
+        # stack offset 5: the file and line in each event's metadata are the trainer's call of its callbacks
+        # (recipes/runtime/callbacks.py), which call the observer (recipes/observability/observers.py) that calls
+        # this class.
         writer = mllog.MLLogger(
             logger=_stream_logger(path),
-            default_stack_offset=4,
+            default_stack_offset=5,
             root_dir=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
         log = cls(writer, cfg, plan, run_dir, gpu_name, clock)

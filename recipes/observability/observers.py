@@ -10,8 +10,10 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from common.checkpoints import TrainState
 from common.plan import Plan
 from recipes.observability import mlperf, profiling, telemetry, tracking
+from recipes.runtime.callbacks import Callback, Stop
 
 
 # Ranges during which the GPUs do something other than training steps.
@@ -29,9 +31,10 @@ def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
     return tracking.missing_packages(cfg) + ([nvml] if nvml else [])
 
 
-class Observers:
-    """Holds the telemetry sampler, the profiling window, the tracker and the MLPerf log of this rank. Made from the
-    rank's environment (recipes.trainer.ranks.RankInfo) before the process group and the model exist."""
+class Observers(Callback):
+    """Holds the telemetry sampler, the profiling window, the tracker and the MLPerf log of this rank, and hears the
+    training loop's events as one of its callbacks. Made from the rank's environment
+    (recipes.runtime.ranks.RankInfo) before the process group and the model exist."""
 
     def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, info: Any):
         self.run_dir, self.cfg, self.plan = run_dir, cfg, plan
@@ -44,6 +47,7 @@ class Observers:
         self.tracker: tracking.Tracker | None = None
         self.sampler: telemetry.Sampler | None = None
         self.mllog = mlperf.MLPerfLog()  # logs nothing until init_starts opens an MLPerf run's log
+        self._ranges: dict[str, contextlib.ExitStack] = {}
         profile_cfg = cfg.get("profile")
         self.window = (
             profiling.ProfileWindow(run_dir, profile_cfg, rank, say=_print)
@@ -60,8 +64,9 @@ class Observers:
         the page cache and opens its log on the last rank (cache_clear, init_start); a collective."""
         self.mllog = mlperf.start(self.run_dir, self.cfg, self.plan, self.local_rank, logs_here=self.is_last_rank)
 
-    def training_starts(self, model_config: Any, resume_step: int) -> None:
-        """Opens the tracker (last rank: it has the metrics) and installs the forward/backward ranges."""
+    def model_ready(self, model_config: Any, resume_step: int) -> None:
+        """The model is built and its state loaded: opens the tracker (last rank: it has the metrics) and installs
+        the forward/backward ranges."""
         if self.is_last_rank:
             self.tracker = tracking.Tracker(self.run_dir, self.cfg, self.plan, resume_step, say=_print)
         if self.window is not None:
@@ -86,11 +91,25 @@ class Observers:
             if marked:
                 self.sampler.activity = previous
 
-    def step_begins(self, step: int) -> None:
+    def _open_range(self, name: str) -> None:
+        self._ranges.setdefault(name, contextlib.ExitStack()).enter_context(self.range(name))
+
+    def _close_range(self, name: str) -> None:
+        if name in self._ranges:
+            self._ranges.pop(name).close()
+
+    # ------------------------------------------------------------------ the loop's events
+    def training_starts(self, state: TrainState) -> None:
+        """Right before the first step: MLPerf's timed run starts, on every rank together."""
+        if self.cfg.get("mlperf"):
+            torch.distributed.barrier()
+        self.mllog.run_start(state.consumed_samples, init_checkpoint_step=state.step)
+
+    def step_starts(self, step: int) -> None:
         if self.window is not None:
             self.window.step_begins(step)
 
-    def step_ended(self, step: int) -> None:
+    def step_ends(self, step: int) -> None:
         if self.window is not None:
             self.window.step_ended(step)
         if self.sampler is not None:
@@ -98,29 +117,35 @@ class Observers:
             if self.sampler.activity == "startup":
                 self.sampler.activity = ""
 
-    def log(self, record: Any) -> None:
+    def evaluation_starts(self, state: TrainState) -> None:
+        self.mllog.eval_start(state.consumed_samples)
+        self._open_range("validation")
+
+    def evaluation_ends(self, state: TrainState, val_loss: float | None, run_goes_on: bool) -> None:
+        self._close_range("validation")
+        self.mllog.eval_stop(state.consumed_samples, val_loss, run_goes_on=run_goes_on)
+
+    def save_starts(self, step: int) -> None:
+        self._open_range("checkpoint")
+
+    def save_ends(self, step: int) -> None:
+        self._close_range("checkpoint")
+
+    def logged(self, record: Any) -> None:
         if self.tracker is not None:
             self.tracker.log(record)
 
-    # MLPerf's timeline (recipes/observability/mlperf.py); the trainer calls these on every rank.
-    def run_starts(self, consumed_samples: int, resume_step: int) -> None:
-        """Right before the first step: the timed run starts."""
-        if self.cfg.get("mlperf"):
-            torch.distributed.barrier()  # the timed run starts on every rank together
-        self.mllog.run_start(consumed_samples, init_checkpoint_step=resume_step)
+    def run_ends(self, stop: Stop) -> None:
+        """The end of MLPerf's timed run (run_stop: success when the target was reached), before the last save."""
+        self.mllog.run_stop(stop.reached_target, stop.consumed_samples)
 
-    def evaluation_starts(self, consumed_samples: int) -> None:
-        self.mllog.eval_start(consumed_samples)
-
-    def evaluation_ended(self, consumed_samples: int, val_loss: float | None, run_goes_on: bool) -> None:
-        self.mllog.eval_stop(consumed_samples, val_loss, run_goes_on=run_goes_on)
-
-    def run_stops(self, reached_target: bool, consumed_samples: int) -> None:
-        """The run ends (finished, stopped by a signal or diverged): the end of the timed run."""
-        self.mllog.run_stop(reached_target, consumed_samples)
+    def stops(self, stop: Stop) -> None:
+        self.close()
 
     def close(self) -> None:
-        """Idempotent; the trainer calls it however training ends."""
+        """Idempotent: the profile, the tracker's last events, the telemetry thread."""
+        for name in list(self._ranges):
+            self._close_range(name)
         if self.window is not None:
             self.window.close()
         if self.tracker is not None:

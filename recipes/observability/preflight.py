@@ -29,7 +29,7 @@ import yaml
 
 from common.files import atomic_write
 from common.plan import Plan, PlanFileError, load_plan
-from recipes.trainer.ranks import die_with_torchrun, rank_info
+from recipes.runtime.ranks import die_with_torchrun, rank_info
 
 MIB = 2**20
 

@@ -20,7 +20,7 @@ import yaml
 
 from common.files import atomic_write
 from common.plan import Plan
-from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+from recipes.runtime.stop_signals import helpers_immune_to_stop_signals
 
 # StepMetrics field -> tag, the same in TensorBoard and W&B.
 SCALARS = {

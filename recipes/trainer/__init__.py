@@ -1,2 +1,2 @@
-"""The training loop and its parts: the loop, its cadence, settings, model, data, ranks and process groups,
-checkpoints, metrics, stop signals."""
+"""The training loop and its parts: building a run's trainer, the loop, the model's steps, their cadence, settings,
+model, data, process groups, checkpoints, metrics, CUDA graphs."""

@@ -9,6 +9,9 @@ import gc
 import math
 from typing import Any, Callable, Mapping
 
+from common.checkpoints import TrainState
+from recipes.runtime.callbacks import Callback, Stop
+
 
 @dataclass(frozen=True)
 class StepEnd:
@@ -99,23 +102,24 @@ class EvalPolicy:
 
 
 @dataclass(frozen=True)
-class GCPolicy:
+class GCPolicy(Callback):
     """Python's garbage collector off during training and run every `every` steps, at the same point on every
-    rank: a collection at a random moment on one rank would stall all the others at the next collective."""
+    rank: a collection at a random moment on one rank would stall all the others at the next collective. A
+    callback of the loop: off when training starts, a collection at the end of every `every`-th step, back on
+    when the run stops."""
 
     every: int = 100
 
-    def start(self) -> None:
+    def training_starts(self, state: TrainState) -> None:
         gc.disable()
         gc.collect()
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
 
-    def after_step(self, step: int) -> None:
+    def step_ends(self, step: int) -> None:
         if self.due(step):
             gc.collect()
 
-    def stop(self) -> None:
-        """The collector back on at the end of training."""
+    def stops(self, stop: Stop) -> None:
         gc.enable()

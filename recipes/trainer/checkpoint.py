@@ -29,9 +29,10 @@ from common.checkpoints import (
     read_train_state,
     remove_partials,
 )
+from recipes.runtime.callbacks import Callback, Stop
 from recipes.trainer.cadence import SavePolicy, StepEnd
-from recipes.trainer.model import unwrap
-from recipes.trainer.stop_signals import helpers_die_with_the_trainer, helpers_immune_to_stop_signals
+from recipes.runtime.distributed import unwrap
+from recipes.runtime.stop_signals import helpers_die_with_the_trainer, helpers_immune_to_stop_signals
 
 try:  # nvidia-resiliency-ext's asynchronous writer, where megatron-core has it
     from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX
@@ -91,17 +92,21 @@ def sharded_state(chunks, optimizer, scheduler, is_loading: bool) -> dict[str, A
     return state
 
 
-class Checkpointer:
-    """Saves (optionally asynchronously) and loads this run's checkpoints, and says when to save (its policy);
-    holds the async queue."""
+class Checkpointer(Callback):
+    """Saves (optionally asynchronously) and loads this run's checkpoints of `chunks`, `optimizer` and
+    `scheduler`, and says when to save (its policy); holds the async queue. As a callback it finishes the saves
+    whose writes are done after every step, and on the run's stop finishes the one still in flight, or abandons it
+    where the ranks did not stop together (an exception)."""
 
-    def __init__(self, root: str, keep_last: int, async_save: bool, policy: SavePolicy):
+    def __init__(self, root: str, keep_last: int, async_save: bool, policy: SavePolicy, chunks, optimizer, scheduler):
         self.root = root
         self.keep_last = keep_last
         self.async_save = async_save
         self.policy = policy
+        self.chunks, self.optimizer, self.scheduler = chunks, optimizer, scheduler
         self.rank = torch.distributed.get_rank()
         self._queue = None
+        self._in_flight: int | None = None  # the step of an async save not finalized yet
         if async_save:
             self._queue = AsyncCallsQueue()
         # This process's saves write under partial names of their own: a writer that outlived a killed trainer
@@ -124,13 +129,7 @@ class Checkpointer:
         return self.policy.saves_after(step, end)
 
     def save(
-        self,
-        chunks,
-        optimizer,
-        scheduler,
-        state: TrainState,
-        log: Callable[[str], None],
-        in_flight: Callable[[int], None] | None = None,
+        self, state: TrainState, log: Callable[[str], None], in_flight: Callable[[int], None] | None = None
     ) -> None:
         """`in_flight(step)` is called once the shards are being written (async) or written, and the checkpoint
         is not complete yet (resilience.inject_fault.during=save)."""
@@ -145,6 +144,7 @@ class Checkpointer:
         extra = {"async_sharded_save": True, "async_strategy": _async_strategy()} if self.async_save else {}
 
         def finalize() -> None:
+            self._in_flight = None
             if self.rank == 0:
                 path = finalize_checkpoint(self.root, snapshot, partial)
                 prune_checkpoints(self.root, self.keep_last)
@@ -164,19 +164,20 @@ class Checkpointer:
 
         with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
             request = dist_checkpointing.save(
-                sharded_state(chunks, optimizer, scheduler, is_loading=False), partial, **extra
+                sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=False), partial, **extra
             )
             if request is not None:
                 request.add_finalize_fn(finalize)
                 self._queue.schedule_async_request(request)
+                self._in_flight = state.step
         if in_flight is not None:
             in_flight(state.step)
         blocking[0] = time.perf_counter() - started
         if request is None:
             finalize()
 
-    def poll(self) -> None:
-        """Finish async saves whose writes are done (collective; call on every rank each step)."""
+    def step_ends(self, step: int) -> None:
+        """Finish async saves whose writes are done (a collective: every rank, every step)."""
         if self._queue is not None:
             self._queue.maybe_finalize_async_calls(blocking=False)
 
@@ -184,12 +185,24 @@ class Checkpointer:
         if self._queue is not None:
             self._queue.maybe_finalize_async_calls(blocking=True)
 
-    def close(self) -> None:
-        if self._queue is not None:
-            self.wait()
+    def stops(self, stop: Stop) -> None:
+        """The loop waited for the last save wherever the ranks stopped together. After an exception, which may be
+        this rank's alone, the finalize's collectives could wait forever for the others: a save still in flight is
+        abandoned (its writer killed; the partial directory is removed when the run starts again), and the run's
+        events say so."""
+        if self._queue is None:
+            return
+        if stop.every_rank_agrees:
             self._queue.close()
+            return
+        for active in self._queue.async_calls:
+            active.async_caller.close(abort=True)
+        self._queue.close(abort=True)
+        if self._in_flight is not None and self.rank == 0:
+            run_events.record(os.path.dirname(self.root), "checkpoint_abandoned", step=self._in_flight)
+        self._in_flight = None
 
-    def load_latest(self, chunks, optimizer, scheduler, log: Callable[[str], None]) -> TrainState | None:
+    def load_latest(self, log: Callable[[str], None]) -> TrainState | None:
         """Restore the newest complete checkpoint into the model, optimizer and scheduler; None when there is
         none. Every rank must see the same checkpoint (shared filesystem)."""
         latest = latest_checkpoint(self.root)
@@ -203,10 +216,12 @@ class Checkpointer:
             return None
         step, path = latest
         log(f"resuming from {path}")
-        loaded = dist_checkpointing.load(sharded_state(chunks, optimizer, scheduler, is_loading=True), path)
-        _load_model_state(chunks, loaded)
-        optimizer.load_state_dict(loaded["optimizer"])
-        scheduler.load_state_dict(loaded["scheduler"])
+        loaded = dist_checkpointing.load(
+            sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=True), path
+        )
+        _load_model_state(self.chunks, loaded)
+        self.optimizer.load_state_dict(loaded["optimizer"])
+        self.scheduler.load_state_dict(loaded["scheduler"])
         _set_rng_state(loaded["rng_state"])
         return read_train_state(path)
 

@@ -16,9 +16,10 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 import numpy as np
 import torch
 
+from common.evaluation import eval_samples
 from common.plan import Plan
 from data_prep.tokenizer import load_tokenizer
-from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+from recipes.runtime.stop_signals import helpers_immune_to_stop_signals
 
 # The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
 BATCH_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
@@ -49,18 +50,6 @@ def split_sizes(train_steps: int, global_batch_size: int, val_interval: int, val
     """Samples per split (train, validation, test). Every evaluation reads the same val_samples sequences, so
     validation losses compare across evaluations and across a resume."""
     return [train_steps * global_batch_size, val_samples if val_interval > 0 else 0, 0]
-
-
-def eval_samples(train: Mapping[str, Any], global_batch_size: int) -> int:
-    """Sequences per evaluation: training.val_samples, else val_steps global batches."""
-    return train.get("val_samples") or train["val_steps"] * global_batch_size
-
-
-def eval_microbatches(samples: int, micro_batch_size: int, dp_size: int, per_call: int) -> list[int]:
-    """Microbatches per data-parallel rank for each pipeline-schedule call of one evaluation: calls as large as
-    a training step's, the last one taking the rest (the plan checked that samples split into microbatches)."""
-    total = samples // (micro_batch_size * dp_size)
-    return [per_call] * (total // per_call) + ([total % per_call] if total % per_call else [])
 
 
 class InOrderSequences(torch.utils.data.Dataset):

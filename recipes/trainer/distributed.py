@@ -9,7 +9,7 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 import torch
 
 from common.plan import Plan
-from recipes.trainer.ranks import RankInfo, rank_info
+from recipes.runtime.ranks import RankInfo, rank_info
 
 
 def initialize(plan: Plan, seed: int) -> RankInfo:
@@ -54,13 +54,6 @@ def model_parallel_kwargs(plan: Plan) -> dict:
 
 def initialize_model_parallel(plan: Plan) -> None:
     ps.initialize_model_parallel(**model_parallel_kwargs(plan))
-
-
-def any_rank(flag: bool) -> bool:
-    """True on every rank when `flag` is true on at least one: how ranks agree to stop together."""
-    tensor = torch.tensor([int(flag)], dtype=torch.int32, device="cuda")
-    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
-    return bool(tensor.item())
 
 
 def shutdown() -> None:

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from recipes.runtime.callbacks import Callback, Stop
 
-class CudaGraphs:
-    """The loop calls `training_schedule` once, `before_step` / `after_step` around every training step, and
-    `release` before the process groups go."""
+
+class CudaGraphs(Callback):
+    """The trainer takes `training_schedule` once; as a callback the component captures at the start of the step
+    after the eager warmup steps, counts the steps at their end, and releases the graphs when the run stops
+    (before the process groups go)."""
 
     def __init__(
         self,
@@ -99,7 +102,7 @@ class CudaGraphs:
             return self._wrapper
         return forward_backward
 
-    def before_step(self) -> None:
+    def step_starts(self, step: int) -> None:
         """per_layer: capture before the first step after the eager warmup steps."""
         helper = self._helper
         if helper is None or helper.capture_finished() or self.steps_run != self.warmup_steps:
@@ -116,10 +119,13 @@ class CudaGraphs:
             helper.cuda_graph_set_manual_hooks()
         self.say(f"CUDA graphs: per-layer graphs captured after {self.steps_run} eager steps")
 
-    def after_step(self) -> None:
+    def step_ends(self, step: int) -> None:
         self.steps_run += 1
         if self.mode == "full_iteration" and self.steps_run == self.warmup_steps + 1:
             self.say(f"CUDA graphs: full-iteration graph captured after {self.warmup_steps} eager steps")
+
+    def stops(self, stop: Stop) -> None:
+        self.release()
 
     def release(self) -> None:
         """Drop every graph (and its hold on NCCL communicators) before the process groups are destroyed."""

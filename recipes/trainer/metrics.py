@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass
 import json
 import os
 
+from common.checkpoints import TrainState
 from common.plan import Plan
+from recipes.runtime.callbacks import Callback, Stop
 
 
 @dataclass
@@ -86,29 +88,35 @@ def progress_line(m: StepMetrics, train_steps: int) -> str:
     return " | ".join(parts)
 
 
-class MetricsWriter:
-    """Appends one JSON object per logged step; a resumed run drops records past the step it resumed from so
-    the file stays one record per step."""
+class MetricsFile(Callback):
+    """RUN/metrics.jsonl, one JSON object per logged step, written by the logging rank. Opened when training starts
+    (after the guard read where the process before got to): a resumed run drops the records past the step it
+    resumed from, so the file stays one record per step."""
 
-    def __init__(self, path: str, resume_step: int):
+    def __init__(self, path: str):
         self.path = path
-        if os.path.exists(path):
+        self._file = None
+
+    def training_starts(self, state: TrainState) -> None:
+        if os.path.exists(self.path):
             kept = []
-            with open(path) as f:
+            with open(self.path) as f:
                 for line in f:
                     try:
-                        if json.loads(line)["step"] <= resume_step:
+                        if json.loads(line)["step"] <= state.step:
                             kept.append(line if line.endswith("\n") else line + "\n")
                     except (ValueError, KeyError):
                         continue  # a line cut by a crash
-            with open(path, "w") as f:
+            with open(self.path, "w") as f:
                 f.writelines(kept)
-        self._file = open(path, "a")
+        self._file = open(self.path, "a")
 
-    def write(self, m: StepMetrics) -> None:
-        record = {k: v for k, v in asdict(m).items() if v is not None or k in ("mfu", "mfu_peak_flops")}
-        self._file.write(json.dumps(record) + "\n")
+    def logged(self, record: StepMetrics) -> None:
+        fields = {k: v for k, v in asdict(record).items() if v is not None or k in ("mfu", "mfu_peak_flops")}
+        self._file.write(json.dumps(fields) + "\n")
         self._file.flush()
 
-    def close(self) -> None:
-        self._file.close()
+    def stops(self, stop: Stop) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -17,11 +17,6 @@ from common.plan import Plan
 from recipes.trainer import settings
 
 
-def unwrap(chunk):
-    """The GPTModel inside a DDP wrapper (or the model itself)."""
-    return getattr(chunk, "module", chunk)
-
-
 def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage held by this rank, on the current GPU."""
     spec = get_gpt_layer_with_transformer_engine_spec(**settings.layer_spec_kwargs(config))

@@ -1,7 +1,8 @@
 """The training loop's decisions without a GPU: the policies it asks (recipes/trainer/cadence.py) on their own,
-then Trainer.train itself with stand-ins for the step, the evaluation, the save and the collectives, recording
-the order of everything it does within a step (saves after evaluation, MLLOG events at their points, the stops),
-and an MLPerf run through the real observers judged by mlperf-logging's compliance checker."""
+then Trainer.train itself, built from fakes for the steps, the checkpointer and the collectives, recording the
+order of everything it tells its callbacks (saves after evaluation, the run's end before its last save, the stop
+once on every exit: the last step, a target, a signal, a divergence, an error), the real guard and metrics file on
+each exit path, and an MLPerf run through the real observers judged by mlperf-logging's compliance checker."""
 
 from __future__ import annotations
 
@@ -11,23 +12,24 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from common import run_events
 from common.checkpoints import TrainState
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from launcher.report.mlperf import compliance_problems
 from recipes.observability.mlperf import MLPerfLog
 from recipes.observability.observers import Observers
-from recipes.trainer import checkpoint, loop
-from recipes.trainer.cadence import EvalPolicy, GCPolicy, SavePolicy, StepEnd, divergence, logs_step, step_end
 from recipes.resilience.guard import RunGuard
-from recipes.trainer.ranks import RankInfo
+from recipes.runtime.callbacks import FINISHED, Callback, Callbacks, Stop
+from recipes.runtime.ranks import RankInfo
+from recipes.trainer import loop
+from recipes.trainer.cadence import EvalPolicy, GCPolicy, SavePolicy, StepEnd, divergence, logs_step, step_end
+from recipes.trainer.metrics import MetricsFile
 
 
 def never() -> bool:
@@ -99,57 +101,108 @@ def collector_back_on():
     gc.enable()
 
 
-def test_the_gc_policy_turns_the_collector_off(collector_back_on):
-    GCPolicy().start()
+def test_the_gc_policy_turns_the_collector_off_while_training(collector_back_on):
+    policy = GCPolicy()
+    policy.training_starts(TrainState(step=0, consumed_samples=0))
     assert not gc.isenabled()
+    policy.stops(Stop(FINISHED, 1, 8))
+    assert gc.isenabled()
 
 
-# ----------------------------------------------------------------------------- Trainer.train, step by step
-class RecordingObservers:
+# ----------------------------------------------------------------------------- Trainer.train, from fakes
+class Recorder(Callback):
+    """Every event the loop sends, as a line."""
+
     def __init__(self, events: list[str]):
         self.events = events
 
-    def step_begins(self, step):
+    def training_starts(self, state):
+        self.events.append(f"run_start {state.consumed_samples} {state.step}")
+
+    def step_starts(self, step):
         self.events.append(f"begin {step}")
 
-    def step_ended(self, step):
+    def step_ends(self, step):
         self.events.append(f"end {step}")
 
-    @contextlib.contextmanager
-    def range(self, name):
-        self.events.append(f"range {name}")
-        yield
+    def evaluation_starts(self, state):
+        self.events.append(f"eval_start {state.consumed_samples}")
 
-    def log(self, record):
+    def evaluation_ends(self, state, val_loss, run_goes_on):
+        self.events.append(f"eval_stop {state.consumed_samples} {val_loss} goes_on={run_goes_on}")
+
+    def save_starts(self, step):
+        self.events.append(f"saving {step}")
+
+    def save_ends(self, step):
+        self.events.append(f"saved {step}")
+
+    def logged(self, record):
         self.events.append(f"log {record.step}" + (f" val={record.val_loss}" if record.val_loss is not None else ""))
 
-    def run_starts(self, consumed_samples, resume_step):
-        self.events.append(f"run_start {consumed_samples} {resume_step}")
+    def run_ends(self, stop):
+        self.events.append(f"run_stop {stop.reason} {stop.consumed_samples}")
 
-    def evaluation_starts(self, consumed_samples):
-        self.events.append(f"eval_start {consumed_samples}")
-
-    def evaluation_ended(self, consumed_samples, val_loss, run_goes_on):
-        self.events.append(f"eval_stop {consumed_samples} {val_loss} goes_on={run_goes_on}")
-
-    def run_stops(self, reached_target, consumed_samples):
-        self.events.append(f"run_stop {reached_target} {consumed_samples}")
+    def stops(self, stop):
+        self.events.append(f"stops {stop.reason}")
 
 
-class RecordingCheckpointer(checkpoint.Checkpointer):
-    """The real policy questions (due, due_before_training); the writing recorded."""
+class FakeSteps:
+    """The model's steps: losses by step (default 2.0, grad norm 1.0), evaluation losses in order, a stop signal
+    arriving during a step, an error raised by one."""
 
-    def __init__(self, policy: SavePolicy, events: list[str]):
-        self.policy, self.events, self.root = policy, events, "/nonexistent"
+    def __init__(self, events, losses=None, val_losses=(), signal_at=None, raise_at=None):
+        self.events, self.losses, self.val_losses = events, losses or {}, iter(val_losses)
+        self.signal_at, self.raise_at = signal_at, raise_at
+        self.step = 0
 
-    def poll(self):
-        pass
+    def train_step(self):
+        self.step += 1
+        self.events.append(f"train {self.step}")
+        if self.step == self.signal_at:
+            FakeStop.made[-1].received = signal.SIGTERM
+        if self.step == self.raise_at:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.losses.get(self.step, (2.0, 1.0))
+
+    def evaluate(self):
+        self.events.append(f"evaluate {self.step}")
+        return next(self.val_losses)
+
+    @contextlib.contextmanager
+    def synced_params(self):
+        yield
+
+    def lr(self):
+        return 1e-4
+
+    def peak_memory_gib(self):
+        return 1.0
+
+
+class FakeCheckpointer:
+    """The real save policy; saves that stay in flight until waited for."""
+
+    def __init__(self, policy: SavePolicy, events: list[str], root: str):
+        self.policy, self.events, self.root = policy, events, root
+        self.in_flight = None
+
+    def due_before_training(self, step):
+        return self.policy.saves_before_training(step)
+
+    def due(self, step, end):
+        return self.policy.saves_after(step, end)
+
+    def save(self, state, log, in_flight):
+        self.wait()
+        self.events.append(f"save {state.step}")
+        self.in_flight = state.step
+        in_flight(state.step)
 
     def wait(self):
-        self.events.append("wait")
-
-    def close(self):
-        self.events.append("close")
+        if self.in_flight is not None:
+            self.events.append(f"complete {self.in_flight}")
+            self.in_flight = None
 
 
 class FakeStop:
@@ -158,51 +211,6 @@ class FakeStop:
     def __init__(self):
         self.received = None
         FakeStop.made.append(self)
-
-
-def fake_trainer(monkeypatch, events, overrides, *, losses=None, val_losses=(), signal_at=None, observers=None):
-    """A Trainer whose step, evaluation, save and collectives are stand-ins (one rank, the last one)."""
-    cfg = compose(overrides)
-    trainer = loop.Trainer.__new__(loop.Trainer)
-    trainer.cfg, trainer.plan, trainer.train_cfg = cfg, build_plan(cfg), cfg["training"]
-    trainer.state = TrainState(step=0, consumed_samples=0)
-    trainer.info, trainer.is_last_rank = RankInfo(0, 0, 1, "127.0.0.1", 0), True
-    trainer.observers = observers or RecordingObservers(events)
-    # The real guard, in a run directory of its own: no monitor (not under ft_launcher), no fault, no detector.
-    trainer.guard = RunGuard(tempfile.mkdtemp(), cfg, 0, 1)
-    trainer.checkpointer = RecordingCheckpointer(SavePolicy.from_config(trainer.train_cfg["checkpoint"]), events)
-    trainer.evaluation = EvalPolicy.from_config(trainer.train_cfg)
-    trainer.gc_policy = GCPolicy()
-    trainer.metrics_writer = SimpleNamespace(write=lambda record: None, close=lambda: events.append("metrics closed"))
-    trainer.scheduler = SimpleNamespace(get_lr=lambda group: 1e-4)
-    trainer.optimizer = SimpleNamespace(param_groups=[{}])
-    trainer.say = lambda message: events.append(f"say {message}")
-    trainer.save = lambda: events.append(f"save {trainer.state.step}")
-    trainer._peak_memory_gib = lambda: 1.0
-    losses = losses or {}
-    evaluations = iter(val_losses)
-
-    def train_step():
-        step = trainer.state.step + 1
-        events.append(f"train {step}")
-        if step == signal_at:
-            FakeStop.made[-1].received = signal.SIGTERM
-        return losses.get(step, (2.0, 1.0))
-
-    def evaluate():
-        events.append(f"evaluate {trainer.state.step}")
-        return next(evaluations)
-
-    def agree(flag):
-        events.append(f"agree {bool(flag)}")
-        return bool(flag)
-
-    trainer.train_step, trainer.evaluate = train_step, evaluate
-    monkeypatch.setattr(loop.distributed, "any_rank", agree)
-    monkeypatch.setattr(loop, "StopSignal", FakeStop)
-    clock = iter(range(1, 10**7))
-    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
-    return trainer
 
 
 SHORT = [
@@ -214,15 +222,43 @@ SHORT = [
 ]
 
 
-def test_a_run_saves_after_evaluating_and_logging_and_stops_after_its_last_step(monkeypatch, collector_back_on):
+def fake_trainer(tmp_path, events, overrides, callbacks=(), **steps) -> tuple[loop.Trainer, int]:
+    """A Trainer of one rank (the last) on fake steps and a fake checkpointer, with a Recorder and `callbacks`;
+    also the global batch size."""
+    cfg = compose(overrides)
+    plan = build_plan(cfg)
+    train = cfg["training"]
+    clock = iter(range(1, 10**7))
+
+    def agree(flag):
+        events.append(f"agree {bool(flag)}")
+        return bool(flag)
+
+    trainer = loop.Trainer(
+        FakeSteps(events, **steps),
+        FakeCheckpointer(SavePolicy.from_config(train["checkpoint"]), events, str(tmp_path / "checkpoints")),
+        Callbacks([Recorder(events), *callbacks]),
+        plan=plan,
+        train=train,
+        state=TrainState(step=0, consumed_samples=0),
+        agree=agree,
+        stop_signal=FakeStop,
+        clock=lambda: float(next(clock)),
+        say=lambda message: events.append(f"say {message}"),
+    )
+    return trainer, plan.global_batch_size
+
+
+def test_a_run_saves_after_evaluating_and_logging_and_stops_after_its_last_step(tmp_path):
     events: list[str] = []
-    trainer = fake_trainer(
-        monkeypatch, events, [*SHORT, "training.checkpoint.save_initial=true"], val_losses=[5.0, 4.0, 3.0]
+    trainer, gbs = fake_trainer(
+        tmp_path, events, [*SHORT, "training.checkpoint.save_initial=true"], val_losses=[5.0, 4.0, 3.0]
     )
     assert trainer.train() == 0
-    gbs = trainer.plan.global_batch_size
     assert events == [
+        "saving 0",
         "save 0",
+        "saved 0",
         "run_start 0 0",
         "begin 1",
         "train 1",
@@ -232,7 +268,6 @@ def test_a_run_saves_after_evaluating_and_logging_and_stops_after_its_last_step(
         "train 2",
         "end 2",
         f"eval_start {2 * gbs}",
-        "range validation",
         "evaluate 2",
         "log 2 val=5.0",
         "agree False",
@@ -242,12 +277,14 @@ def test_a_run_saves_after_evaluating_and_logging_and_stops_after_its_last_step(
         "end 3",
         "log 3",
         "agree False",
+        "saving 3",
+        "complete 0",
         "save 3",
+        "saved 3",
         "begin 4",
         "train 4",
         "end 4",
         f"eval_start {4 * gbs}",
-        "range validation",
         "evaluate 4",
         "log 4 val=4.0",
         "agree False",
@@ -260,52 +297,56 @@ def test_a_run_saves_after_evaluating_and_logging_and_stops_after_its_last_step(
         "train 6",
         "end 6",
         f"eval_start {6 * gbs}",
-        "range validation",
         "evaluate 6",
         "log 6 val=3.0",
         f"eval_stop {6 * gbs} 3.0 goes_on=False",
-        f"run_stop False {6 * gbs}",
+        f"run_stop finished {6 * gbs}",
+        "saving 6",
+        "complete 3",
         "save 6",
-        "close",
-        "metrics closed",
+        "saved 6",
+        "saving 6",  # the last save, finished before the run stops
+        "complete 6",
+        "saved 6",
+        "stops finished",
     ]
-    assert not gc.isenabled()
 
 
-def test_an_agreed_signal_ends_the_step_with_a_save_then_the_run(monkeypatch, collector_back_on):
+def test_an_agreed_signal_ends_the_step_with_a_save_then_the_run(tmp_path):
     events: list[str] = []
-    trainer = fake_trainer(monkeypatch, events, SHORT, val_losses=[5.0, 4.0], signal_at=4)
+    trainer, gbs = fake_trainer(tmp_path, events, SHORT, val_losses=[5.0, 4.0], signal_at=4)
     assert trainer.train() == 0
-    gbs = trainer.plan.global_batch_size
     assert events[events.index("begin 4") :] == [
         "begin 4",
         "train 4",
         "end 4",
         f"eval_start {4 * gbs}",
-        "range validation",
         "evaluate 4",
         "log 4 val=4.0",
         "agree True",
         f"eval_stop {4 * gbs} 4.0 goes_on=False",
-        f"run_stop False {4 * gbs}",
+        f"run_stop signal {4 * gbs}",
+        "saving 4",
+        "complete 3",
         "save 4",
-        "wait",
+        "saved 4",
+        "saving 4",
+        "complete 4",
+        "saved 4",
         "say stopped by signal at step 4; checkpoint saved. Run the same command again to continue.",
-        "close",
-        "metrics closed",
+        "stops signal",
     ]
 
 
-def test_a_reached_target_is_agreed_on_every_step_and_ends_the_run_as_a_success(monkeypatch, collector_back_on):
+def test_a_reached_target_is_agreed_on_every_step_and_ends_the_run_as_a_success(tmp_path):
     events: list[str] = []
-    trainer = fake_trainer(
-        monkeypatch,
+    trainer, gbs = fake_trainer(
+        tmp_path,
         events,
         [*SHORT, "training.checkpoint.interval=0", "training.target_val_loss=3.5"],
         val_losses=[5.0, 3.4],
     )
     assert trainer.train() == 0
-    gbs = trainer.plan.global_batch_size
     assert events == [
         "run_start 0 0",
         "begin 1",
@@ -317,7 +358,6 @@ def test_a_reached_target_is_agreed_on_every_step_and_ends_the_run_as_a_success(
         "train 2",
         "end 2",
         f"eval_start {2 * gbs}",
-        "range validation",
         "evaluate 2",
         "log 2 val=5.0",
         "agree False",
@@ -333,29 +373,105 @@ def test_a_reached_target_is_agreed_on_every_step_and_ends_the_run_as_a_success(
         "train 4",
         "end 4",
         f"eval_start {4 * gbs}",
-        "range validation",
         "evaluate 4",
         "log 4 val=3.4",
         "agree True",
         f"eval_stop {4 * gbs} 3.4 goes_on=False",
-        f"run_stop True {4 * gbs}",
+        f"run_stop target {4 * gbs}",
+        "saving 4",
         "save 4",
+        "saved 4",
+        "saving 4",
+        "complete 4",
+        "saved 4",
         "say validation loss reached training.target_val_loss=3.5 at step 4",
-        "close",
-        "metrics closed",
+        "stops target",
     ]
 
 
-def test_a_diverging_step_stops_the_run_before_evaluating_or_saving(monkeypatch, capsys, collector_back_on):
+def test_a_diverging_step_finishes_the_save_in_flight_and_names_it_as_the_last_good_checkpoint(tmp_path, capsys):
     events: list[str] = []
-    trainer = fake_trainer(monkeypatch, events, SHORT, losses={3: (float("nan"), 1.0)}, val_losses=[5.0])
+    done = tmp_path / "checkpoints" / "iter_0000003"
+    done.mkdir(parents=True)
+    (done / "train_state.json").write_text(json.dumps({"step": 3, "consumed_samples": 24}))
+    trainer, gbs = fake_trainer(tmp_path, events, SHORT, losses={4: (float("nan"), 1.0)}, val_losses=[5.0])
     assert trainer.train() == 3
-    gbs = trainer.plan.global_batch_size
-    assert events[events.index("begin 3") :] == ["begin 3", "train 3", "end 3", f"run_stop False {3 * gbs}"]
-    assert (
-        "[recipes] ERROR: loss=nan at step 3: training stopped. Last good checkpoint: none saved yet"
-        in capsys.readouterr().out
-    )
+    assert events[events.index("begin 4") :] == [
+        "begin 4",
+        "train 4",
+        "end 4",
+        f"run_stop diverged {4 * gbs}",
+        "saving 4",
+        "complete 3",  # the save of step 3, still in flight, is finished rather than dropped
+        "saved 4",
+        "stops diverged",
+    ]
+    assert f"loss=nan at step 4: training stopped. Last good checkpoint: {done}" in capsys.readouterr().out
+
+
+def test_an_error_in_a_step_ends_the_run_once_and_is_raised(tmp_path):
+    events: list[str] = []
+    trainer, gbs = fake_trainer(tmp_path, events, SHORT, val_losses=[5.0], raise_at=4)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        trainer.train()
+    assert events[events.index("begin 4") :] == [
+        "begin 4",
+        "train 4",
+        # No collective after an error (another rank may be gone), so no wait for the save in flight: the
+        # checkpointer hears the error and abandons it (test_checkpoint_cpu).
+        f"run_stop error {3 * gbs}",
+        "stops error",
+    ]
+    assert trainer.checkpointer.in_flight == 3
+
+
+class Failing(Callback):
+    def __init__(self, events):
+        self.events = events
+
+    def stops(self, stop):
+        self.events.append("failing stops")
+        raise OSError("disk full")
+
+
+def test_every_callback_releases_what_it_holds_even_when_one_fails_to(tmp_path):
+    events: list[str] = []
+    later = Recorder(events)
+    trainer, gbs = fake_trainer(tmp_path, events, SHORT, callbacks=[Failing(events), later], val_losses=[5.0] * 3)
+    with pytest.raises(OSError, match="disk full"):
+        trainer.train()
+    # Stops go in reverse: the last callback first, then the failing one, then the first; each exactly once.
+    assert events[-3:] == ["stops finished", "failing stops", "stops finished"]
+    assert events.count(f"run_stop finished {6 * gbs}") == 2
+
+
+def test_the_run_events_and_the_metrics_file_say_how_each_run_ended(tmp_path, monkeypatch, capsys):
+    """The real guard and metrics file as callbacks: the events a report reads for each exit path."""
+    ends = {}
+    for name, steps in [
+        ("finished", {}),
+        ("signal", {"signal_at": 2}),
+        ("diverged", {"losses": {2: (float("inf"), float("nan"))}}),
+        ("error", {"raise_at": 2}),
+    ]:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        events: list[str] = []
+        guard = RunGuard(str(run_dir), compose(SHORT), rank=0, world_size=1)
+        metrics_file = MetricsFile(str(run_dir / "metrics.jsonl"))
+        trainer, _ = fake_trainer(
+            run_dir, events, SHORT, callbacks=[guard, metrics_file], val_losses=[5.0] * 3, **steps
+        )
+        with contextlib.suppress(RuntimeError):
+            trainer.train()
+        recorded = [e["event"] for e in run_events.read(str(run_dir))]
+        ends[name] = (recorded, metrics_file._file is None)
+    assert ends == {
+        "finished": (["start", "end"], True),
+        "signal": (["start", "stop"], True),
+        "diverged": (["start", "end"], True),
+        "error": (["start"], True),  # the failing rank records the error itself (recipes/trainer/build.py)
+    }
 
 
 # ----------------------------------------------------------------------------- MLPerf logging as an observer
@@ -376,9 +492,7 @@ def world_of_one(tmp_path):
     torch.distributed.destroy_process_group()
 
 
-def test_an_mlperf_run_through_the_observers_passes_the_compliance_checker(
-    monkeypatch, tmp_path, world_of_one, collector_back_on
-):
+def test_an_mlperf_run_through_the_observers_passes_the_compliance_checker(tmp_path, world_of_one):
     overrides = [
         "training=mlperf/llama31_8b",
         "cluster=bcm",
@@ -396,18 +510,18 @@ def test_an_mlperf_run_through_the_observers_passes_the_compliance_checker(
     observers.mllog = MLPerfLog.open(
         str(run_dir), cfg, build_plan(cfg), True, cache_cleared=False, gpu_name="NVIDIA H100 80GB HBM3", clock=Clock()
     )
-    trainer = fake_trainer(
-        monkeypatch,
+    trainer, gbs = fake_trainer(
+        run_dir,
         [],
         overrides,
-        observers=observers,
+        callbacks=[observers],
         val_losses=[target + 3.0, target + 1.0, target + 0.1, target - 0.05],
     )
     assert trainer.train() == 0
     log = run_dir / cfg["mlperf"]["log_file"]
     events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
     keys = [e["key"] for e in events]
-    every = cfg["training"]["val_interval"] * trainer.plan.global_batch_size
+    every = cfg["training"]["val_interval"] * gbs
     assert [e["metadata"]["samples_count"] for e in events if e["key"] == "eval_accuracy"] == [
         every,
         2 * every,
@@ -428,8 +542,10 @@ EXIT_AFTER_TRAINING = """
 import gc
 import sys
 from recipes.trainer import data
+from common.checkpoints import TrainState
+from recipes.runtime.callbacks import FINISHED, Stop
+from recipes.runtime.stop_signals import StopSignal
 from recipes.trainer.cadence import GCPolicy
-from recipes.trainer.stop_signals import StopSignal
 
 
 class Samples:
@@ -447,14 +563,14 @@ class Trainer:  # held by a reference cycle, as the real one is
 
 StopSignal()
 policy = GCPolicy()
-policy.start()
+policy.training_starts(TrainState(step=0, consumed_samples=0))
 trainer = Trainer()
 trainer.iters = data.make_loader(Samples(), 0, 2, 0, 1, num_workers=2)
 next(trainer.iters)
 if sys.argv[1] == "close":
     data.close_loader(trainer.iters)
 del trainer
-policy.stop()
+policy.stops(Stop(FINISHED, 0, 0))
 gc.collect()
 print("exiting", flush=True)
 """

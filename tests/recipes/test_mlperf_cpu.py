@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common import evaluation
 from common.plan import Plan
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
@@ -156,8 +157,8 @@ def test_validation_sequences_are_the_first_ones_in_document_order(tmp_path):
 
 
 def test_evaluation_reads_exactly_its_sequences_in_training_sized_calls():
-    assert data.eval_microbatches(1024, 1, 4, 8) == [8] * 32  # 8B default: 256 microbatches per rank
-    assert data.eval_microbatches(1024, 1, 8, 12) == [12] * 10 + [8]  # GBS 96 on DP 8: the rest in a last call
-    assert data.eval_microbatches(5760, 1, 8, 144) == [144] * 5  # 405B
-    assert data.eval_samples({"val_samples": None, "val_steps": 4}, 32) == 128
-    assert data.eval_samples({"val_samples": 1024, "val_steps": 4}, 32) == 1024
+    assert evaluation.eval_microbatches(1024, 1, 4, 8) == [8] * 32  # 8B default: 256 microbatches per rank
+    assert evaluation.eval_microbatches(1024, 1, 8, 12) == [12] * 10 + [8]  # GBS 96 on DP 8: the rest in a last call
+    assert evaluation.eval_microbatches(5760, 1, 8, 144) == [144] * 5  # 405B
+    assert evaluation.eval_samples({"val_samples": None, "val_steps": 4}, 32) == 128
+    assert evaluation.eval_samples({"val_samples": 1024, "val_steps": 4}, 32) == 1024

@@ -19,10 +19,11 @@ import torch
 
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
+from common.checkpoints import TrainState
 from recipes.observability import profiling, telemetry, tracking
 from recipes.observability.observers import Observers
 from recipes.trainer import metrics
-from recipes.trainer.ranks import RankInfo
+from recipes.runtime.ranks import RankInfo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -483,14 +484,14 @@ def test_observers_on_the_last_rank_track_profile_and_close(tmp_path):
     )
     observers = Observers(str(tmp_path), cfg, plan, RankInfo(0, 0, 1, "127.0.0.1", 0))
     model_config = SimpleNamespace(timers=None)
-    observers.training_starts(model_config, resume_step=0)
+    observers.model_ready(model_config, resume_step=0)
     assert isinstance(model_config.timers, profiling.RangeTimers)
     for step in (1, 2):
-        observers.step_begins(step)
+        observers.step_starts(step)
         with observers.range("optimizer"):
             torch.ones(3).sum()
-        observers.step_ended(step)
-        observers.log(record(plan, step, 5.0))
+        observers.step_ends(step)
+        observers.logged(record(plan, step, 5.0))
     observers.close()
     observers.close()  # twice is harmless
     assert (tmp_path / "profile" / "rank0_steps1-1.pt.trace.json.gz").exists()
@@ -501,8 +502,8 @@ def test_observers_on_other_ranks_do_nothing(tmp_path):
     cfg, plan = plan_for("telemetry.enabled=false", "profile.enabled=true")
     observers = Observers(str(tmp_path), cfg, plan, RankInfo(1, 1, 4, "127.0.0.1", 0))
     model_config = SimpleNamespace(timers=None)
-    observers.training_starts(model_config, resume_step=0)
-    observers.log(record(plan, 1, 5.0))
+    observers.model_ready(model_config, resume_step=0)
+    observers.logged(record(plan, 1, 5.0))
     observers.close()
     assert model_config.timers is None and not any(tmp_path.iterdir())
 
@@ -515,17 +516,20 @@ def test_telemetry_starts_on_local_rank_0_only_and_marks_checkpoints_and_validat
     cfg, plan = plan_for("logging.tensorboard=false")
     observers = [Observers(str(tmp_path), cfg, plan, RankInfo(r, r, 2, "h", 0)) for r in (0, 1)]
     assert started == [["0"]]  # plan.gpus_per_node GPUs of this node, sampled by local rank 0 only
-    observers[0].training_starts(SimpleNamespace(timers=None), resume_step=6)
-    with observers[0].range("checkpoint"):  # e.g. training.checkpoint.save_initial
-        assert sampler.activity == "checkpoint"
+    observers[0].model_ready(SimpleNamespace(timers=None), resume_step=6)
+    observers[0].save_starts(6)  # e.g. training.checkpoint.save_initial
+    assert sampler.activity == "checkpoint"
+    observers[0].save_ends(6)
     assert sampler.activity == "startup" and sampler.step == 6
-    observers[0].step_ended(7)
+    observers[0].step_ends(7)
     assert sampler.activity == "" and sampler.step == 7
-    seen = []
-    for name in ("checkpoint", "validation", "optimizer"):
-        with observers[0].range(name):
-            seen.append(sampler.activity)
-    assert seen == ["checkpoint", "validation", ""] and sampler.activity == ""
+    state = TrainState(step=7, consumed_samples=56)
+    observers[0].evaluation_starts(state)
+    assert sampler.activity == "validation"
+    observers[0].evaluation_ends(state, 3.0, run_goes_on=True)
+    with observers[0].range("optimizer"):
+        assert sampler.activity == ""
+    assert sampler.activity == ""
     for o in observers:
         o.close()
 

@@ -235,9 +235,9 @@ def test_per_layer_graphs_are_captured_once_after_the_warmup_steps_of_this_proce
     eager = object()
     assert component.training_schedule(eager) is eager  # the layers replay their graphs themselves
     for _ in range(5):
-        component.before_step()
+        component.step_starts(0)
         log.append("step")
-        component.after_step()
+        component.step_ends(0)
     # Two eager steps, then the capture with the all-gather hooks off (no sync), back on, and the manual hooks.
     assert log == [
         "step",
@@ -260,8 +260,8 @@ def test_without_overlapped_param_gather_there_are_no_hooks_to_move():
     log = []
     component, _ = _per_layer(log, overlap=False, warmup=1)
     for _ in range(2):
-        component.before_step()
-        component.after_step()
+        component.step_starts(0)
+        component.step_ends(0)
     assert "capture" in log and not any("hooks" in line for line in log)
 
 
@@ -280,8 +280,8 @@ def test_full_iteration_wraps_only_the_training_schedule_and_is_reset_before_tea
     train = component.training_schedule(eager)
     assert isinstance(train, Wrapper) and train.fn is eager
     for _ in range(4):
-        component.before_step()
-        component.after_step()
+        component.step_starts(0)
+        component.step_ends(0)
     assert log == ["CUDA graphs: full-iteration graph captured after 3 eager steps"]
     component.release()
     assert log[-1] == "reset"
@@ -297,20 +297,20 @@ def test_no_graphs_change_nothing():
         wrapper_factory=lambda fn: pytest.fail("no wrapper"),
     )
     assert component.training_schedule(eager) is eager
-    component.before_step()
-    component.after_step()
+    component.step_starts(0)
+    component.step_ends(0)
     component.release()
 
 
 def test_evaluation_runs_the_eager_schedule_and_training_the_graphed_one():
-    from recipes.trainer import loop
+    from recipes.trainer.steps import Steps
 
     calls = []
-    trainer = loop.Trainer.__new__(loop.Trainer)
-    trainer.forward_backward = lambda **kw: calls.append(("eager", kw["forward_only"]))
-    trainer.train_forward_backward = lambda **kw: calls.append(("graphed", kw["forward_only"]))
-    trainer.chunks = [object()]
-    trainer.plan = type("P", (), {"seq_length": 8, "micro_batch_size": 1})()
-    trainer._run_schedule(None, 2, forward_only=True)
-    trainer._run_schedule(None, 2, forward_only=False)
+    steps = Steps.__new__(Steps)  # only the schedule choice: no model, optimizer or data
+    steps.schedule = lambda **kw: calls.append(("eager", kw["forward_only"]))
+    steps.training_schedule = lambda **kw: calls.append(("graphed", kw["forward_only"]))
+    steps.chunks = [object()]
+    steps.plan = type("P", (), {"seq_length": 8, "micro_batch_size": 1})()
+    steps._run_schedule(None, 2, forward_only=True)
+    steps._run_schedule(None, 2, forward_only=False)
     assert calls == [("eager", True), ("graphed", False)]

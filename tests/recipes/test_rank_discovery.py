@@ -1,11 +1,11 @@
 """Rank discovery on every platform: the variables each launcher sets, as a rank sees them, give the rank, the
-local rank, the world size and the rendezvous address (recipes.trainer.ranks.rank_info, the one place)."""
+local rank, the world size and the rendezvous address (recipes.runtime.ranks.rank_info, the one place)."""
 
 from __future__ import annotations
 
 from dataclasses import astuple
 
-from recipes.trainer.ranks import rank_info
+from recipes.runtime.ranks import rank_info
 
 
 def test_grid_engine_ranks_come_from_open_mpi():

@@ -18,9 +18,12 @@ from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from recipes.hf import mapping
 from common import checkpoints
+from common.checkpoints import TrainState
 from common.plan import PlanFileError, load_plan
-from recipes.trainer import data, metrics, settings, stop_signals
-from recipes.trainer.ranks import rank_info
+from recipes.runtime import stop_signals
+from recipes.runtime.callbacks import ERROR, FINISHED, Stop
+from recipes.trainer import data, metrics, settings
+from recipes.runtime.ranks import rank_info
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -294,7 +297,7 @@ def test_a_spawned_multiprocessing_manager_started_while_blocked_survives_sigter
     # tracker (which unblocks SIGTERM in its caller). A fresh interpreter, so neither is running yet.
     script = """
 import multiprocessing, os, signal
-from recipes.trainer.stop_signals import helpers_immune_to_stop_signals
+from recipes.runtime.stop_signals import helpers_immune_to_stop_signals
 before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 with helpers_immune_to_stop_signals():
     manager = multiprocessing.get_context("spawn").Manager()
@@ -384,20 +387,23 @@ def test_metrics_match_reference_formulas():
         assert field in line
 
 
-def test_metrics_writer_drops_records_past_the_resume_point(tmp_path):
+def test_the_metrics_file_drops_records_past_the_resume_point(tmp_path):
     _, plan = plan_for()
     path = str(tmp_path / "metrics.jsonl")
-    writer = metrics.MetricsWriter(path, resume_step=0)
+    writer = metrics.MetricsFile(path)
+    writer.training_starts(TrainState(step=0, consumed_samples=0))
     for step in range(1, 6):
-        writer.write(
+        writer.logged(
             metrics.step_metrics(
                 plan, step=step, loss=1.0, lr=0.1, grad_norm=1.0, step_time_s=0.1, consumed_samples=step * 8
             )
         )
-    writer.close()
+    writer.stops(Stop(FINISHED, 5, 40))
     with open(path, "a") as f:
         f.write('{"step": 6, "lo')  # a line cut by a crash
-    metrics.MetricsWriter(path, resume_step=3).close()
+    resumed = metrics.MetricsFile(path)
+    resumed.training_starts(TrainState(step=3, consumed_samples=24))
+    resumed.stops(Stop(ERROR, 3, 24))
     steps = [json.loads(line)["step"] for line in open(path)]
     assert steps == [1, 2, 3]
     record = json.loads(open(path).readline())
@@ -511,7 +517,7 @@ def test_a_rank_under_torchrun_dies_with_its_agent():
     # outlive it. The check polls for an event the kernel makes immediate; the deadline only bounds a failure.
     agent = """
 import os, subprocess, sys
-rank = subprocess.Popen([sys.executable, "-c", "from recipes.trainer.ranks import die_with_torchrun; "
+rank = subprocess.Popen([sys.executable, "-c", "from recipes.runtime.ranks import die_with_torchrun; "
                          "import sys, time; "
                          "sys.exit(3) if not die_with_torchrun() else print('armed', flush=True); time.sleep(600)"],
                         env={**os.environ, "TORCHELASTIC_RUN_ID": "test"}, start_new_session=True,
@@ -545,10 +551,10 @@ def test_the_training_entry_imports_neither_torch_nor_megatron_before_its_stack_
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == str(["recipes", "recipes.train", "recipes.trainer", "recipes.trainer.ranks"])
+    assert result.stdout.strip() == str(["recipes", "recipes.runtime", "recipes.runtime.ranks", "recipes.train"])
 
 
 def test_ranks_started_otherwise_are_left_alone():
-    from recipes.trainer.ranks import die_with_torchrun
+    from recipes.runtime.ranks import die_with_torchrun
 
     assert die_with_torchrun({"SLURM_PROCID": "0"}) is False

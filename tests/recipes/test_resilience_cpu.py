@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 from common import run_events
+from common.checkpoints import TrainState
 from recipes.resilience import faults, guard, monitor
+from recipes.runtime.callbacks import FINISHED, Stop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,10 +88,10 @@ def test_a_restarted_process_records_where_the_one_before_got_and_when_it_is_bac
     os.utime(tmp_path / "metrics.jsonl", (1_700_000_000, 1_700_000_000))
     cfg = {"resilience": {"inject_fault": {"kind": None}, "straggler_detection": {"enabled": False}}}
     g = guard.RunGuard(str(tmp_path), cfg, 0, 1)
-    g.training_starts(resumed_step=40, local_rank=0)
+    g.training_starts(TrainState(step=40, consumed_samples=320))
     for step in range(41, 60):
-        g.after_step(step)
-    g.ended(59, finished=True)
+        g.step_ends(step)
+    g.stops(Stop(FINISHED, 59, 472))
     start, recovered, end = run_events.read(str(tmp_path))
     assert (start["event"], start["resumed_step"], start["last_step"], start["last_step_time"]) == (
         "start",

@@ -24,7 +24,8 @@ from common.checkpoints import (
     remove_partials,
 )
 from recipes.resilience.guard import RunGuard
-from recipes.trainer.stop_signals import StopSignal
+from recipes.runtime.callbacks import FINISHED, SIGNAL, Stop
+from recipes.runtime.stop_signals import StopSignal
 
 
 def save(root: str, step: int, keep_last: int) -> None:
@@ -61,7 +62,7 @@ def main() -> int:
     latest = latest_checkpoint(root)
     step = latest[0] if latest else 0
     print(f"[stand-in] starting at step {step} of {steps}", flush=True)
-    guard.training_starts(step, 0)
+    guard.training_starts(TrainState(step=step, consumed_samples=step * 8))
     if behaviour.get("fail"):
         print("[stand-in] failing before its first step", flush=True)
         return 1
@@ -71,16 +72,16 @@ def main() -> int:
         step += 1
         metrics.write(json.dumps({"step": step, "loss": 10.0 / step, "step_time_s": 0.5}) + "\n")
         metrics.flush()
-        guard.after_step(step)
+        guard.step_ends(step)
         if (interval and step % interval == 0) or step == steps:
             save(root, step, keep)
         elif stop.received:
             save(root, step, keep)
         if stop.received and step < steps:
-            guard.stopped(step, stop.received)
+            guard.stops(Stop(SIGNAL, step, step * 8, signum=stop.received))
             print(f"[stand-in] stopped by signal at step {step}; checkpoint saved", flush=True)
             return 0
-    guard.ended(step, finished=True)
+    guard.stops(Stop(FINISHED, step, step * 8))
     print(f"[stand-in] finished at step {step}", flush=True)
     return 0
 

@@ -1,0 +1,169 @@
+"""A run's trainer from its run directory, on this rank: the guard first (a rank that hangs while it starts is found
+too), the observers, the process groups, the model, optimizer and schedule, CUDA graphs, the checkpointer and the
+state it loads (or the weights a run starts from), the data; then the loop (recipes/trainer/loop.py) with all of
+them as its callbacks. The training entry (recipes/train.py) calls `run` once the stack check passed."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+import yaml
+
+from common.checkpoints import TrainState
+from common.plan import Plan, PlanFileError, load_plan
+from recipes.hf import importer
+from recipes.observability.observers import Observers
+from recipes.resilience.guard import RunGuard, record_failure
+from recipes.runtime.callbacks import ERROR, Callbacks, Stop
+from recipes.runtime.ranks import rank_info
+from recipes.trainer import cadence, checkpoint, data, distributed, graphs, metrics, settings, wgrad_fallback
+from recipes.trainer.loop import Trainer
+from recipes.trainer.model import build_model_chunks, count_parameters, init_userbuffers, wrap_data_parallel
+from recipes.trainer.steps import Steps, reads_data
+
+
+def load_run(run_dir: str) -> tuple[dict[str, Any], Plan]:
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    try:
+        plan = load_plan(run_dir)
+    except PlanFileError as err:
+        raise SystemExit(f"error: {err}") from None
+    return cfg, plan
+
+
+def _rank_zero_says(rank: int):
+    def say(message: str) -> None:
+        if rank == 0:
+            print(f"[recipes] {message}", flush=True)
+
+    return say
+
+
+def build_trainer(run_dir: str) -> Trainer:
+    """Everything a run's loop works with. What was started before a failure here (the guard's monitor, the
+    telemetry thread, an async writer) is released before the error goes on."""
+    # Weight gradients accumulate straight into the DDP buffers (apex's kernel, or the stand-in). The training
+    # entry installed it before megatron was imported; this covers a trainer built another way.
+    wgrad_fallback.install()
+    cfg, plan = load_run(run_dir)
+    info = rank_info()
+    built = Callbacks()
+    try:
+        return _build(run_dir, cfg, plan, info, built)
+    except BaseException as err:
+        built.stops(Stop(ERROR, 0, 0, detail=f"{type(err).__name__}: {err}"))
+        raise
+
+
+def _build(run_dir: str, cfg: dict[str, Any], plan: Plan, info, built: Callbacks) -> Trainer:
+    # Hang detection (under ft_launcher), the injected fault, straggler reports, the run's events.
+    guard = RunGuard(run_dir, cfg, info.rank, info.world_size, info.local_rank)
+    built.append(guard)
+    # Hugging Face weights to start from: located (a hub id downloaded once, by rank 0) and checked against
+    # training.model on every rank before CUDA or NCCL start.
+    hf_weights = importer.source_for_run(cfg, run_dir, info.rank)
+    deterministic = settings.apply_determinism(cfg, os.environ)
+    # Tracking, profiling, GPU telemetry, MLPerf logging; a missing package stops every rank here.
+    observers = Observers(run_dir, cfg, plan, info)
+    built.append(observers)
+    info = distributed.initialize(plan, cfg["seed"])
+    say = _rank_zero_says(info.rank)
+    if deterministic:
+        say("deterministic mode: " + " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items()))
+    is_last_rank = info.rank == info.world_size - 1
+    if is_last_rank:
+        built.append(metrics.MetricsFile(os.path.join(run_dir, "metrics.jsonl")))
+    # MLPerf runs: MLLOG from the last rank (cache_clear and init_start now); nothing for other runs.
+    observers.init_starts()
+
+    config = settings.transformer_config(cfg, plan, grad_accum_fusion=True)
+    if plan.tp_comm_overlap:
+        init_userbuffers(cfg, plan)
+    chunks = build_model_chunks(config, cfg, plan)
+    say(f"model: {count_parameters(chunks) / 1e6:.1f}M parameters on rank 0 ({plan.num_parameters / 1e9:.2f}B in all)")
+    chunks = wrap_data_parallel(chunks, config, settings.ddp_config(cfg, plan))
+    optimizer = get_megatron_optimizer(settings.optimizer_config(cfg), chunks)
+    scheduler = OptimizerParamScheduler(optimizer, **settings.scheduler_kwargs(cfg))
+    par = cfg["parallelism"]
+    overlap_param_gather = bool(par["overlap_param_gather"] and par["use_distributed_optimizer"])
+    # CUDA graphs (training.cuda_graphs) for training steps only: evaluation keeps the eager schedule.
+    cuda_graphs = graphs.CudaGraphs.for_trainer(plan, config, chunks, optimizer, overlap_param_gather, say)
+    built.append(cuda_graphs)
+    schedule = get_forward_backward_func()
+
+    ckpt_cfg = cfg["training"]["checkpoint"]
+    checkpointer = checkpoint.Checkpointer(
+        os.path.join(run_dir, "checkpoints"),
+        ckpt_cfg["keep_last"],
+        ckpt_cfg["async_save"],
+        cadence.SavePolicy.from_config(ckpt_cfg),
+        chunks,
+        optimizer,
+        scheduler,
+    )
+    state = _initial_state(cfg, plan, checkpointer, chunks, optimizer, hf_weights, say, info.rank)
+    observers.model_ready(config, state.step)
+
+    tokenizer = data.build_tokenizer(cfg)
+    datasets = data.build_datasets(cfg, plan, tokenizer, reads_data(chunks), data.dataset_cache_dir(run_dir))
+    steps = Steps(
+        chunks,
+        optimizer,
+        scheduler,
+        config,
+        plan,
+        cfg,
+        schedule=schedule,
+        training_schedule=cuda_graphs.training_schedule(schedule),
+        datasets=datasets,
+        consumed_samples=state.consumed_samples,
+        ranges=observers.range,
+    )
+    built.extend([steps, cadence.GCPolicy(), checkpointer])
+    return Trainer(
+        steps,
+        checkpointer,
+        built,
+        plan=plan,
+        train=cfg["training"],
+        state=state,
+        is_last_rank=is_last_rank,
+        say=say,
+    )
+
+
+def _initial_state(cfg, plan: Plan, checkpointer, chunks, optimizer, hf_weights, say, rank: int) -> TrainState:
+    """Resume from this run's newest checkpoint, else start at step 0, optionally from another run's weights or
+    Hugging Face weights."""
+    ckpt_cfg = cfg["training"]["checkpoint"]
+    state = checkpointer.load_latest(say) if ckpt_cfg["load"] else None
+    if state is not None:
+        if state.step:
+            say(f"resumed at step {state.step} ({state.consumed_samples} samples consumed)")
+        return state
+    if ckpt_cfg.get("init_from"):
+        checkpoint.load_model_weights(ckpt_cfg["init_from"], chunks, say)
+    elif hf_weights:
+        importer.load_hf_weights(
+            hf_weights, chunks, cfg["training"]["model"], plan.padded_vocab_size, say, show_progress=rank == 0
+        )
+    if ckpt_cfg.get("init_from") or hf_weights:
+        # The optimizer's fp32 master weights were copied from the random init: copy them again.
+        optimizer.reload_model_params()
+    return TrainState(step=0, consumed_samples=0)
+
+
+def run(run_dir: str) -> int:
+    """Train RUN_DIR on this rank; the exit status."""
+    try:
+        return build_trainer(run_dir).train()
+    except Exception as err:
+        record_failure(run_dir, rank_info().rank, err)  # the report tells a crash with a message from a silent one
+        raise
+    finally:
+        distributed.shutdown()

@@ -135,46 +135,6 @@ def tiny(corpus, results: Path, name: str, *extra: str) -> list[str]:
     ]
 
 
-def test_tiny_trains_and_resumes_after_a_crash(corpus, tmp_path):
-    # Deterministic kernels, so the two runs may only differ through what the crash and resume changed.
-    steps = [
-        "training.train_steps=200",
-        "training.checkpoint.interval=50",
-        "training.val_interval=50",
-        "training.deterministic=true",
-    ]
-    main_py(*tiny(corpus, tmp_path, "straight", *steps))
-    straight = read_metrics(tmp_path / "straight")
-    assert sorted(straight) == list(range(1, 201))
-    first = sum(straight[s]["loss"] for s in range(1, 11)) / 10
-    last = sum(straight[s]["loss"] for s in range(191, 201)) / 10
-    print(
-        f"\nloss: first 10 steps {first:.3f}, last 10 steps {last:.3f}; "
-        f"val_loss at 200: {straight[200].get('val_loss')}"
-    )
-    assert last < first - 2.0, (first, last)
-    assert all(v["val_loss"] is not None for s, v in straight.items() if s % 50 == 0)
-    ckpts = sorted(p.name for p in (tmp_path / "straight" / "checkpoints").glob("iter_*"))
-    assert ckpts == ["iter_0000150", "iter_0000200"]  # keep_last 2
-
-    # Same run, killed hard after the step-100 checkpoint, then started again with the same command.
-    interrupt_at_step(tiny(corpus, tmp_path, "crashed", *steps), tmp_path / "crashed", 130, signal.SIGKILL)
-    killed_at = len((tmp_path / "crashed" / "metrics.jsonl").read_text().splitlines())
-    assert 130 <= killed_at < 200, killed_at
-    assert (tmp_path / "crashed" / "checkpoints" / "iter_0000100").is_dir()
-    out = main_py(*tiny(corpus, tmp_path, "crashed", *steps))
-    assert "resum" in out.stdout + out.stderr
-    resumed = read_metrics(tmp_path / "crashed")
-    assert sorted(resumed) == list(range(1, 201))
-    before = max_loss_diff(straight, resumed, range(1, 101))
-    after = max_loss_diff(straight, resumed, range(101, 201))
-    print(
-        f"max |loss difference| vs the uninterrupted run: steps 1-100 {before:.2e}, steps 101-200 "
-        f"(after the resume) {after:.2e}"
-    )
-    assert before < 1e-3 and after < 1e-3
-
-
 def test_sigterm_saves_and_the_rerun_continues(corpus, tmp_path):
     steps = [
         "training.train_steps=120",
@@ -211,6 +171,57 @@ def test_diverging_run_stops_with_a_pointer_to_the_last_checkpoint(corpus, tmp_p
     assert result.returncode != 0
     assert "training stopped. Last good checkpoint:" in output, output[-3000:]
     assert "iter_" in output.split("Last good checkpoint:")[1].splitlines()[0]
+
+
+DETERMINISTIC = [
+    "training.train_steps=200",
+    "training.checkpoint.interval=50",
+    "training.val_interval=50",
+    "training.deterministic=true",
+]
+
+
+def first_difference(a: dict[int, dict], b: dict[int, dict], keys=("loss", "grad_norm", "val_loss")) -> str | None:
+    """The first step (and what) at which two runs' records differ at all, or None: bit for bit equal."""
+    for step in sorted(set(a) | set(b)):
+        for key in keys:
+            if a.get(step, {}).get(key) != b.get(step, {}).get(key):
+                return f"step {step} {key}: {a.get(step, {}).get(key)!r} against {b.get(step, {}).get(key)!r}"
+    return None
+
+
+def test_one_deterministic_step_computes_the_same_tensors_in_fresh_processes(corpus, tmp_path):
+    # Every forward activation, every gradient flowing back and every weight gradient of one step, in 4 processes
+    # started one after another: a kernel whose result depends on the process (the native loss fusion's did)
+    # shows as the first entry that differs.
+    main_py(*tiny(corpus, tmp_path, "digests", "training.deterministic=true", "dry_run=true"))
+    runs = []
+    for i in range(4):
+        out = tmp_path / f"digests{i}.json"
+        env = {**os.environ, "MASTER_PORT": str(29700 + i)}
+        subprocess.run(
+            [sys.executable, str(REPO / "tests/recipes/step_digests.py"), str(tmp_path / "digests"), str(out)],
+            cwd=REPO,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
+        runs.append(json.loads(out.read_text()))
+    first = runs[0]
+    print(f"\n{len(first['forward'])} forward, {len(first['backward'])} backward tensors, {len(first['grads'])} grads")
+    for other in runs[1:]:
+        for part in ("forward", "backward", "grads"):
+            differing = [a[0] for a, b in zip(first[part], other[part]) if a != b]
+            assert len(first[part]) == len(other[part]) and not differing, (part, differing[:3])
+
+
+def test_a_deterministic_run_repeats_itself_bit_for_bit(corpus, tmp_path):
+    main_py(*tiny(corpus, tmp_path, "first", *DETERMINISTIC))
+    main_py(*tiny(corpus, tmp_path, "second", *DETERMINISTIC))
+    first, second = read_metrics(tmp_path / "first"), read_metrics(tmp_path / "second")
+    assert sorted(first) == list(range(1, 201))
+    assert first_difference(first, second) is None, first_difference(first, second)
 
 
 LAYOUTS = {
@@ -300,3 +311,40 @@ def test_fp8_and_tp_overlap_stay_close_to_bf16(variant, corpus, single_gpu_refer
     late = max_loss_diff(reference, ours, range(31, 41))
     print(f"\n{variant}: max |loss difference| vs bf16 1 GPU: {diff:.3f} over 40 steps, {late:.3f} over steps 31-40")
     assert late < 0.05 * reference[40]["loss"]  # within 5% of the loss
+
+
+def test_tiny_trains_and_resumes_after_a_crash(corpus, tmp_path):
+    # Deterministic kernels, so the two runs may only differ through what the crash and resume changed: every
+    # step's loss, gradient norm and validation loss must be equal. Last in this file, so that it runs after the
+    # other GPU tests of a call, with whatever caches they left.
+    steps = DETERMINISTIC
+    main_py(*tiny(corpus, tmp_path, "straight", *steps))
+    straight = read_metrics(tmp_path / "straight")
+    assert sorted(straight) == list(range(1, 201))
+    first = sum(straight[s]["loss"] for s in range(1, 11)) / 10
+    last = sum(straight[s]["loss"] for s in range(191, 201)) / 10
+    print(
+        f"\nloss: first 10 steps {first:.3f}, last 10 steps {last:.3f}; "
+        f"val_loss at 200: {straight[200].get('val_loss')}"
+    )
+    assert last < first - 2.0, (first, last)
+    assert all(v["val_loss"] is not None for s, v in straight.items() if s % 50 == 0)
+    ckpts = sorted(p.name for p in (tmp_path / "straight" / "checkpoints").glob("iter_*"))
+    assert ckpts == ["iter_0000150", "iter_0000200"]  # keep_last 2
+
+    # Same run, killed hard after the step-100 checkpoint, then started again with the same command.
+    interrupt_at_step(tiny(corpus, tmp_path, "crashed", *steps), tmp_path / "crashed", 130, signal.SIGKILL)
+    killed_at = len((tmp_path / "crashed" / "metrics.jsonl").read_text().splitlines())
+    assert 130 <= killed_at < 200, killed_at
+    assert (tmp_path / "crashed" / "checkpoints" / "iter_0000100").is_dir()
+    out = main_py(*tiny(corpus, tmp_path, "crashed", *steps))
+    assert "resum" in out.stdout + out.stderr
+    resumed = read_metrics(tmp_path / "crashed")
+    assert sorted(resumed) == list(range(1, 201))
+    before = max_loss_diff(straight, resumed, range(1, 101))
+    after = max_loss_diff(straight, resumed, range(101, 201))
+    print(
+        f"max |loss difference| vs the uninterrupted run: steps 1-100 {before:.2e}, steps 101-200 "
+        f"(after the resume) {after:.2e}"
+    )
+    assert first_difference(straight, resumed) is None, first_difference(straight, resumed)

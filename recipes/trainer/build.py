@@ -23,7 +23,7 @@ from recipes.runtime.ranks import rank_info
 from recipes.trainer import cadence, checkpoint, data, distributed, graphs, metrics, settings, wgrad_fallback
 from recipes.trainer.loop import Trainer
 from recipes.trainer.model import build_model_chunks, count_parameters, init_userbuffers, wrap_data_parallel
-from recipes.trainer.steps import Steps, reads_data
+from recipes.trainer.steps import Steps, overlaps_param_gather, reads_data
 
 
 def load_run(run_dir: str) -> tuple[dict[str, Any], Plan]:
@@ -74,7 +74,8 @@ def _build(run_dir: str, cfg: dict[str, Any], plan: Plan, info, built: Callbacks
     info = distributed.initialize(plan, cfg["seed"])
     say = _rank_zero_says(info.rank)
     if deterministic:
-        say("deterministic mode: " + " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items()))
+        fixed = " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items())
+        say(f"deterministic mode: {fixed}; loss kernel {settings.cross_entropy_fusion(cfg)}")
     is_last_rank = info.rank == info.world_size - 1
     if is_last_rank:
         built.append(metrics.MetricsFile(os.path.join(run_dir, "metrics.jsonl")))
@@ -89,10 +90,10 @@ def _build(run_dir: str, cfg: dict[str, Any], plan: Plan, info, built: Callbacks
     chunks = wrap_data_parallel(chunks, config, settings.ddp_config(cfg, plan))
     optimizer = get_megatron_optimizer(settings.optimizer_config(cfg), chunks)
     scheduler = OptimizerParamScheduler(optimizer, **settings.scheduler_kwargs(cfg))
-    par = cfg["parallelism"]
-    overlap_param_gather = bool(par["overlap_param_gather"] and par["use_distributed_optimizer"])
     # CUDA graphs (training.cuda_graphs) for training steps only: evaluation keeps the eager schedule.
-    cuda_graphs = graphs.CudaGraphs.for_trainer(plan, config, chunks, optimizer, overlap_param_gather, say)
+    cuda_graphs = graphs.CudaGraphs.for_trainer(
+        plan, config, chunks, optimizer, overlaps_param_gather(cfg["parallelism"]), say
+    )
     built.append(cuda_graphs)
     schedule = get_forward_backward_func()
 

@@ -49,6 +49,11 @@ def reduce_loss(losses_reduced) -> float | None:
     return (total[0] / total[1].clamp(min=1)).item()
 
 
+def overlaps_param_gather(par: Mapping[str, Any]) -> bool:
+    """The distributed optimizer's parameter all-gather runs behind the next forward (parallelism keys)."""
+    return bool(par["overlap_param_gather"] and par["use_distributed_optimizer"])
+
+
 def stages_needing_data(chunks: list) -> list[bool]:
     """Per model chunk: does it read batches (the first pipeline stage its tokens, the last its labels)."""
     return [unwrap(c).pre_process or unwrap(c).post_process for c in chunks]
@@ -110,7 +115,7 @@ class Steps(Callback):
             self._param_sync_func = per_chunk("start_param_sync")
         config.param_sync_func = None  # enabled after the first step, with the forward pre-hooks
         config.finalize_model_grads_func = finalize_model_grads
-        self.overlap_param_gather = bool(par["overlap_param_gather"] and par["use_distributed_optimizer"])
+        self.overlap_param_gather = overlaps_param_gather(par)
         self._pre_hooks_enabled = not self.overlap_param_gather
         if self.overlap_param_gather:
             # First step without the all-gather pre-hooks: a bad load or init then fails loudly on every rank

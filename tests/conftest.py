@@ -1,4 +1,5 @@
-"""Shared test setup: `gpu` tests skip (with the reason) where no CUDA GPU or training stack is present."""
+"""Shared test setup: `gpu` tests skip (with the reason) where no CUDA GPU or training stack is present; the corpus and
+tokenizer every test that prepares data starts from (tests/corpora.py)."""
 
 import importlib.util
 import sys
@@ -32,3 +33,21 @@ def pytest_collection_modifyitems(config, items):
     if reason:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=f"gpu test: {reason}"))
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """A directory of two small JSON-lines files (books.jsonl, web.jsonl) for the `files` data preparation."""
+    from corpora import write_corpus
+
+    write_corpus(tmp_path / "corpus", ["books", "web"], documents=60)
+    return tmp_path / "corpus"
+
+
+@pytest.fixture(scope="session")
+def sp_tokenizer(tmp_path_factory) -> Path:
+    """A 400-token sentencepiece model trained on a small corpus, once per session."""
+    from corpora import train_sentencepiece, write_corpus
+
+    root = tmp_path_factory.mktemp("tokenizer")
+    return train_sentencepiece(root / "sp", write_corpus(root / "corpus", ["a", "b"]), vocab_size=400)

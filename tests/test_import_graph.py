@@ -212,3 +212,24 @@ def test_an_upward_import_is_found(tmp_path):
     )
     graph = import_graph(tmp_path, ("pkg",))
     assert imports_into(graph, "pkg.core") == {"pkg.extras.hook": ["pkg.core", "pkg.core.loop"]}
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module a file imports anywhere (module level, functions, type-checking blocks)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_gpu_side_reads_the_run_directory_without_hydra_omegaconf_or_the_launcher():
+    forbidden = ("hydra", "omegaconf", "launcher")
+    found = {
+        str(path.relative_to(REPO)): sorted(n for n in imported_names(path) if n.split(".")[0] in forbidden)
+        for path in (REPO / "recipes").rglob("*.py")
+    }
+    assert {path: names for path, names in found.items() if names} == {}
+    assert "torch" in imported_names(REPO / "recipes" / "trainer" / "steps.py")  # the walk sees real imports

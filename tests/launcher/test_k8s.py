@@ -93,7 +93,6 @@ def test_training_manifests(cfg_for, tmp_path, name, overrides, site, nodes):
 
 
 def test_data_preparation_is_an_indexed_job_with_one_pod_per_shard(cfg_for, tmp_path):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name in ("books", "news", "web"):
@@ -175,7 +174,6 @@ def _kubectl(tmp_path: Path) -> dict[str, str]:
 
 
 def _submit(tmp_path: Path, **env: str):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     (tmp_path / "docs.jsonl").write_text('{"text": "x"}\n')
     args = [a for a in k8s(tmp_path) if a != "dry_run=true"]
     out = run_main(

@@ -10,7 +10,6 @@ import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ from launcher.jobs.render import Job
 from launcher.jobs.submit import run_here
 from launcher.platforms.local import PLATFORM as LOCAL
 
-from launcher_helpers import NO_GPU, REPO
+from launcher_helpers import NO_GPU
 
 FAKE_SBATCH = """#!/usr/bin/env bash
 n=$(( $(cat "$FAKE_STATE/count" 2>/dev/null || echo 100) + 1 ))
@@ -49,19 +48,6 @@ def fake_slurm(tmp_path, monkeypatch):
     return state
 
 
-@pytest.fixture
-def corpus(tmp_path: Path) -> Path:
-    data = tmp_path / "corpus"
-    data.mkdir()
-    words = "the llama reads tokens from every shard of the corpus before training".split()
-    for k in range(2):
-        lines = [
-            json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(8 + i % 5))}) for i in range(60)
-        ]
-        (data / f"part{k}.jsonl").write_text("\n".join(lines) + "\n")
-    return data
-
-
 BARE_METAL = [
     "cluster=bcm",
     "cluster.container_runtime=none",
@@ -71,7 +57,6 @@ BARE_METAL = [
 
 
 def test_stages_are_chained_with_afterok(cfg_for, fake_slurm, corpus, tmp_path, capsys):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     cfg = cfg_for(
         *BARE_METAL,
         "stages=[data_preparation,training]",
@@ -99,7 +84,6 @@ def test_stages_are_chained_with_afterok(cfg_for, fake_slurm, corpus, tmp_path, 
 
 
 def test_a_failed_sbatch_cancels_the_jobs_already_queued(cfg_for, fake_slurm, monkeypatch, corpus, tmp_path, capsys):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     monkeypatch.setenv("FAKE_FAIL_AT", "103")
     cfg = cfg_for(
         *BARE_METAL,
@@ -122,43 +106,25 @@ def test_resubmitting_a_run_keeps_its_job_history(cfg_for, fake_slurm, tmp_path)
     assert [j["job_id"] for j in jobs] == ["101", "102"]
 
 
-def test_local_data_preparation_runs_here_then_says_why_it_did_not_train(cfg_for, corpus, tmp_path, capsys):
+def test_local_data_preparation_runs_here_then_says_why_it_did_not_train(
+    cfg_for, corpus, sp_tokenizer, tmp_path, capsys
+):
     """Without GPU the data preparation stage still runs (CPU): real .bin/.idx files, checked, then the reason
     training did not start."""
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
-    pytest.importorskip("sentencepiece")
-    tok = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data_prep",
-            "train-tokenizer",
-            "--input",
-            *map(str, corpus.glob("*")),
-            "--output",
-            str(tmp_path / "tok" / "sp"),
-            "--vocab-size",
-            "400",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    assert tok.returncode == 0, tok.stderr
     cfg = cfg_for(
         "stages=[data_preparation,training]",
         "data_preparation=files",
         f"data_preparation.inputs=[{corpus}/*.jsonl]",
         f"data_preparation.output_dir={tmp_path}/data",
         "training.tokenizer.type=sentencepiece",
-        f"training.tokenizer.path={tmp_path}/tok/sp.model",
+        f"training.tokenizer.path={sp_tokenizer}",
     )
     assert launch(cfg, NO_GPU) == 0
-    for k in range(2):
+    for name in ("books", "web"):
         for ext in (".bin", ".idx"):
-            assert (tmp_path / "data" / f"part{k}_text_document{ext}").stat().st_size > 0
+            assert (tmp_path / "data" / f"{name}_text_document{ext}").stat().st_size > 0
     log = (tmp_path / "results" / "llama31_tiny_bf16_tp1_1gpu" / "logs" / "data_preparation.log").read_text()
-    assert "part0: OK" in log and "part1: OK" in log
+    assert "books: OK" in log and "web: OK" in log
     assert "did not train: no NVIDIA GPU" in capsys.readouterr().out
 
 

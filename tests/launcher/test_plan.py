@@ -8,7 +8,6 @@ import pytest
 
 from launcher.plan.build import build_plan
 from launcher.plan.errors import PlanError
-from launcher.plan.formulas import model_flops_per_sample
 from launcher.plan.hardware import LocalGpus, gpu_spec
 
 from launcher_helpers import EIGHT_H100, NO_GPU, REPO, planned
@@ -79,7 +78,6 @@ def _check_consistent(plan, cfg):
         assert first + 1 == last + 1 == (model["num_layers"] + 2) // plan.pp
         assert all(m == first + 1 for m in middle)
     assert plan.est_memory_gib_per_gpu <= gpu_spec("h100").memory_gib
-    assert plan.model_flops_per_sample == model_flops_per_sample(model, plan.seq_length)
     assert ("CUDA_DEVICE_MAX_CONNECTIONS" in plan.env) == (plan.tp > 1 or plan.cp > 1)
     assert ("NCCL_P2P_NET_CHUNKSIZE" in plan.env) == (plan.pp > 1)
     assert plan.fp8 == ("hybrid" if cfg["dtype"]["name"] == "fp8" else None)

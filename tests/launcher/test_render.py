@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
-import pytest
 
 from launcher.cli import prepare
 from launcher.jobs.rundir import rendered_files
@@ -15,16 +12,6 @@ from launcher.jobs.rundir import rendered_files
 from launcher_helpers import ONE_H100, REPO, check_golden, rendered, run_main
 
 SQSH = "/shared/containers/nvidia+nemo+25.09.sqsh"
-
-
-@pytest.fixture
-def corpus(tmp_path: Path) -> Path:
-    """Two small JSON-lines files for the `files` data preparation."""
-    data = tmp_path / "corpus"
-    data.mkdir()
-    for name in ("books", "web"):
-        (data / f"{name}.jsonl").write_text("\n".join(json.dumps({"text": f"{name} {i}"}) for i in range(3)) + "\n")
-    return data
 
 
 def test_405b_training_on_bcm(cfg_for, tmp_path):
@@ -60,7 +47,6 @@ def test_tiny_on_this_machine(cfg_for, tmp_path):
 
 
 def test_local_data_preparation(cfg_for, tmp_path, corpus):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     scripts = rendered(
         cfg_for(
             "stages=[data_preparation,training]",
@@ -77,7 +63,6 @@ def test_local_data_preparation(cfg_for, tmp_path, corpus):
 
 def test_bare_metal_chain(cfg_for, tmp_path, corpus):
     """No container, no GRES, one task per node: the shape of the Slurm integration test's jobs."""
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     scripts = rendered(
         cfg_for(
             "cluster=bcm",
@@ -127,7 +112,6 @@ def test_container_stage_alone_builds_the_tested_image(tmp_path):
 def test_apptainer_on_slurm_runs_the_same_commands_with_the_same_mounts(cfg_for, tmp_path, corpus):
     """cluster.container_runtime=apptainer: `apptainer exec --nv` with the pyxis path's mounts and working
     directory, the plan's environment passed explicitly, for training and data preparation."""
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     common = [
         "cluster=bcm",
         "dry_run=true",

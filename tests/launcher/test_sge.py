@@ -76,7 +76,6 @@ def test_405b_parallel_environment_asks_one_slot_per_rank(cfg_for):
 
 
 def test_data_preparation_and_its_check_hold_in_order(cfg_for, tmp_path):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name in ("books", "web"):
@@ -177,7 +176,6 @@ def _stand_ins(tmp_path: Path) -> dict[str, str]:
 
 
 def test_submission_chains_hold_jid_and_records_the_ids(tmp_path):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
     (tmp_path / "b.jsonl").write_text('{"text": "y"}\n')
     env = _stand_ins(tmp_path)

@@ -82,7 +82,6 @@ def test_local_container_import_needs_enroot(cfg_for, tmp_path, monkeypatch):
 
 
 def test_data_preparation_array_has_one_task_per_shard(cfg_for, tmp_path):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     prepared = prepare(
         cfg_for("cluster=bcm", "stages=[data_preparation]", "data_preparation.file_numbers=0-5", "dry_run=true")
     )
@@ -91,6 +90,5 @@ def test_data_preparation_array_has_one_task_per_shard(cfg_for, tmp_path):
 
 
 def test_data_preparation_config_errors_are_plan_errors(cfg_for):
-    pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
     with pytest.raises(PlanError, match="data_preparation.inputs is empty"):
         prepare(cfg_for("cluster=bcm", "stages=[data_preparation]", "data_preparation=files", "dry_run=true"))

@@ -10,10 +10,11 @@ import json
 import re
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+
+from corpora import train_sentencepiece, write_stdlib_corpus
 
 from launcher.report.mlperf import compliance_problems
 
@@ -60,39 +61,8 @@ def corpus(tmp_path_factory) -> list[str]:
     """About 4 MB of Python's standard library sources, a sentencepiece model trained on them, and one .bin/.idx
     pair without EOD separators (data_preparation.append_eod=false, as MLPerf's C4 files)."""
     root = tmp_path_factory.mktemp("mlperf_corpus")
-    docs = root / "stdlib.jsonl"
-    total = 0
-    with open(docs, "w") as f:
-        for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-            text = path.read_text(errors="ignore")
-            if "test" in path.parts or len(text) < 200:
-                continue
-            f.write(json.dumps({"text": text}) + "\n")
-            total += len(text)
-            if total > 4_000_000:
-                break
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data_prep",
-            "train-tokenizer",
-            "--type",
-            "sentencepiece",
-            "--input",
-            str(docs),
-            "--output",
-            str(root / "sp"),
-            "--vocab-size",
-            "4000",
-            "--max-documents",
-            "500",
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=900,
-    )
+    docs = write_stdlib_corpus(root / "stdlib.jsonl", max_chars=4_000_000)
+    train_sentencepiece(root / "sp", [docs], vocab_size=4000, max_documents=500)
     tokenizer = ["training.tokenizer.type=sentencepiece", f"training.tokenizer.path={root / 'sp.model'}"]
     main_py(
         "stages=[data_preparation]",

@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 import pytest
+
+from corpora import train_sentencepiece, write_stdlib_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(3600)]
@@ -71,41 +72,8 @@ def corpus(tmp_path_factory) -> dict:
     """Python's standard library sources as a text corpus: real, local, a few MB. Tokenized with a
     sentencepiece model trained on it, through the data-preparation stage."""
     root = tmp_path_factory.mktemp("corpus")
-    docs = root / "stdlib.jsonl"
-    total = 0
-    with open(docs, "w") as f:
-        for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-            if "test" in path.parts:
-                continue
-            text = path.read_text(errors="ignore")
-            if len(text) < 200:
-                continue
-            f.write(json.dumps({"text": text}) + "\n")
-            total += len(text)
-            if total > 12_000_000:
-                break
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data_prep",
-            "train-tokenizer",
-            "--type",
-            "sentencepiece",
-            "--input",
-            str(docs),
-            "--output",
-            str(root / "sp"),
-            "--vocab-size",
-            "8000",
-            "--max-documents",
-            "2000",
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=900,
-    )
+    docs = write_stdlib_corpus(root / "stdlib.jsonl", max_chars=12_000_000)
+    train_sentencepiece(root / "sp", [docs], vocab_size=8000, max_documents=2000)
     tokenizer = ["training.tokenizer.type=sentencepiece", f"training.tokenizer.path={root / 'sp.model'}"]
     main_py(
         "stages=[data_preparation]",

@@ -181,6 +181,7 @@ def pp_checkpoint(source, tmp_path_factory) -> Path:
     return checkpoint_from(source["dir"], "pp2_vp2_asym", tmp_path_factory.mktemp("run_pp") / "run", source)
 
 
+@pytest.mark.slow
 def test_export_of_a_tp2_and_a_pp2_vp2_checkpoint_gives_back_the_source_weights(source, pp_checkpoint, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -148,6 +148,7 @@ def scratch(tmp_path):
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_import_into_tp2_keeps_each_rank_below_half_the_model(source):
     results = cpu_megatron.run_ranks(import_on_meta, 2, source["cfg"], source["plan"], str(source["dir"]))
     total = source["total"]
@@ -160,6 +161,7 @@ def test_import_into_tp2_keeps_each_rank_below_half_the_model(source):
         assert peak < total / 2
 
 
+@pytest.mark.slow
 def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, scratch):
     """Needs the model twice in memory to make the checkpoint (CPU ranks): meant for the default 4 layers."""
     import yaml

@@ -164,6 +164,7 @@ def _plan_json(*overrides: str) -> dict:
     return build_plan(cfg).to_json_dict()
 
 
+@pytest.mark.slow
 def test_the_rank_order_reaches_megatrons_parallel_state():
     default = run_ranks(_groups, 4, _plan_json("parallelism.pp=2"))
     # tp-cp-ep-dp-pp: data-parallel peers are neighbours, pipeline peers half the world apart.
@@ -175,6 +176,7 @@ def test_the_rank_order_reaches_megatrons_parallel_state():
     assert [r["pp"] for r in dp_last] == [[0, 1], [0, 1], [2, 3], [2, 3]]
 
 
+@pytest.mark.slow
 def test_megatron_refuses_dp_last_with_pipeline_and_context_parallelism_as_the_plan_does():
     plan = _plan_json("parallelism.pp=2", "parallelism.cp=2")
     plan["rank_order"] = "tp-cp-ep-pp-dp"  # past the plan, which refuses it

@@ -65,6 +65,7 @@ def wait_until_gone(grid_engine, jobs: list[dict], timeout_s: int = 600) -> None
         time.sleep(2)
 
 
+@pytest.mark.slow
 def test_a_chain_continues_job_after_job_until_training_finishes(grid_engine, tmp_path):
     # h_rt of 1 minute, SIGUSR1 at s_rt 45 s before it: each job trains a while, saves, and leaves the rest.
     run_dir, jobs = submit_chain(

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster_jobs import submit_with_main, train_tokenizer, write_corpus
+from cluster_jobs import submit_with_main
+from corpora import write_corpus
 
 pytestmark = pytest.mark.sge
-pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
 
 BARE_METAL = [
     "cluster=sge",
@@ -25,12 +25,7 @@ BARE_METAL = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> Path:
-    return train_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-
-
-def submit(grid_engine, tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
+def submit(grid_engine, tmp_path: Path, inputs: str, sp_tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
     run_dir = results / "data_files"  # data preparation alone: its own run directory
     out, jobs = submit_with_main(
@@ -41,7 +36,7 @@ def submit(grid_engine, tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[P
             f"data_preparation.inputs=[{inputs}]",
             f"data_preparation.output_dir={tmp_path}/data",
             "training.tokenizer.type=sentencepiece",
-            f"training.tokenizer.path={tokenizer}",
+            f"training.tokenizer.path={sp_tokenizer}",
             f"results_dir={results}",
         ],
         grid_engine.env,
@@ -57,9 +52,10 @@ def _time(value: str) -> datetime:
     return datetime.strptime(value, "%a %b %d %H:%M:%S %Y")
 
 
-def test_data_preparation_array_then_the_check_that_holds_on_it(grid_engine, tokenizer, tmp_path):
+@pytest.mark.slow
+def test_data_preparation_array_then_the_check_that_holds_on_it(grid_engine, sp_tokenizer, tmp_path):
     write_corpus(tmp_path / "corpus", ["books", "news", "web"])
-    run_dir, (array, check) = submit(grid_engine, tmp_path, f"{tmp_path}/corpus/*.jsonl", tokenizer)
+    run_dir, (array, check) = submit(grid_engine, tmp_path, f"{tmp_path}/corpus/*.jsonl", sp_tokenizer)
 
     code, summary = grid_engine.wait(check["job_id"])
     assert code == 0, (summary, sorted(p.name for p in (run_dir / "logs").iterdir()))
@@ -84,11 +80,11 @@ def test_data_preparation_array_then_the_check_that_holds_on_it(grid_engine, tok
     assert check_log.split() == ["books:", "OK", "news:", "OK", "web:", "OK"]
 
 
-def test_a_failed_shard_keeps_the_check_from_ever_starting(grid_engine, tokenizer, tmp_path):
+def test_a_failed_shard_keeps_the_check_from_ever_starting(grid_engine, sp_tokenizer, tmp_path):
     corpus = tmp_path / "corpus"
     write_corpus(corpus, ["good"])
     (corpus / "broken.jsonl.gz").write_text("this is not gzip data\n")
-    run_dir, (array, check) = submit(grid_engine, tmp_path, f"{corpus}/*", tokenizer)
+    run_dir, (array, check) = submit(grid_engine, tmp_path, f"{corpus}/*", sp_tokenizer)
     try:
         code, summary = grid_engine.wait(array["job_id"])
         # The failed task exited 100: it sits in the error state, and the job holding on it can never start.

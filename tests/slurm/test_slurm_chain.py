@@ -64,6 +64,7 @@ def states(slurm_cluster, jobs: list[dict]) -> list[str]:
     return [slurm_cluster.wait(j["job_id"], timeout_s=600)[1] for j in jobs]
 
 
+@pytest.mark.slow
 def test_a_chain_continues_job_after_job_until_training_finishes(slurm_cluster, tmp_path):
     # A 1-minute limit with the warning 45 s before it: each job trains for some seconds, saves on SIGUSR1 and
     # leaves the rest to the next one (Slurm sends the warning within about a minute of the time asked).

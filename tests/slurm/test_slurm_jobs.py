@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster_jobs import submit_with_main, train_tokenizer, write_corpus
+from cluster_jobs import submit_with_main
+from corpora import write_corpus
 
 pytestmark = pytest.mark.slurm
-pytest.importorskip("data_prep.shards", reason="data_prep/ is not in this checkout")
 
 BARE_METAL = [
     "cluster=bcm",
@@ -26,12 +26,7 @@ BARE_METAL = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> Path:
-    return train_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-
-
-def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
+def submit(tmp_path: Path, inputs: str, sp_tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
     run_dir = results / "data_files"  # data preparation alone: its own run directory
     _, jobs = submit_with_main(
@@ -42,7 +37,7 @@ def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dic
             f"data_preparation.inputs=[{inputs}]",
             f"data_preparation.output_dir={tmp_path}/data",
             "training.tokenizer.type=sentencepiece",
-            f"training.tokenizer.path={tokenizer}",
+            f"training.tokenizer.path={sp_tokenizer}",
             f"results_dir={results}",
         ],
         os.environ,
@@ -57,9 +52,9 @@ def _time(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-def test_data_preparation_array_then_the_dependent_check(slurm_cluster, tokenizer, tmp_path):
+def test_data_preparation_array_then_the_dependent_check(slurm_cluster, sp_tokenizer, tmp_path):
     write_corpus(tmp_path / "corpus", ["books", "news", "web"])
-    run_dir, (array, check) = submit(tmp_path, f"{tmp_path}/corpus/*.jsonl", tokenizer)
+    run_dir, (array, check) = submit(tmp_path, f"{tmp_path}/corpus/*.jsonl", sp_tokenizer)
 
     code, states = slurm_cluster.wait(check["job_id"])
     assert code == 0, (states, sorted(p.name for p in (run_dir / "logs").iterdir()))
@@ -83,11 +78,11 @@ def test_data_preparation_array_then_the_dependent_check(slurm_cluster, tokenize
     assert check_log.split() == ["books:", "OK", "news:", "OK", "web:", "OK"]
 
 
-def test_a_failed_shard_cancels_the_dependent_job(slurm_cluster, tokenizer, tmp_path):
+def test_a_failed_shard_cancels_the_dependent_job(slurm_cluster, sp_tokenizer, tmp_path):
     corpus = tmp_path / "corpus"
     write_corpus(corpus, ["good"])
     (corpus / "broken.jsonl.gz").write_text("this is not gzip data\n")
-    run_dir, (array, check) = submit(tmp_path, f"{corpus}/*", tokenizer)
+    run_dir, (array, check) = submit(tmp_path, f"{corpus}/*", sp_tokenizer)
 
     code, states = slurm_cluster.wait(check["job_id"])
     assert code == 1 and states.startswith("CANCELLED"), states

@@ -123,8 +123,10 @@ class Pipeline:
                 result = self._guarded(shard, lambda shard=shard: self.process(shard, force, progress))
                 self.log(f"[{k + 1}/{len(shards)}] {format_result(result)}")
                 results.append(result)
-        finally:
-            self.close()
+        except BaseException:  # a stop signal (data_prep/cli.py): the workers' chunks are thrown away anyway
+            self.close(kill=True)
+            raise
+        self.close()
         return results
 
     def fetch(self, shards: Sequence[Shard], progress: bool = True) -> list[ShardResult]:
@@ -137,8 +139,11 @@ class Pipeline:
             results.append(result)
         return results
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers: once their chunks are done, or with `kill` at once."""
         if self._pool is not None:
+            if kill:
+                kill_workers()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
@@ -177,8 +182,8 @@ class Pipeline:
             fetched = time.time() - t0
             try:
                 result = self._tokenize(shard, progress)
-            except Exception:
-                for ext in (".bin.tmp", ".idx.tmp"):  # a failed shard leaves nothing behind (a killed one can't)
+            except BaseException:  # failed or stopped: nothing left behind (a process killed hard can't clean up)
+                for ext in (".bin.tmp", ".idx.tmp"):
                     _remove(prefix + ext)
                 raise
             result.download_seconds = fetched
@@ -370,13 +375,13 @@ class Pipeline:
                 ctx, init, args = (
                     multiprocessing.get_context("fork"),
                     set_encoder,
-                    (ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod),),
+                    (os.getpid(), ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod)),
                 )
             else:
                 ctx, init, args = (
                     multiprocessing.get_context("spawn"),
                     init_worker,
-                    (tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key, self.s.append_eod),
+                    (os.getpid(), tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key, self.s.append_eod),
                 )
             self._pool = ProcessPoolExecutor(
                 max_workers=self.s.workers, mp_context=ctx, initializer=init, initargs=args
@@ -404,6 +409,15 @@ class Pipeline:
             traceback.print_exc(file=sys.stderr)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return ShardResult(shard.index, shard.name, shard.output_prefix, "failed", reason=reason)
+
+
+def kill_workers() -> None:
+    """Kill this process's tokenizer workers (its multiprocessing children) at once: a stop signal does not wait
+    for the chunks they are tokenizing."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
 
 
 def megatron_indexed_dataset():

@@ -1,25 +1,19 @@
-"""Export a checkpoint of this recipe to Hugging Face `LlamaForCausalLM` (what transformers, vLLM and
-lm-eval-harness read):
+"""A checkpoint of this recipe as Hugging Face `LlamaForCausalLM` files: what `python -m recipes.hf.exporter`
+(recipes/hf/exporter.py, the command line) runs.
 
-    python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints/iter_0001000 --out DIR
-
-writes `model-0000K-of-0000N.safetensors` shards with `model.safetensors.index.json`, `config.json`,
-`generation_config.json` and the run's tokenizer files. It reads the dist_checkpointing checkpoint of any
-parallel layout directly (sharded tensors are stored with their global shapes and offsets), one megatron tensor
-(one layer of it) at a time, in one process without torch.distributed and without a GPU, and streams each
-Hugging Face tensor into its shard: host memory stays near twice the largest tensor. Shards are written under a
-temporary name and renamed when complete; running the same command again after an interruption keeps the
-finished shards."""
+It reads the dist_checkpointing checkpoint of any parallel layout directly (sharded tensors are stored with their
+global shapes and offsets), one megatron tensor (one layer of it) at a time, in one process without
+torch.distributed and without a GPU, and streams each Hugging Face tensor into its shard: host memory stays near
+twice the largest tensor. Shards are written under a temporary name and renamed when complete; running the same
+command again after an interruption keeps the finished shards."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 from pathlib import Path
 import shutil
-import sys
 from typing import Any, Mapping
 
 import torch
@@ -33,8 +27,8 @@ import yaml
 from common import hf_config
 from common.checkpoints import STATE_FILE, latest_checkpoint
 from common.files import atomic_output, atomic_write
+from common.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 from recipes.hf import hub, mapping
-from recipes.hf.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 
 MANIFEST = ".export.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
@@ -384,57 +378,9 @@ def _special_ids(source: Path) -> tuple[int | None, int | list[int] | None]:
     return token_id(config.get("bos_token")), token_id(config.get("eos_token"))
 
 
-# --------------------------------------------------------------------------- command line
-def _size(text: str) -> int:
-    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-    upper = text.strip().upper()
-    for unit, factor in units.items():
-        if upper.endswith(unit):
-            return int(float(upper[: -len(unit)]) * factor)
-    return int(upper)
-
-
 def run_config_for(checkpoint: Path, config: str | None) -> dict[str, Any]:
     path = Path(config) if config else checkpoint.parent.parent / "config.yaml"
     if not path.is_file():
         raise ExportError(f"{path} not found: pass --config RUN_DIR/config.yaml of the run that wrote the checkpoint")
     with open(path) as f:
         return yaml.safe_load(f)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--checkpoint",
-        required=True,
-        help="RUN_DIR/checkpoints/iter_NNNNNNN (a run directory: its newest complete checkpoint)",
-    )
-    parser.add_argument("--out", required=True, help="directory to write the Hugging Face model into")
-    parser.add_argument("--config", help="the run's config.yaml (default: two levels above the checkpoint)")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_CODES))
-    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default 5GB)")
-    parser.add_argument("--tokenizer", help="tokenizer directory or file to copy (default: training.tokenizer.path)")
-    parser.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        checkpoint = resolve_checkpoint(args.checkpoint)
-        out = export(
-            checkpoint,
-            args.out,
-            run_config=run_config_for(checkpoint, args.config),
-            dtype=args.dtype,
-            max_shard_bytes=_size(args.max_shard_size),
-            tokenizer=args.tokenizer,
-            copy_tokenizer=not args.no_tokenizer,
-            progress=not args.no_progress,
-        )
-    except ExportError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"exported {checkpoint} -> {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -328,7 +328,13 @@ def _report(results) -> int:
     counts = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
-    words = {"done": "done", "skipped": "already done", "downloaded": "downloaded", "failed": "failed"}
+    words = {
+        "done": "done",
+        "skipped": "already done",
+        "downloaded": "downloaded",
+        "failed": "failed",
+        "not started": "not started",
+    }
     print(
         "data_prep: "
         + ", ".join(f"{n} {words[s]}" for s, n in counts.items())

@@ -55,6 +55,7 @@ class ShardResult:
     examples: dict = field(default_factory=dict)
     seconds: float = 0.0  # reading, tokenizing and writing
     download_seconds: float = 0.0
+    disk_full: bool = False  # the file system refused a write (ENOSPC): the run stops after this shard
 
     @property
     def skipped_total(self) -> int:
@@ -123,6 +124,9 @@ class Pipeline:
                 result = self._guarded(shard, lambda shard=shard: self.process(shard, force, progress))
                 self.log(f"[{k + 1}/{len(shards)}] {format_result(result)}")
                 results.append(result)
+                if result.disk_full:  # every shard after it would fail the same way, each after its download
+                    results += [ShardResult(s.index, s.name, s.output_prefix, "not started") for s in shards[k + 1 :]]
+                    break
         except BaseException:  # a stop signal (data_prep/cli.py): the workers' chunks are thrown away anyway
             self.close(kill=True)
             raise
@@ -403,8 +407,17 @@ class Pipeline:
             return fn()
         except KeyboardInterrupt:
             raise
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                return ShardResult(shard.index, shard.name, shard.output_prefix, "failed", reason=_first_line(e))
+            where = os.path.dirname(shard.output_prefix)
+            reason = (
+                f"no space left on the device under {where}: its temporary files are removed and the shards "
+                "finished before are intact; free space and run again (finished shards are skipped)"
+            )
+            return ShardResult(shard.index, shard.name, shard.output_prefix, "failed", reason=reason, disk_full=True)
         except EXPECTED_ERRORS + (ShardBusy,) as e:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            reason = _first_line(e)
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -494,7 +507,13 @@ def _same_file(fd: int, path: str) -> bool:
         return False
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def format_result(r: ShardResult) -> str:
+    if r.status == "not started":
+        return f"{r.name}: not started (the disk is full)"
     if r.status == "failed":
         return f"{r.name}: FAILED: {r.reason}"
     if r.status == "downloaded":

@@ -192,6 +192,7 @@ class FaultKind(Enum):
     hang = "hang"
     crash = "crash"
     kill = "kill"
+    enospc = "enospc"
 
 
 class FaultPoint(Enum):
@@ -728,7 +729,8 @@ class StragglerConfig:
 @dataclass
 class FaultConfig:
     kind: Optional[FaultKind] = key(
-        "null (none), hang, crash (os._exit) or kill (SIGKILL): once, never again after the restart it causes"
+        "null (none), hang, crash (os._exit), kill (SIGKILL) or enospc (a full disk under the checkpoint being "
+        "written, with during=save): once, never again after the restart it causes"
     )
     rank: int = key("the global rank that fails", within=NON_NEGATIVE)
     step: int = key("the step it fails at", within=COUNT)

@@ -85,6 +85,11 @@ def _fault(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
                 f"resilience.inject_fault.during=save at step {fault['step']}, which saves no checkpoint "
                 f"(training.checkpoint.interval={ckpt['interval']}): pick a multiple of the interval"
             )
+    if fault["kind"] == "enospc" and fault["during"] != "save":
+        found.problem(
+            "resilience.inject_fault.kind=enospc fills the disk under a checkpoint being written: set "
+            "resilience.inject_fault.during=save"
+        )
     if fault["kind"] == "hang" and not cfg["resilience"]["in_job_restarts"]:
         found.warning(
             "resilience.inject_fault.kind=hang without resilience.in_job_restarts: nothing detects the "

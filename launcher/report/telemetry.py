@@ -301,9 +301,7 @@ def plot(
     return figures.save(fig, path, dpi=100)
 
 
-def report(
-    run_dir: Path, say: Callable[[str], None] = print, png: Path | None = None
-) -> dict[str, str] | None:
+def report(run_dir: Path, say: Callable[[str], None] = print, png: Path | None = None) -> dict[str, str] | None:
     """Prints the telemetry table and flags, writes RUN_DIR/telemetry.png (or `png`); returns the flags (None: no
     telemetry)."""
     rows = load(run_dir)

@@ -565,7 +565,7 @@ class BcpCluster(BatchCluster):
     datasets: List[Dataset] = key("--datasetid mounts: [{id, mount}]")
     result: str = key("--result: the job's result directory")
     ngc_args: List[str] = key("extra `ngc base-command job run` options")
-    poll_interval_s: int = key("seconds between checks of a job the next one waits for", within=COUNT)
+    poll_interval_s: int = key("seconds between checks of a job the next one waits for", within=NON_NEGATIVE)
 
 
 @dataclass
@@ -586,7 +586,7 @@ class K8sCluster(BatchCluster):
     shm_size: str = key("/dev/shm per pod")
     master_port: int = key("rendezvous port on pod 0", within=PORT)
     signal_before_timeout_s: Optional[int] = key("grace after the deadline's SIGTERM for the checkpoint", within=COUNT)
-    poll_interval_s: int = key("seconds between checks of a job the next one waits for", within=COUNT)
+    poll_interval_s: int = key("seconds between checks of a job the next one waits for", within=NON_NEGATIVE)
 
 
 # --------------------------------------------------------------------------- data preparation, one class per source
@@ -851,7 +851,7 @@ class Config:
     results_dir: str = key("run directories go under it")
     run_name: Optional[str] = key(
         "the run directory's name; null: <model>_<dtype>_<layout>_<N>gpu for training, "
-        "data_<output directory name> for data preparation alone, container_<image> for the image alone"
+        "data_<source>[_<output directory name>] for data preparation alone, container_<image> for the image alone"
     )
     seed: int = key("random seed", within=SEED)
     memory_check: bool = key("fail when the memory estimate exceeds the GPU; false accepts the risk")

@@ -23,14 +23,16 @@ from launcher.platforms import platform_of
 def default_run_name(cfg: Mapping[str, Any]) -> str:
     """The run directory's name when run_name is null, from what the selected stages produce, so that runs of
     different things never meet in one directory: `<model>_<dtype>_<layout>_<N>gpu` for training (and the stages
-    that go with it), `data_<output directory's name>` for data preparation alone (the data set it makes: C4 and
-    MLPerf's C4 files never share one), `container_<image>` for the image build alone."""
+    that go with it), `data_<source>` for data preparation alone, `data_<source>_<output directory's name>` where
+    that differs from the source (the data set it makes: C4 and MLPerf's C4 files never share one),
+    `container_<image>` for the image build alone."""
     stages = set(cfg["stages"])
     if stages & {"training", "preflight", "export"}:
         par = cfg["parallelism"]
         return f"{cfg['training']['name']}_{cfg['dtype']['name']}_{par['name']}_{par['num_gpus']}gpu"
     if "data_preparation" in stages:
-        return "data_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", Path(cfg["data_preparation"]["output_dir"]).name)
+        source, output = cfg["data_preparation"]["name"], Path(cfg["data_preparation"]["output_dir"]).name
+        return "data_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", source if output == source else f"{source}_{output}")
     image = Path(str(cfg["cluster"].get("container") or "image"))
     return "container_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", image.name.removesuffix(image.suffix))
 

@@ -174,7 +174,7 @@ def test_the_documented_data_only_runs_keep_their_own_directories(tmp_path):
         cwd=tmp_path,
     )
     assert mlperf.returncode == 0, mlperf.stderr
-    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["data_c4", "data_mlperf"]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["data_c4", "data_c4_mlperf"]
 
 
 def test_a_data_only_collision_names_the_data_keys_alone(tmp_path):

@@ -75,8 +75,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"data_prep: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
-        print("data_prep: interrupted; unfinished shards are redone on the next run", file=sys.stderr)
-        return 128 + getattr(stop, "signum", signal.SIGINT)
+        print("data_prep: interrupted; unfinished shards are redone on the next run", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Not through the interpreter's exit handlers: concurrent.futures' would join the killed pool's threads,
+        # one of which may wait forever on a pipe its dead workers no longer read.
+        os._exit(128 + getattr(stop, "signum", signal.SIGINT))
 
 
 def build_parser() -> argparse.ArgumentParser:

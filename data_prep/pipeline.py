@@ -144,11 +144,13 @@ class Pipeline:
         return results
 
     def close(self, kill: bool = False) -> None:
-        """Stop the workers: once their chunks are done, or with `kill` at once."""
+        """Stop the workers: once their chunks are done, or with `kill` at once. A killed pool is not waited for:
+        its feeder thread may be stuck writing chunks into a pipe no worker reads any more (the process exits
+        right after, without the interpreter's exit handlers that would join it)."""
         if self._pool is not None:
             if kill:
                 kill_workers()
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=not kill, cancel_futures=True)
             self._pool = None
 
     def is_done(self, shard: Shard) -> bool:

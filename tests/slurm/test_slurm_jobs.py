@@ -33,7 +33,7 @@ def tokenizer(tmp_path_factory) -> Path:
 
 def submit(tmp_path: Path, inputs: str, tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
-    run_dir = results / "data_files"  # data preparation alone: its own run directory
+    run_dir = results / "data_files_data"  # data preparation alone: its own run directory
     _, jobs = submit_with_main(
         [
             *BARE_METAL,

@@ -4,6 +4,7 @@ models in several layouts (ranks as gloo processes), checked against transformer
 dist_checkpointing as training saves, exported back and compared tensor by tensor; errors for broken inputs."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -342,16 +343,18 @@ def test_config_mismatch_names_the_keys(source):
 
 # --------------------------------------------------------------------------- before any GPU work
 def fake_llama_dir(directory: Path, **changes) -> Path:
-    """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes."""
+    """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes, and a model.safetensors whose header
+    holds every tensor of that model: a sparse file of the full size (the plan reads headers and sizes only)."""
     directory.mkdir(parents=True, exist_ok=True)
-    config = hf_config.llama_config(
-        compose(["training=llama31/8b"])["training"]["model"],
-        torch_dtype="bfloat16",
-        bos_token_id=128000,
-        eos_token_id=128001,
-    )
+    model = compose(["training=llama31/8b"])["training"]["model"]
+    config = hf_config.llama_config(model, torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001)
     config.update(changes)
     (directory / "config.json").write_text(json.dumps(config))
+    shapes = hf_config.hf_shapes(model)
+    header = safetensors_io.encode_header(list(shapes), shapes, "bfloat16", 2)
+    with open(directory / "model.safetensors", "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + 2 * sum(math.prod(shape) for shape in shapes.values()))
     return directory
 
 

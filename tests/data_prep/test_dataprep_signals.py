@@ -27,7 +27,7 @@ def corpus(tmp_path_factory, tokenizers_dir) -> dict:
     root = tmp_path_factory.mktemp("signals")
     path = root / "corpus.jsonl"
     docs = make_docs(3000, seed=5, words_max=400)
-    path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs * 2), encoding="utf-8")
+    path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs), encoding="utf-8")
     setup = {"root": root, "corpus": path, "tokenizer": tokenizers_dir["sentencepiece"]}
     reference = root / "reference"
     assert prepare(setup, reference).wait(timeout=300) == 0

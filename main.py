@@ -2,12 +2,21 @@
 
 import sys
 
-import hydra
-from omegaconf import DictConfig
+from launcher.usage import HELP_FLAGS, config_dirs_of, missing_packages_line, usage
 
-from launcher.cli import one_line_errors, run, run_sweep
-from launcher.config.schema import register
-from launcher.config.sweep import is_sweep
+if __name__ == "__main__" and HELP_FLAGS & set(sys.argv[1:]):
+    print(usage(config_dirs_of(sys.argv[1:])))  # before Hydra: its own --help composes every config group (seconds)
+    sys.exit(0)
+try:
+    import hydra
+    from omegaconf import DictConfig
+except ImportError as err:  # outside the project's environment: one line, not a traceback
+    print(missing_packages_line(err, sys.executable), file=sys.stderr)
+    sys.exit(2)
+
+from launcher.cli import one_line_errors, run, run_sweep  # noqa: E402
+from launcher.config.schema import register  # noqa: E402
+from launcher.config.sweep import is_sweep  # noqa: E402
 
 register()
 

@@ -3,6 +3,7 @@
     python bench/bench_commands.py                          # this checkout, 3 timed runs of each command
     python bench/bench_commands.py --repo /tmp/before       # another checkout of the project (e.g. an older commit)
     python bench/bench_commands.py --runs 5 --only stack,dataprep-checks
+    python bench/bench_commands.py --only help-main,help-export,help-import-fetch     # --help answers
 
 Commands (run in the checkout under test, which is also put first on PYTHONPATH):
   stack               python -m recipes.stack (the table; its exit status 1 on a machine without the GPU stack
@@ -13,6 +14,8 @@ Commands (run in the checkout under test, which is also put first on PYTHONPATH)
   dry-run             python main.py dry_run=true
   sweep               python main.py -m training=llama31/8b cluster=bcm 'training.global_batch_size=16,...,160'
                       dry_run=true (10 points)
+  help-*              --help of every tool a user runs: main.py, the report, data_prep, the stack table, the
+                      export (llama31-export), the import's fetch and the hub's fetch (llama31-import)
 
 Rounds are interleaved (every command once per round) so that a busy spell of the machine spreads over all rows;
 one untimed warm-up round first (--warmup). The load average before and after is printed: on a shared machine,
@@ -52,6 +55,18 @@ class Command:
     ok: tuple[int, ...] = (0,)  # exit statuses that count as a run
 
 
+# --help of each tool users run: it must answer before the tool loads torch, megatron or Hydra's config.
+HELP = {
+    "help-main": ["main.py", "--help"],
+    "help-report": ["-m", "launcher.report", "--help"],
+    "help-data-prep": ["-m", "data_prep", "--help"],
+    "help-stack": ["-m", "recipes.stack", "--help"],
+    "help-export": ["-m", "recipes.hf.exporter", "--help"],
+    "help-import-fetch": ["-m", "recipes.hf.importer", "fetch", "--help"],
+    "help-hub-fetch": ["-m", "recipes.hf.hub", "fetch", "--help"],
+}
+
+
 def commands(python: str, work: Path, config: Path) -> list[Command]:
     return [
         Command("stack", [python, "-m", "recipes.stack"], ok=(0, 1)),
@@ -73,6 +88,7 @@ def commands(python: str, work: Path, config: Path) -> list[Command]:
                 f"results_dir={work / 'sweep'}",
             ],
         ),
+        *[Command(name, [python, *argv]) for name, argv in HELP.items()],
     ]
 
 
@@ -138,9 +154,10 @@ def tiny_config(python: str, repo: Path, work: Path) -> Path:
 
 
 def table(rows: list[tuple[str, list[float]]]) -> str:
-    lines = [f"{'command':<16}  {'runs':>4}  {'median s':>8}  {'min s':>6}"]
+    width = max([16, *(len(name) for name, _ in rows)])
+    lines = [f"{'command':<{width}}  {'runs':>4}  {'median s':>8}  {'min s':>6}"]
     for name, seconds in rows:
-        lines.append(f"{name:<16}  {len(seconds):>4}  {statistics.median(seconds):>8.2f}  {min(seconds):>6.2f}")
+        lines.append(f"{name:<{width}}  {len(seconds):>4}  {statistics.median(seconds):>8.2f}  {min(seconds):>6.2f}")
     return "\n".join(lines)
 
 

@@ -36,27 +36,54 @@ def partial_path(root: str, step: int, attempt: str = "") -> str:
     return os.path.join(root, _PARTIAL_PREFIX + checkpoint_name(step) + (f".{attempt}" if attempt else ""))
 
 
-def complete_checkpoints(root: str) -> list[tuple[int, str]]:
-    """(step, path) of every complete checkpoint, oldest first."""
+def _numbered(root: str) -> list[tuple[int, str]]:
+    """(step, path) of every `iter_NNNNNNN` directory, oldest first, complete or not."""
     if not os.path.isdir(root):
         return []
     found = []
     for name in os.listdir(root):
         match = _COMPLETE.match(name)
-        path = os.path.join(root, name)
-        if match and os.path.isfile(os.path.join(path, STATE_FILE)):
-            found.append((int(match.group(1)), path))
+        if match and os.path.isdir(os.path.join(root, name)):
+            found.append((int(match.group(1)), os.path.join(root, name)))
     return sorted(found)
+
+
+def read_train_state(path: str) -> TrainState:
+    """The state file of a checkpoint; OSError or ValueError when it is missing or damaged."""
+    with open(os.path.join(path, STATE_FILE)) as f:
+        state = json.load(f)
+    if not isinstance(state, dict) or set(state) != {"step", "consumed_samples"}:
+        raise ValueError(f"{STATE_FILE} holds {str(state)[:60]}, not a step and consumed samples")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in state.values()):
+        raise ValueError(f"{STATE_FILE} holds {state}")
+    return TrainState(**state)
+
+
+def state_problem(path: str) -> str | None:
+    """Why a checkpoint directory is not complete (its state file, written last, is missing or damaged), or None."""
+    try:
+        read_train_state(path)
+    except FileNotFoundError:
+        return f"it has no {STATE_FILE}"
+    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError: a truncated file
+        return f"its {STATE_FILE} is damaged ({str(err).splitlines()[0][:80]})"
+    return None
+
+
+def complete_checkpoints(root: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint (its state file readable), oldest first."""
+    return [(step, path) for step, path in _numbered(root) if state_problem(path) is None]
+
+
+def damaged_checkpoints(root: str) -> list[tuple[int, str, str]]:
+    """(step, path, why) of every `iter_NNNNNNN` directory that is not complete: a resume or an export would pass it
+    over for an older one (disk full, a truncated copy)."""
+    return [(step, path, why) for step, path in _numbered(root) if (why := state_problem(path))]
 
 
 def latest_checkpoint(root: str) -> tuple[int, str] | None:
     complete = complete_checkpoints(root)
     return complete[-1] if complete else None
-
-
-def read_train_state(path: str) -> TrainState:
-    with open(os.path.join(path, STATE_FILE)) as f:
-        return TrainState(**json.load(f))
 
 
 def finalize_checkpoint(root: str, state: TrainState, partial: str | None = None) -> str:

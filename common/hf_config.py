@@ -162,6 +162,34 @@ def check_directory(directory: str | os.PathLike, model: Mapping[str, Any], sour
     check(read_config(directory), model, source or str(directory))
 
 
+# --------------------------------------------------------------------------- the tensors of LlamaForCausalLM
+def hf_layer_name(layer: int, suffix: str) -> str:
+    return f"model.layers.{layer}.{suffix}"
+
+
+def hf_shapes(model: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every LlamaForCausalLM tensor with its shape, in the order an export writes them."""
+    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
+    q, kv = model["num_attention_heads"] * model["kv_channels"], model["num_query_groups"] * model["kv_channels"]
+    shapes = {"model.embed_tokens.weight": (model["vocab_size"], h)}
+    for layer in range(model["num_layers"]):
+        for suffix, shape in (
+            ("input_layernorm.weight", (h,)),
+            ("self_attn.q_proj.weight", (q, h)),
+            ("self_attn.k_proj.weight", (kv, h)),
+            ("self_attn.v_proj.weight", (kv, h)),
+            ("self_attn.o_proj.weight", (h, q)),
+            ("post_attention_layernorm.weight", (h,)),
+            ("mlp.gate_proj.weight", (ffn, h)),
+            ("mlp.up_proj.weight", (ffn, h)),
+            ("mlp.down_proj.weight", (h, ffn)),
+        ):
+            shapes[hf_layer_name(layer, suffix)] = shape
+    shapes["model.norm.weight"] = (h,)
+    shapes["lm_head.weight"] = (model["vocab_size"], h)
+    return shapes
+
+
 # --------------------------------------------------------------------------- what an export writes
 def llama_config(
     model: Mapping[str, Any], *, torch_dtype: str, bos_token_id: int | None, eos_token_id: int | list[int] | None

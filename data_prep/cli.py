@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
-from typing import Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from data_prep.shards import ConfigError, Shard, list_shards, parse_numbers
 from data_prep.tokenizer import TokenizerError
@@ -26,20 +27,59 @@ config, tokenizer or command line.
 """
 
 
+class Stopped(KeyboardInterrupt):
+    """The first SIGINT (Ctrl-C) or SIGTERM (a scheduler's stop): raised where the main thread is."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM, however many, however close together: the first raises Stopped, which ends the shard in
+    progress (its workers killed, its temporary files removed, its lock released) and the run with one line; any
+    later one, while that cleanup runs, kills the workers and exits at once. Either way no worker outlives this
+    process and the next run redoes the unfinished shards."""
+    me = os.getpid()
+    first: list[int] = []
+
+    def handle(signum: int, frame: Any) -> None:
+        if os.getpid() != me:  # a worker forked before its initializer ignored the signal: the parent handles it
+            return
+        if not first:
+            first.append(signum)
+            raise Stopped(signum)
+        from data_prep.pipeline import kill_workers
+
+        kill_workers()
+        os.write(2, b"data_prep: stopped at once; unfinished shards are redone on the next run\n")
+        os._exit(128 + first[0])
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():  # once stopped, this process only exits: later signals change nothing
+            signal.signal(sig, signal.SIG_IGN if first else handler)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # Slurm and most schedulers send SIGTERM first: exit through Python so worker processes are shut down.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        return args.func(args)
+        with stopped_by_signals():
+            return args.func(args)
     except (ConfigError, TokenizerError) as e:
         for line in str(e).splitlines():  # a config can have several problems, one line each
             print(f"data_prep: error: {line}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("data_prep: interrupted; unfinished shards are redone on the next run", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        print("data_prep: interrupted; unfinished shards are redone on the next run", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Not through the interpreter's exit handlers: concurrent.futures' would join the killed pool's threads,
+        # one of which may wait forever on a pipe its dead workers no longer read.
+        os._exit(128 + getattr(stop, "signum", signal.SIGINT))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,7 +331,13 @@ def _report(results) -> int:
     counts = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
-    words = {"done": "done", "skipped": "already done", "downloaded": "downloaded", "failed": "failed"}
+    words = {
+        "done": "done",
+        "skipped": "already done",
+        "downloaded": "downloaded",
+        "failed": "failed",
+        "not started": "not started",
+    }
     print(
         "data_prep: "
         + ", ".join(f"{n} {words[s]}" for s, n in counts.items())

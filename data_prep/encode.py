@@ -19,6 +19,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from common.processes import die_with_parent
 from data_prep.readers import Chunk
 
 EXAMPLES_PER_REASON = 3
@@ -144,26 +145,29 @@ def single_thread_tokenizers() -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"
 
 
-def _worker_setup() -> None:
-    # Ctrl-C reaches the whole process group: the parent alone handles it and shuts the workers down, instead of
-    # every worker printing its own traceback.
+def _worker_setup(parent: int) -> None:
+    # Ctrl-C and a scheduler's SIGTERM reach the whole process group: the parent alone handles them and stops the
+    # workers (data_prep/cli.py), instead of every worker printing its own traceback. A parent killed hard takes
+    # them with it: none is left holding the log's pipe open.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent(parent)
     single_thread_tokenizers()
 
 
-def set_encoder(encoder: ChunkEncoder) -> None:
+def set_encoder(parent: int, encoder: ChunkEncoder) -> None:
     """Worker initializer under fork: the parent's encoder (and loaded tokenizer) is inherited."""
     global _ENCODER
-    _worker_setup()
+    _worker_setup(parent)
     _ENCODER = encoder
 
 
 def init_worker(
-    tokenizer_type: str, tokenizer_path: str, eod: int, dtype: str, text_key: str, append_eod: bool
+    parent: int, tokenizer_type: str, tokenizer_path: str, eod: int, dtype: str, text_key: str, append_eod: bool
 ) -> None:
     """Worker initializer under spawn: load the tokenizer from its resolved local file."""
     global _ENCODER
-    _worker_setup()
+    _worker_setup(parent)
     from data_prep.tokenizer import load_tokenizer
 
     _ENCODER = ChunkEncoder(load_tokenizer(tokenizer_type, tokenizer_path, eod=eod), dtype, text_key, append_eod)

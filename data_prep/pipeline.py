@@ -55,6 +55,7 @@ class ShardResult:
     examples: dict = field(default_factory=dict)
     seconds: float = 0.0  # reading, tokenizing and writing
     download_seconds: float = 0.0
+    disk_full: bool = False  # the file system refused a write (ENOSPC): the run stops after this shard
 
     @property
     def skipped_total(self) -> int:
@@ -123,8 +124,13 @@ class Pipeline:
                 result = self._guarded(shard, lambda shard=shard: self.process(shard, force, progress))
                 self.log(f"[{k + 1}/{len(shards)}] {format_result(result)}")
                 results.append(result)
-        finally:
-            self.close()
+                if result.disk_full:  # every shard after it would fail the same way, each after its download
+                    results += [ShardResult(s.index, s.name, s.output_prefix, "not started") for s in shards[k + 1 :]]
+                    break
+        except BaseException:  # a stop signal (data_prep/cli.py): the workers' chunks are thrown away anyway
+            self.close(kill=True)
+            raise
+        self.close()
         return results
 
     def fetch(self, shards: Sequence[Shard], progress: bool = True) -> list[ShardResult]:
@@ -137,9 +143,14 @@ class Pipeline:
             results.append(result)
         return results
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers: once their chunks are done, or with `kill` at once. A killed pool is not waited for:
+        its feeder thread may be stuck writing chunks into a pipe no worker reads any more (the process exits
+        right after, without the interpreter's exit handlers that would join it)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            if kill:
+                kill_workers()
+            self._pool.shutdown(wait=not kill, cancel_futures=True)
             self._pool = None
 
     def is_done(self, shard: Shard) -> bool:
@@ -177,8 +188,8 @@ class Pipeline:
             fetched = time.time() - t0
             try:
                 result = self._tokenize(shard, progress)
-            except Exception:
-                for ext in (".bin.tmp", ".idx.tmp"):  # a failed shard leaves nothing behind (a killed one can't)
+            except BaseException:  # failed or stopped: nothing left behind (a process killed hard can't clean up)
+                for ext in (".bin.tmp", ".idx.tmp"):
                     _remove(prefix + ext)
                 raise
             result.download_seconds = fetched
@@ -370,13 +381,13 @@ class Pipeline:
                 ctx, init, args = (
                     multiprocessing.get_context("fork"),
                     set_encoder,
-                    (ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod),),
+                    (os.getpid(), ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod)),
                 )
             else:
                 ctx, init, args = (
                     multiprocessing.get_context("spawn"),
                     init_worker,
-                    (tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key, self.s.append_eod),
+                    (os.getpid(), tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key, self.s.append_eod),
                 )
             self._pool = ProcessPoolExecutor(
                 max_workers=self.s.workers, mp_context=ctx, initializer=init, initargs=args
@@ -398,12 +409,30 @@ class Pipeline:
             return fn()
         except KeyboardInterrupt:
             raise
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                return ShardResult(shard.index, shard.name, shard.output_prefix, "failed", reason=_first_line(e))
+            where = os.path.dirname(shard.output_prefix)
+            reason = (
+                f"no space left on the device under {where}: its temporary files are removed and the shards "
+                "finished before are intact; free space and run again (finished shards are skipped)"
+            )
+            return ShardResult(shard.index, shard.name, shard.output_prefix, "failed", reason=reason, disk_full=True)
         except EXPECTED_ERRORS + (ShardBusy,) as e:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            reason = _first_line(e)
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return ShardResult(shard.index, shard.name, shard.output_prefix, "failed", reason=reason)
+
+
+def kill_workers() -> None:
+    """Kill this process's tokenizer workers (its multiprocessing children) at once: a stop signal does not wait
+    for the chunks they are tokenizing."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
 
 
 def megatron_indexed_dataset():
@@ -480,7 +509,13 @@ def _same_file(fd: int, path: str) -> bool:
         return False
 
 
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def format_result(r: ShardResult) -> str:
+    if r.status == "not started":
+        return f"{r.name}: not started (the disk is full)"
     if r.status == "failed":
         return f"{r.name}: FAILED: {r.reason}"
     if r.status == "downloaded":

@@ -268,6 +268,57 @@ def tokenizer_problem(type: str, path: str, key: str = "tokenizer") -> Optional[
     return f"{key}.path={path} does not exist (and is not a hub id like org/name)"
 
 
+def vocabulary_size(type: str, path: str) -> Optional[int]:
+    """How many token ids a local tokenizer uses (its largest id + 1), read without the tokenizer libraries: the
+    pieces of a sentencepiece model, the vocabulary and added tokens of a tokenizer.json. None where that cannot
+    be told from here (a hub id, a directory for transformers' AutoTokenizer, an unreadable file)."""
+    local = os.path.abspath(os.path.expanduser(str(path)))
+    if os.path.isdir(local):
+        local = os.path.join(local, "tokenizer.model" if type == "sentencepiece" else "tokenizer.json")
+    try:
+        with open(local, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return _sentencepiece_pieces(data) if type == "sentencepiece" else _tokenizer_json_size(data)
+
+
+def _sentencepiece_pieces(data: bytes) -> Optional[int]:
+    """The pieces of a serialized ModelProto: its repeated field 1."""
+    pieces, pos = 0, 0
+    while pos < len(data):
+        tag, pos = _varint(data, pos)
+        if pos is None:
+            return None
+        wire = tag & 7
+        if wire == 2:
+            length, pos = _varint(data, pos)
+            if pos is None:
+                return None
+            pos += length
+            pieces += tag >> 3 == 1
+        elif wire == 0:
+            _, pos = _varint(data, pos)
+            if pos is None:
+                return None
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            return None
+    return pieces or None
+
+
+def _tokenizer_json_size(data: bytes) -> Optional[int]:
+    try:
+        tokenizer = json.loads(data)
+        vocab = tokenizer["model"]["vocab"]
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))  # Unigram: a list
+        ids += [token["id"] for token in tokenizer.get("added_tokens") or []]
+        return max(ids) + 1 if ids else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def is_hub_id(path: str) -> bool:
     """org/name, as the Hugging Face hub names repositories (not a path that merely has one slash)."""
     return path.count("/") == 1 and not path.startswith((".", "/", "~")) and all(path.split("/"))

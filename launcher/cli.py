@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig
@@ -31,6 +32,7 @@ from launcher.plan.errors import PlanError
 from launcher.plan.hardware import LocalGpus, detect_local_gpus
 from launcher.plan.table import format_plan
 from launcher.plan.validate import normalized, validate
+from launcher.usage import config_dirs_of
 from launcher.platforms import platform_of
 
 Say = Callable[[str], None]
@@ -85,9 +87,9 @@ def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say
 def execute(prepared: Prepared, say: Say = print) -> int:
     """Write the run directory, then stop (a dry run), run the jobs here or submit them. The exit status."""
     cfg, plan, run_dir, stages = prepared.cfg, prepared.plan, prepared.run_dir, prepared.stages
-    had_checkpoints = latest_checkpoint(str(run_dir / "checkpoints")) is not None
+    newest = latest_checkpoint(str(run_dir / "checkpoints"))
     try:
-        scripts = write_run_dir(run_dir, cfg, plan, stages.jobs)
+        written = write_run_dir(run_dir, cfg, plan, stages.jobs)
     except OSError as err:
         _err(
             f"error: cannot write the run directory {run_dir}: {err.strerror or err}; set results_dir to a "
@@ -98,10 +100,13 @@ def execute(prepared: Prepared, say: Say = print) -> int:
     if "training" in cfg["stages"]:
         say(f"Plan for {run_dir.name}")
         say(format_plan(plan, cfg))
+    scripts = written.scripts
     say(f"Run directory: {run_dir}")
     say("  " + "  ".join(["config.yaml", "plan.json", *[p.name for p in scripts]]))
-    if had_checkpoints:
-        say("note: this run directory has checkpoints; training resumes from the latest one")
+    if written.history:
+        say(f"note: moved the earlier job files {', '.join(written.retired)} to {written.history}")
+    if newest is not None:
+        say(f"note: {_checkpoint_note(cfg, newest)}")
     for note in stages.notes:
         say(f"note: {note}")
     for warning in prepared.warnings:
@@ -130,6 +135,16 @@ def execute(prepared: Prepared, say: Say = print) -> int:
     if platform_of(cfg).runs_here:
         return _run_here(prepared, say)
     return _submit(prepared, say)
+
+
+def _checkpoint_note(cfg: Mapping[str, Any], newest: tuple[int, str]) -> str:
+    """What the selected stages do with the run's checkpoints, naming the one they read."""
+    which = f"{newest[1]} (step {newest[0]}), the newest complete checkpoint"
+    if "training" not in cfg["stages"]:
+        return f"the export reads {which}" if "export" in cfg["stages"] else f"this run directory has {which}"
+    if not cfg["training"]["checkpoint"]["load"]:
+        return f"training.checkpoint.load=false: training starts from scratch, not from {which}"
+    return f"training resumes from {which}"
 
 
 def _submit(prepared: Prepared, say: Say) -> int:
@@ -196,8 +211,10 @@ def one_line_errors():
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises instead of printing its own report
     try:
         yield
-    except (HydraException, OmegaConfBaseException) as err:
-        for line in every_error_line(err, sweep.cli_overrides(sys.argv[1:])):
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:
+        # A YAML file that does not parse (in conf/ or a --config-dir) raises PyYAML's error through Hydra.
+        config_dirs = config_dirs_of(sys.argv[1:])
+        for line in every_error_line(err, sweep.cli_overrides(sys.argv[1:]), config_dirs=config_dirs):
             _err(f"error: {line}")
         sys.exit(2)
     except AssertionError as err:

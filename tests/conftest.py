@@ -51,3 +51,27 @@ def sp_tokenizer(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("tokenizer")
     return train_sentencepiece(root / "sp", write_corpus(root / "corpus", ["a", "b"]), vocab_size=400)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """small_tmpfs(size_bytes) -> a directory on a tmpfs of that size, for a real ENOSPC; the test skips with the
+    reason where this machine does not allow mounting (not root, no CAP_SYS_ADMIN, a container without it)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size: int) -> Path:
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here for a real ENOSPC: {(result.stderr or result.stdout).strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], capture_output=True)

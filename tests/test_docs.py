@@ -1,14 +1,18 @@
 """The documentation against its sources: what the pages write out by hand (the stack's versions, the keys of
 plan.json, the config groups and their options, the telemetry columns) equals what the code and conf/ hold, every
 page is in the site's nav, and README.md's links reach existing pages and headings (mkdocs checks the links
-between pages; README.md is outside the site). The commands on the pages: tests/launcher/test_readme_commands.py;
+between pages; README.md is outside the site). The built site: every diagram fence drawn, the Performance page's
+measurements as tables. The commands on the pages: tests/launcher/test_readme_commands.py;
 the generated configuration reference: tests/launcher/test_schema.py."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -137,3 +141,53 @@ def test_the_readme_links_reach_pages_and_headings():
         if anchor:
             headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
             assert anchor in {slug(h) for h in headings}, f"{target}#{anchor}"
+
+
+# --------------------------------------------------------------------------- the site as a reader gets it
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The docs site, built as .ci/run builds it (mkdocs build --strict, outside the tree)."""
+    pytest.importorskip("material", reason="the docs extra (mkdocs-material) is not installed")
+    out = tmp_path_factory.mktemp("site")
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    return out
+
+
+def built_page(site: Path, source: Path) -> str:
+    relative = source.relative_to(DOCS).with_suffix("")
+    html = site / ("index.html" if relative.name == "index" else relative / "index.html")
+    return html.read_text()
+
+
+def test_every_diagram_fence_is_drawn_by_the_sites_own_mermaid(site):
+    """A ```mermaid fence must reach the page as a diagram element (not as code, which is what an unconfigured
+    fence becomes) on a page that loads mermaid.js from the site itself (a CDN is out of reach offline)."""
+    pages = [p for p in sorted(DOCS.rglob("*.md")) if "```mermaid" in p.read_text()]
+    assert pages, "no diagram on any page"
+    for source in pages:
+        html = built_page(site, source)
+        assert "language-mermaid" not in html, f"{source}: a diagram fence reached the page as code"
+        drawn = re.findall(r'<pre class="mermaid"><code>', html)
+        assert len(drawn) == source.read_text().count("```mermaid"), source
+        scripts = re.findall(r'<script src="([^"]*mermaid[^"]*\.js)"', html)
+        assert scripts, f"{source} does not load mermaid.js"
+        built = (site / source.relative_to(DOCS).with_suffix("") / scripts[0]).resolve()
+        if source.name == "index.md":
+            built = (site / scripts[0]).resolve()
+        assert built.is_file() and built.stat().st_size > 1_000_000, built
+
+
+def test_measured_results_on_the_performance_page_are_tables(site):
+    """Measurements are tables (they wrap to the page); the only code blocks there are the commands."""
+    html = built_page(site, DOCS / "performance.md")
+    blocks = [re.sub(r"<[^>]+>", "", block).strip() for block in re.findall(r"<pre.*?</pre>", html, re.S)]
+    assert blocks and all(block.split()[0] in ("python", "bash") for block in blocks), blocks
+    assert len(re.findall(r"<table[ >]", html)) >= 5

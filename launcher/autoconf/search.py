@@ -19,6 +19,7 @@ from common.plan import Plan
 from launcher.autoconf.steptime import StepTime, predict
 from launcher.config.compose import CONF_DIR, compose, hydra_state_kept
 from launcher.plan.build import build_plan
+from launcher.plan.checks import ranges
 from launcher.plan.validate import LAYOUT_CHECKS, validate
 from launcher.plan.errors import PlanError
 from launcher.plan.hardware import LocalGpus, gpu_spec
@@ -97,7 +98,8 @@ def is_auto(cfg: Mapping[str, Any]) -> bool:
 
 # --------------------------------------------------------------------------- the search space
 def search_space(auto: Mapping[str, Any]) -> dict[str, list]:
-    """parallelism.auto.search, checked; vp 1 means no interleaving (null)."""
+    """parallelism.auto.search, checked (each size's range is declared in the schema, checked before the search);
+    vp 1 means no interleaving (null)."""
     space = auto.get("search") or {}
     problems = [
         f"parallelism.auto.search.{k} must be a non-empty list"
@@ -108,10 +110,6 @@ def search_space(auto: Mapping[str, Any]) -> dict[str, list]:
         raise PlanError(problems)
     space = {k: list(space[k]) for k in SEARCH_KEYS}
     space["vp"] = list(dict.fromkeys(None if v in (None, 1) else v for v in space["vp"]))
-    for key in ("tp", "pp", "cp", "micro_batch_size"):
-        bad = [v for v in space[key] if not isinstance(v, int) or isinstance(v, bool) or v < 1]
-        if bad:
-            problems.append(f"parallelism.auto.search.{key}: {bad} are not positive integers")
     bad = [v for v in space["recompute"] if v not in (None, "selective", "full")]
     if bad:
         problems.append(f"parallelism.auto.search.recompute: {bad}; use null, selective or full")
@@ -205,6 +203,9 @@ def _gpu_type_problem(cfg: Mapping[str, Any], local_gpus: LocalGpus | None) -> s
 
 def search(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Search:
     """Every candidate through the plan's layout checks; the ones that fit ranked by predicted step time."""
+    out_of_range = ranges.problems(cfg)  # once here: every layout tried is checked with ranges_checked=True
+    if out_of_range:
+        raise PlanError(out_of_range)
     auto = cfg["parallelism"]["auto"]
     space = search_space(auto)
     problem = _gpu_type_problem(cfg, local_gpus)
@@ -217,7 +218,7 @@ def search(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Searc
         tried += 1
         candidate = candidate_config(cfg, layout)
         try:
-            plan = validate(candidate, local_gpus, checks=LAYOUT_CHECKS).plan
+            plan = validate(candidate, local_gpus, checks=LAYOUT_CHECKS, ranges_checked=True).plan
         except PlanError as err:
             dropped[drop_reason(err.problems[0])] += 1
             continue
@@ -247,7 +248,7 @@ def _first_fitting(
     cfg = {**cfg, "parallelism": {**cfg["parallelism"], "num_gpus": num_gpus}}
     for layout in candidate_layouts(space, num_gpus):
         try:
-            validate(candidate_config(cfg, layout), local_gpus, checks=LAYOUT_CHECKS)
+            validate(candidate_config(cfg, layout), local_gpus, checks=LAYOUT_CHECKS, ranges_checked=True)
             return True
         except PlanError:
             continue

@@ -8,8 +8,10 @@ import difflib
 import enum
 import re
 import typing
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
+import yaml
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -22,12 +24,19 @@ from omegaconf.errors import (
 
 from launcher.config import schema
 from launcher.config.compose import CONF_DIR, compose
+from launcher.usage import group_options
 
 
-def error_lines(exc: BaseException) -> list[str]:
-    """One line per problem (without the `error: ` prefix), for any exception raised while composing a config."""
+def error_lines(exc: BaseException, config_dirs: Sequence[Path] = ()) -> list[str]:
+    """One line per problem (without the `error: ` prefix), for any exception raised while composing a config;
+    `config_dirs` are the directories --config-dir added (a site's own options), where a file is looked up."""
+    in_file = _in_option_file(exc, config_dirs)
+    if in_file:
+        return [in_file]
     if isinstance(exc, MissingConfigException):
-        return [_missing_option(exc)]
+        return [_missing_option(exc, config_dirs)]
+    if isinstance(exc, yaml.YAMLError):
+        return [yaml_line(exc)]
     if isinstance(exc, OverrideParseException):
         return [
             f"{exc.override}: not a valid override ({_first_line(exc)}); write key=value, lists as "
@@ -39,22 +48,78 @@ def error_lines(exc: BaseException) -> list[str]:
     return [_first_line(exc)]
 
 
-def every_error_line(exc: BaseException, overrides: list[str], limit: int = 20) -> list[str]:
+def every_error_line(
+    exc: BaseException, overrides: list[str], limit: int = 20, config_dirs: Sequence[Path] = ()
+) -> list[str]:
     """Hydra stops at the first override that does not fit the schema; compose again without each offending
     override in turn, so one run of main.py names every bad value, not just the first."""
-    lines, remaining = error_lines(exc), list(overrides)
+    lines, remaining = error_lines(exc, config_dirs), list(overrides)
+    search_path = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in config_dirs)}]"] if config_dirs else []
     for _ in range(limit):
         offending = _offending_override(exc, remaining)
         if offending is None:
             break
         remaining.remove(offending)
         try:
-            compose(remaining)
+            compose([*remaining, *search_path])
             break
-        except (HydraException, OmegaConfBaseException) as err:
+        except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:
             exc = err
-            lines += [line for line in error_lines(err) if line not in lines]
+            lines += [line for line in error_lines(err, config_dirs) if line not in lines]
     return lines
+
+
+def yaml_line(err: yaml.YAMLError) -> str:
+    """A YAML file that does not parse: the file, the line and what is wrong there."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or _first_line(err)
+    context = getattr(err, "context", None)
+    context_mark = getattr(err, "context_mark", None)
+    if context and context_mark is not None:
+        problem += f" ({context} from line {context_mark.line + 1})"
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a config file"
+    return f"{where}: not valid YAML: {problem}; fix the YAML there"
+
+
+def _in_option_file(exc: BaseException, config_dirs: Sequence[Path]) -> str | None:
+    """A problem inside an option's YAML file (`In 'cluster/mysite': ...`, as Hydra reports a wrong key, value or
+    default there): the file, then the problem as for a command-line value."""
+    match = re.match(r"In '([^']+)': (.*)", str(exc), re.S)
+    if not match or match.group(1) == "config":  # the primary config: its options come from the command line
+        return None
+    file = _option_file(match.group(1), config_dirs)
+    body = match.group(2)
+    missing = re.match(r"Could not (?:load|find) '([^']+)'", body)
+    if missing:
+        group, _, option = missing.group(1).partition("/")
+        return f"{file}: its defaults name {group}={option}, {_no_such_option(group, option, config_dirs)}"
+    key = re.search(r"full_key: (\S+)", body)
+    text = next((line.strip() for line in body.splitlines()[1:] if line.strip()), body.strip())
+    if isinstance(exc.__cause__, OmegaConfBaseException):
+        return f"{file}: {_omegaconf_line(exc.__cause__, None)}"
+    unknown = re.match(r"Key '([^']+)' not in '([^']+)'", text)
+    if unknown and key:
+        owner = next((kind for kind in _schema_classes() if kind.__name__ == unknown.group(2)), None)
+        return f"{file}: {_unknown_key(key.group(1), owner)}"
+    kind = _field_type(key.group(1)) if key else None
+    if key and kind is not None:
+        value = re.search(r"[Vv]alue '([^']*)'", text)
+        given = f"{key.group(1)}={value.group(1)}" if value else key.group(1)
+        return f"{file}: {given}: {key.group(1)} must be {describe(kind)} ({_doc(key.group(1))})"
+    return f"{file}: {text}"
+
+
+def _option_file(option: str, config_dirs: Sequence[Path]) -> str:
+    """Where an option's YAML lives: the first --config-dir that has it, else conf/."""
+    for root in [*config_dirs, CONF_DIR]:
+        path = root / f"{option}.yaml"
+        if path.is_file():
+            return str(path)
+    return f"{option}.yaml"
+
+
+def _schema_classes() -> list[type]:
+    return [kind for kind in vars(schema).values() if isinstance(kind, type) and dataclasses.is_dataclass(kind)]
 
 
 def _offending_override(exc: BaseException, overrides: list[str]) -> str | None:
@@ -220,18 +285,23 @@ def _platform_of(owner: type) -> str:
     return next((name for name, kind in schema.CLUSTERS.items() if kind is owner), owner.__name__)
 
 
-def _missing_option(exc: Any) -> str:
+def _missing_option(exc: Any, config_dirs: Sequence[Path] = ()) -> str:
     """`training=llama31/9b`: the group, the option given, and the options there are."""
-    match = re.search(r"Could not find '([^']+)'", str(exc))
+    match = re.search(r"Could not (?:find|load) '([^']+)'", str(exc))
     path = match.group(1) if match else str(getattr(exc, "missing_cfg_file", ""))
     # Options may lie in sub-folders of their group (training=llama31/8b): the group is the first folder.
     group, _, option = path.partition("/")
-    options = sorted(
-        p.relative_to(CONF_DIR / group).with_suffix("").as_posix()
-        for p in (CONF_DIR / group).rglob("*.yaml")
-        if not any(part.startswith("_") for part in p.relative_to(CONF_DIR / group).parts)
-        and not p.relative_to(CONF_DIR / group).as_posix().startswith("default/")
-    )
-    if not options:
+    if group == "parallelism" and option.startswith("default/"):
+        training, _, dtype = option.removeprefix("default/").rpartition("/")
+        return (
+            f"training={training} with dtype={dtype} has no default layout (parallelism/{option}.yaml): choose "
+            f"one with parallelism=<name> ({', '.join(group_options('parallelism', config_dirs))}), or add that file "
+            "(it names a layout, as conf/parallelism/default/ does)"
+        )
+    if not group_options(group, config_dirs):
         return _first_line(exc)
-    return f"{group}={option}: no such option; choose one of {', '.join(options)}"
+    return f"{group}={option}: {_no_such_option(group, option, config_dirs)}"
+
+
+def _no_such_option(group: str, option: str, config_dirs: Sequence[Path]) -> str:
+    return f"no such option; choose one of {', '.join(group_options(group, config_dirs))}"

@@ -108,7 +108,9 @@ def _rows(kind: type, prefix: str, values: Any) -> Iterator[tuple[str, str, str,
             if dotted not in OWN_TABLE:
                 yield from _rows(inner, dotted, value)
             continue
-        yield dotted, type_text(hints[f.name]), value_text(value), f.metadata.get("doc", "")
+        bounds = schema.range_of(f)
+        kind_text = type_text(hints[f.name]) + (f", {bounds.words()}" if bounds else "")
+        yield dotted, kind_text, value_text(value), f.metadata.get("doc", "")
 
 
 def _unwrap_optional(kind: Any) -> Any:

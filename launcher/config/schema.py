@@ -12,18 +12,77 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from enum import Enum
+import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 
-def key(doc: str, default: Any = MISSING) -> Any:
-    """A key whose value the YAML sets (or `default` where the schema itself provides one), with its one-line doc."""
+class Range(NamedTuple):
+    """The values a numeric key takes: from `low` to `high` (None: no bound that way), each end included unless
+    open. `why` explains a bound that is not obvious from the key's doc."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):  # nan passes no comparison; inf is no size, count or rate
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def words(self) -> str:
+        """`positive`, `at least 10`, `from 0 to 1`, `in [0, 1)`: what `must be ...` says."""
+        low, high = _number(self.low), _number(self.high)
+        if self.high is None:
+            if self.low == 0 and self.low_open or self.low == 1 and not self.low_open:
+                return "positive"
+            return f"above {low}" if self.low_open else f"at least {low}"
+        if self.low is None:
+            return f"below {high}" if self.high_open else f"at most {high}"
+        if not (self.low_open or self.high_open):
+            return f"from {low} to {high}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _number(value: float | None) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+COUNT = Range(1)  # sizes, counts, steps, intervals: an integer of 1 or more
+NON_NEGATIVE = Range(0)
+POSITIVE = Range(0, low_open=True)  # a real quantity above 0 (rates, epsilons, seconds)
+SHARE = Range(0, 1)
+SHARE_ABOVE_0 = Range(0, 1, low_open=True)
+SHARE_BELOW_1 = Range(0, 1, high_open=True)
+BETA = Range(0, 1, high_open=True)  # AdamW's betas
+PORT = Range(1, 65535)
+SEED = Range(0, 2**32 - 1, why="numpy's and torch's generators take seeds below 2**32")
+CHUNK_BYTES = Range(4096, 2**30)
+# ft_launcher's rank monitors look at the ranks every 5 s (its workload_check_interval): a shorter timeout could not
+# be kept.
+TIMEOUT = Range(10, why="seconds; ft_launcher looks at the ranks every 5 s")
+
+
+def key(doc: str, default: Any = MISSING, within: Range | None = None) -> Any:
+    """A key whose value the YAML sets (or `default` where the schema itself provides one), with its one-line doc;
+    a numeric key also declares the values it takes (`within`), which the plan checks before anything else
+    (launcher/plan/checks/ranges.py)."""
+    metadata = {"doc": doc, **({"range": within} if within else {})}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
-    return field(default=default, metadata={"doc": doc})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def range_of(f: Any) -> Range | None:
+    """The values a schema field (dataclasses.Field) takes, or None for a key that is not numeric."""
+    return f.metadata.get("range")
 
 
 def group(kind: type, doc: str) -> Any:
@@ -133,6 +192,7 @@ class FaultKind(Enum):
     hang = "hang"
     crash = "crash"
     kill = "kill"
+    enospc = "enospc"
 
 
 class FaultPoint(Enum):
@@ -154,21 +214,23 @@ class TextDocument(Enum):
 # --------------------------------------------------------------------------- training
 @dataclass
 class ModelConfig:
-    num_layers: int = key("decoder layers")
-    hidden_size: int = key("hidden size")
-    ffn_hidden_size: int = key("SwiGLU MLP width")
-    num_attention_heads: int = key("query heads")
-    num_query_groups: int = key("key/value heads (grouped-query attention)")
-    kv_channels: int = key("size of one attention head")
-    vocab_size: int = key("tokenizer vocabulary; megatron pads it for TP (make_vocab_size_divisible_by x tp)")
-    make_vocab_size_divisible_by: int = key("the padded vocabulary is a multiple of this x tp")
-    rotary_base: int = key("RoPE base frequency")
+    num_layers: int = key("decoder layers", within=COUNT)
+    hidden_size: int = key("hidden size", within=COUNT)
+    ffn_hidden_size: int = key("SwiGLU MLP width", within=COUNT)
+    num_attention_heads: int = key("query heads", within=COUNT)
+    num_query_groups: int = key("key/value heads (grouped-query attention)", within=COUNT)
+    kv_channels: int = key("size of one attention head", within=COUNT)
+    vocab_size: int = key(
+        "tokenizer vocabulary; megatron pads it for TP (make_vocab_size_divisible_by x tp)", within=COUNT
+    )
+    make_vocab_size_divisible_by: int = key("the padded vocabulary is a multiple of this x tp", within=COUNT)
+    rotary_base: int = key("RoPE base frequency", within=COUNT)
     rope_scaling: bool = key("Llama 3.1 RoPE frequency scaling")
-    rope_scaling_factor: float = key("the scaling factor of rope_scaling")
-    norm_epsilon: float = key("RMSNorm epsilon")
-    max_position_embeddings: int = key("context length an exported config.json declares")
+    rope_scaling_factor: float = key("the scaling factor of rope_scaling", within=POSITIVE)
+    norm_epsilon: float = key("RMSNorm epsilon", within=POSITIVE)
+    max_position_embeddings: int = key("context length an exported config.json declares", within=COUNT)
     attention_backend: AttentionBackend = key("Transformer Engine attention backend: auto, fused, flash or unfused")
-    init_method_std: float = key("standard deviation of the random weight initialisation")
+    init_method_std: float = key("standard deviation of the random weight initialisation", within=POSITIVE)
     cross_entropy_fusion: CrossEntropyFusion = key(
         "fused loss kernel: native (megatron-core's), te (Transformer "
         "Engine's, known stability issues) or none (unfused)"
@@ -177,19 +239,19 @@ class ModelConfig:
 
 @dataclass
 class OptimizerConfig:
-    lr: float = key("peak learning rate (AdamW)")
-    min_lr: float = key("learning rate at the end of the cosine decay")
-    weight_decay: float = key("AdamW weight decay")
-    adam_beta1: float = key("AdamW beta1")
-    adam_beta2: float = key("AdamW beta2")
-    adam_eps: float = key("AdamW epsilon")
-    clip_grad: float = key("global gradient-norm clipping (0: none)")
+    lr: float = key("peak learning rate (AdamW)", within=POSITIVE)
+    min_lr: float = key("learning rate at the end of the cosine decay", within=NON_NEGATIVE)
+    weight_decay: float = key("AdamW weight decay", within=NON_NEGATIVE)
+    adam_beta1: float = key("AdamW beta1", within=BETA)
+    adam_beta2: float = key("AdamW beta2", within=BETA)
+    adam_eps: float = key("AdamW epsilon", within=POSITIVE)
+    clip_grad: float = key("global gradient-norm clipping (0: none)", within=NON_NEGATIVE)
 
 
 @dataclass
 class SchedulerConfig:
-    warmup_steps: int = key("linear warmup steps")
-    decay_steps: Optional[int] = key("cosine decay horizon in steps; null: train_steps")
+    warmup_steps: int = key("linear warmup steps", within=NON_NEGATIVE)
+    decay_steps: Optional[int] = key("cosine decay horizon in steps; null: train_steps", within=COUNT)
 
 
 @dataclass
@@ -200,7 +262,7 @@ class DataConfig:
     valid_blend: Optional[List[str]] = key(
         "a separate validation set [prefix, ...], read in order; null: the validation share of split"
     )
-    num_workers: int = key("data-loader worker processes per rank")
+    num_workers: int = key("data-loader worker processes per rank", within=NON_NEGATIVE)
 
 
 @dataclass
@@ -213,9 +275,9 @@ class TokenizerConfig:
 
 @dataclass
 class CheckpointConfig:
-    interval: int = key("save every N steps (0: only on a stop signal and at the end)")
+    interval: int = key("save every N steps (0: only on a stop signal and at the end)", within=NON_NEGATIVE)
     save_at_end: bool = key("save when training ends")
-    keep_last: int = key("complete checkpoints kept; older ones are deleted")
+    keep_last: int = key("complete checkpoints kept; older ones are deleted", within=NON_NEGATIVE)
     async_save: bool = key("write checkpoints in the background while training goes on")
     load: bool = key("resume from this run's newest complete checkpoint")
     init_from: Optional[str] = key("a checkpoint directory whose weights start a run without checkpoints of its own")
@@ -231,21 +293,25 @@ class CheckpointConfig:
 class TrainingConfig:
     name: str = key("model name in run names and reports")
     model: ModelConfig = group(ModelConfig, "architecture")
-    seq_length: int = key("tokens per sequence")
-    micro_batch_size: int = key("sequences per microbatch on one data-parallel rank")
-    global_batch_size: int = key("sequences per optimizer step")
-    train_steps: int = key("optimizer steps to train")
-    val_interval: int = key("validate every N steps (0: never)")
-    val_steps: int = key("global batches per validation")
-    val_samples: Optional[int] = key("sequences per validation instead of val_steps batches (MLPerf)")
-    target_val_loss: Optional[float] = key("stop once the validation loss reaches this; null: train every step")
-    log_interval: int = key("log every N steps")
+    seq_length: int = key("tokens per sequence", within=COUNT)
+    micro_batch_size: int = key("sequences per microbatch on one data-parallel rank", within=COUNT)
+    global_batch_size: int = key("sequences per optimizer step", within=COUNT)
+    train_steps: int = key("optimizer steps to train", within=COUNT)
+    val_interval: int = key("validate every N steps (0: never)", within=NON_NEGATIVE)
+    val_steps: int = key("global batches per validation", within=COUNT)
+    val_samples: Optional[int] = key("sequences per validation instead of val_steps batches (MLPerf)", within=COUNT)
+    target_val_loss: Optional[float] = key(
+        "stop once the validation loss reaches this; null: train every step", within=POSITIVE
+    )
+    log_interval: int = key("log every N steps", within=COUNT)
     deterministic: bool = key("bitwise-reproducible kernels and reductions (somewhat slower)")
     cuda_graphs: CudaGraphs = key(
         "CUDA graphs of training steps: none, per_layer (each decoder layer's forward and "
         "backward) or full_iteration (forward and backward of every microbatch)"
     )
-    cuda_graph_warmup_steps: int = key("training steps run eagerly in each process before the graphs are captured")
+    cuda_graph_warmup_steps: int = key(
+        "training steps run eagerly in each process before the graphs are captured", within=NON_NEGATIVE
+    )
     optimizer: OptimizerConfig = group(OptimizerConfig, "AdamW")
     scheduler: SchedulerConfig = group(SchedulerConfig, "learning-rate schedule: linear warmup, cosine decay")
     data: DataConfig = group(DataConfig, "training data")
@@ -268,9 +334,9 @@ class DtypeConfig:
         "it shards over several data-parallel ranks or bf16 weights would not "
         "fit, off otherwise (plan.json fp8_param_gather)"
     )
-    fp8_amax_history_len: int = key("delayed scaling: amax history length")
+    fp8_amax_history_len: int = key("delayed scaling: amax history length", within=COUNT)
     fp8_amax_compute_algo: str = key("delayed scaling: max or most_recent")
-    fp8_margin: int = key("FP8 scaling margin (powers of two)")
+    fp8_margin: int = key("FP8 scaling margin (powers of two)", within=NON_NEGATIVE)
     fp8_dot_product_attention: bool = key("attention in FP8")
     fp8_output_layer: bool = key("the output layer's GEMM in FP8 (megatron-core offers it with mxfp8 only)")
     te_op_fuser: bool = key(
@@ -284,82 +350,84 @@ class DtypeConfig:
 # --------------------------------------------------------------------------- parallelism
 @dataclass
 class SearchSpace:
-    tp: List[int] = key("tensor-parallel sizes tried")
-    pp: List[int] = key("pipeline-parallel sizes tried")
-    cp: List[int] = key("context-parallel sizes tried")
-    vp: List[Optional[int]] = key("virtual pipeline sizes tried (null: none)")
-    micro_batch_size: List[int] = key("micro batch sizes tried")
+    tp: List[int] = key("tensor-parallel sizes tried", within=COUNT)
+    pp: List[int] = key("pipeline-parallel sizes tried", within=COUNT)
+    cp: List[int] = key("context-parallel sizes tried", within=COUNT)
+    vp: List[Optional[int]] = key("virtual pipeline sizes tried (null: none)", within=COUNT)
+    micro_batch_size: List[int] = key("micro batch sizes tried", within=COUNT)
     recompute: List[Optional[Recompute]] = key("recomputation tried: null or full")
     asymmetric_pipeline: List[bool] = key("asymmetric pipeline split tried")
 
 
 @dataclass
 class UserbufferPreset:
-    tp: int = key("tensor-parallel size the preset is for")
+    tp: int = key("tensor-parallel size the preset is for", within=COUNT)
     preset: str = key("conf/userbuffers/ file")
 
 
 @dataclass
 class TunedSize:
-    hidden_size: int = key("hidden size these settings apply to")
-    wgrad_deferral_limit: int = key("embedding weight-gradient GEMMs deferred with PP")
+    hidden_size: int = key("hidden size these settings apply to", within=COUNT)
+    wgrad_deferral_limit: int = key("embedding weight-gradient GEMMs deferred with PP", within=NON_NEGATIVE)
     userbuffers: List[UserbufferPreset] = key("userbuffer preset per TP size")
 
 
 @dataclass
 class ByDtype:
-    bf16: float = key("for bf16")
-    fp8: float = key("for fp8")
+    bf16: float = key("for bf16", within=SHARE_ABOVE_0)
+    fp8: float = key("for fp8", within=SHARE_ABOVE_0)
 
 
 @dataclass
 class Exposed:
-    overlap: float = key("with overlap")
-    no_overlap: float = key("without overlap")
+    overlap: float = key("with overlap", within=SHARE)
+    no_overlap: float = key("without overlap", within=SHARE)
 
 
 @dataclass
 class ElementwiseBytes:
-    hidden: int = key("bytes per token and layer per hidden unit")
-    ffn: int = key("bytes per token and layer per FFN unit")
+    hidden: int = key("bytes per token and layer per hidden unit", within=NON_NEGATIVE)
+    ffn: int = key("bytes per token and layer per FFN unit", within=NON_NEGATIVE)
 
 
 @dataclass
 class GpuBandwidth:
-    hbm_gb_s: float = key("HBM bandwidth, GB/s")
-    nvlink_gb_s: float = key("NVLink bandwidth per GPU and direction, GB/s")
-    network_gb_s: float = key("network bandwidth per GPU and direction, GB/s")
+    hbm_gb_s: float = key("HBM bandwidth, GB/s", within=POSITIVE)
+    nvlink_gb_s: float = key("NVLink bandwidth per GPU and direction, GB/s", within=POSITIVE)
+    network_gb_s: float = key("network bandwidth per GPU and direction, GB/s", within=POSITIVE)
 
 
 @dataclass
 class StepTimeConstants:
     gemm_efficiency: ByDtype = group(ByDtype, "share of the dtype's dense peak a large GEMM reaches")
-    gemm_half_dim: int = key("GEMM efficiency x d / (d + this), d the narrowest dimension")
-    attention_efficiency: float = key("causal attention core as a share of the bf16 peak")
-    cp_attention_penalty: float = key("attention slower per token by this x log2(cp)")
+    gemm_half_dim: int = key("GEMM efficiency x d / (d + this), d the narrowest dimension", within=NON_NEGATIVE)
+    attention_efficiency: float = key("causal attention core as a share of the bf16 peak", within=SHARE_ABOVE_0)
+    cp_attention_penalty: float = key("attention slower per token by this x log2(cp)", within=NON_NEGATIVE)
     elementwise_bytes: ElementwiseBytes = group(ElementwiseBytes, "elementwise kernels' memory traffic")
-    memory_efficiency: float = key("share of HBM bandwidth elementwise kernels reach")
-    fp8_elementwise_factor: float = key("elementwise traffic factor with FP8 casts")
-    loss_bytes_per_logit: int = key("fused cross entropy's bytes per logit")
-    link_efficiency: float = key("share of link bandwidth collectives reach")
-    tp_collectives_per_layer: int = key("TP all-gathers/reduce-scatters per layer, forward + backward")
+    memory_efficiency: float = key("share of HBM bandwidth elementwise kernels reach", within=SHARE_ABOVE_0)
+    fp8_elementwise_factor: float = key("elementwise traffic factor with FP8 casts", within=POSITIVE)
+    loss_bytes_per_logit: int = key("fused cross entropy's bytes per logit", within=NON_NEGATIVE)
+    link_efficiency: float = key("share of link bandwidth collectives reach", within=SHARE_ABOVE_0)
+    tp_collectives_per_layer: int = key(
+        "TP all-gathers/reduce-scatters per layer, forward + backward", within=NON_NEGATIVE
+    )
     tp_exposed: Exposed = group(Exposed, "share of TP communication left exposed")
-    tp_overlap_gemm_slowdown: float = key("GEMMs slowed by the SMs userbuffer overlap takes")
-    tp_ring_step_s: float = key("fixed cost of each TP ring step, seconds")
-    cp_exposed: float = key("share of CP's KV exchange left exposed")
+    tp_overlap_gemm_slowdown: float = key("GEMMs slowed by the SMs userbuffer overlap takes", within=NON_NEGATIVE)
+    tp_ring_step_s: float = key("fixed cost of each TP ring step, seconds", within=NON_NEGATIVE)
+    cp_exposed: float = key("share of CP's KV exchange left exposed", within=SHARE)
     pp_exposed: Exposed = group(Exposed, "share of pipeline sends left exposed")
-    dp_exposed_min: float = key("least share of data-parallel communication exposed")
-    optimizer_bytes_per_param: int = key("distributed optimizer bytes per parameter of the shard")
-    step_overhead_s: float = key("fixed cost per step, seconds")
-    microbatch_overhead_s: float = key("fixed cost per microbatch and chunk, seconds")
+    dp_exposed_min: float = key("least share of data-parallel communication exposed", within=SHARE)
+    optimizer_bytes_per_param: int = key("distributed optimizer bytes per parameter of the shard", within=NON_NEGATIVE)
+    step_overhead_s: float = key("fixed cost per step, seconds", within=NON_NEGATIVE)
+    microbatch_overhead_s: float = key("fixed cost per microbatch and chunk, seconds", within=NON_NEGATIVE)
     gpus: Dict[str, GpuBandwidth] = key("bandwidths per cluster.gpu_type")
 
 
 @dataclass
 class AutoConfig:
-    pick: int = key("which ranked layout becomes the run's (0: the fastest predicted)")
-    top: int = key("rows of the printed ranking")
-    memory_headroom: float = key("share of GPU memory a layout must leave free")
+    pick: int = key("which ranked layout becomes the run's (0: the fastest predicted)", within=NON_NEGATIVE)
+    top: int = key("rows of the printed ranking", within=COUNT)
+    memory_headroom: float = key("share of GPU memory a layout must leave free", within=SHARE_BELOW_1)
     search: SearchSpace = group(SearchSpace, "every combination is tried")
     tuned: List[TunedSize] = key("per hidden size: NVIDIA's tuned settings every layout found gets")
     step_time: StepTimeConstants = group(StepTimeConstants, "the step-time model's constants")
@@ -368,11 +436,11 @@ class AutoConfig:
 @dataclass
 class ParallelismConfig:
     name: str = key("layout name, in run names")
-    num_gpus: int = key("GPUs of the job; DP = num_gpus / (tp x pp x cp)")
-    tp: int = key("tensor-parallel size")
-    pp: int = key("pipeline-parallel size")
-    cp: int = key("context-parallel size")
-    vp: Optional[int] = key("virtual pipeline stages per PP rank (interleaved schedule); null: none")
+    num_gpus: int = key("GPUs of the job; DP = num_gpus / (tp x pp x cp)", within=COUNT)
+    tp: int = key("tensor-parallel size", within=COUNT)
+    pp: int = key("pipeline-parallel size", within=COUNT)
+    cp: int = key("context-parallel size", within=COUNT)
+    vp: Optional[int] = key("virtual pipeline stages per PP rank (interleaved schedule); null: none", within=COUNT)
     sequence_parallel: bool = key("shard norms and dropout over TP (needs tp > 1)")
     asymmetric_pipeline: bool = key("embedding and loss each take one layer's slot on the first and last stage")
     tp_comm_overlap: bool = key("Transformer Engine userbuffer overlap of TP communication with GEMMs")
@@ -390,10 +458,12 @@ class ParallelismConfig:
     grad_reduce_in_fp32: bool = key("reduce gradients in fp32")
     overlap_p2p_comm: bool = key("overlap pipeline sends with compute (interleaved schedule)")
     defer_embedding_wgrad_compute: bool = key("defer the output layer's weight-gradient GEMMs (needs pp > 1)")
-    wgrad_deferral_limit: int = key("how many of those GEMMs are deferred")
+    wgrad_deferral_limit: int = key("how many of those GEMMs are deferred", within=NON_NEGATIVE)
     recompute_granularity: Optional[Recompute] = key("activation recomputation: null, selective or full")
     recompute_method: Optional[RecomputeMethod] = key("full recomputation: uniform or block")
-    recompute_num_layers: Optional[int] = key("full recomputation: layers per group (uniform) or per stage (block)")
+    recompute_num_layers: Optional[int] = key(
+        "full recomputation: layers per group (uniform) or per stage (block)", within=COUNT
+    )
     auto: Optional[AutoConfig] = key("parallelism=auto: the search (The auto-configurator)", default=None)
     # The MLPerf 405B default picks its layout by node size (conf/parallelism/default/mlperf/llama31_405b/).
     by_node: Optional[Dict[str, Any]] = key("layouts per cluster.gpus_per_node (MLPerf 405B default)", default=None)
@@ -405,7 +475,7 @@ class ParallelismConfig:
 class ClusterConfig:
     name: str = key("cluster name, in messages")
     platform: PlatformName = key("which renderer and submitter: local, slurm, sge, bcp or k8s")
-    gpus_per_node: Optional[int] = key("GPUs per node; null: no GRES (Slurm) or count them (local)")
+    gpus_per_node: Optional[int] = key("GPUs per node; null: no GRES (Slurm) or count them (local)", within=COUNT)
     gpu_type: Optional[str] = key("h100, h200, a100, b200 or gb200: FP8 support, the memory check, the MFU peak")
     nvlink_multicast: bool = key("nodes have NVLink multicast (NVSwitch); false sets UB_SKIPMC=1 for userbuffers")
     env: Dict[str, str] = key("environment for every training rank, added to the recipe's own")
@@ -429,7 +499,7 @@ class LocalCluster(ClusterConfig):
 class BatchCluster(ClusterConfig):
     """What every batch platform has."""
 
-    ntasks_per_node: Optional[int] = key("ranks per node; null: gpus_per_node")
+    ntasks_per_node: Optional[int] = key("ranks per node; null: gpus_per_node", within=COUNT)
     time_limit: str = key("time limit of every job, HH:MM:SS")
     job_name_prefix: str = key("prefix of job names")
 
@@ -445,7 +515,7 @@ class ContainerCluster(BatchCluster):
     container_mounts: List[str] = key("extra host[:container] mounts")
     container_writable: bool = key("a writable container (pyxis --container-writable, apptainer --writable-tmpfs)")
     signal_before_timeout_s: Optional[int] = key(
-        "SIGUSR1 this many seconds before the time limit: the trainer checkpoints and exits"
+        "SIGUSR1 this many seconds before the time limit: the trainer checkpoints and exits", within=COUNT
     )
 
 
@@ -495,7 +565,7 @@ class BcpCluster(BatchCluster):
     datasets: List[Dataset] = key("--datasetid mounts: [{id, mount}]")
     result: str = key("--result: the job's result directory")
     ngc_args: List[str] = key("extra `ngc base-command job run` options")
-    poll_interval_s: int = key("seconds between checks of a job the next one waits for")
+    poll_interval_s: int = key("seconds between checks of a job the next one waits for", within=NON_NEGATIVE)
 
 
 @dataclass
@@ -514,25 +584,25 @@ class K8sCluster(BatchCluster):
     node_selector: Dict[str, str] = key("node selector of the pods")
     tolerations: List[Dict[str, Any]] = key("tolerations of the pods")
     shm_size: str = key("/dev/shm per pod")
-    master_port: int = key("rendezvous port on pod 0")
-    signal_before_timeout_s: Optional[int] = key("grace after the deadline's SIGTERM for the checkpoint")
-    poll_interval_s: int = key("seconds between checks of a job the next one waits for")
+    master_port: int = key("rendezvous port on pod 0", within=PORT)
+    signal_before_timeout_s: Optional[int] = key("grace after the deadline's SIGTERM for the checkpoint", within=COUNT)
+    poll_interval_s: int = key("seconds between checks of a job the next one waits for", within=NON_NEGATIVE)
 
 
 # --------------------------------------------------------------------------- data preparation, one class per source
 @dataclass
 class DownloadConfig:
-    retries: int = key("attempts after the first")
-    backoff_s: float = key("first wait between attempts (doubles each time)")
-    max_backoff_s: float = key("longest wait between attempts")
-    timeout_s: float = key("socket timeout")
+    retries: int = key("attempts after the first", within=NON_NEGATIVE)
+    backoff_s: float = key("first wait between attempts (doubles each time)", within=NON_NEGATIVE)
+    max_backoff_s: float = key("longest wait between attempts", within=NON_NEGATIVE)
+    timeout_s: float = key("socket timeout", within=POSITIVE)
 
 
 @dataclass
 class DataJobConfig:
     time_limit: str = key("time limit of each data-preparation task")
-    cpus_per_task: Optional[int] = key("CPUs per task; null: a whole node")
-    max_parallel: Optional[int] = key("at most this many tasks at once; null: no limit")
+    cpus_per_task: Optional[int] = key("CPUs per task; null: a whole node", within=COUNT)
+    max_parallel: Optional[int] = key("at most this many tasks at once; null: no limit", within=COUNT)
 
 
 @dataclass
@@ -548,7 +618,7 @@ class DataPreparationConfig:
     append_eod: bool = key("end every document with the tokenizer's EOD token")
     tokenizer: TokenizerConfig = group(TokenizerConfig, "tokenizer (training's unless overridden)")
     workers: Any = key("tokenizer processes per shard: a positive integer or auto (the CPUs this process may use)")
-    chunk_bytes: int = key("input handed to a worker at a time, whole lines (tuning only)")
+    chunk_bytes: int = key("input handed to a worker at a time, whole lines (tuning only)", within=CHUNK_BYTES)
     download: DownloadConfig = group(DownloadConfig, "retries and timeouts")
     job: DataJobConfig = group(DataJobConfig, "batch platforms: each task's size")
 
@@ -556,7 +626,7 @@ class DataPreparationConfig:
 @dataclass
 class PileData(DataPreparationConfig):
     file_numbers: Any = key('shards to prepare: "0-1", "3", "0,2,5-7", or a list of numbers')
-    num_files: int = key("shards the source has")
+    num_files: int = key("shards the source has", within=COUNT)
     base_url: str = key("where shards come from: URL, local directory or file:// URL")
     file_template: str = key("shard file name, formatted with its number")
     output_template: str = key("output name, formatted with the shard number")
@@ -565,8 +635,8 @@ class PileData(DataPreparationConfig):
 @dataclass
 class C4Train:
     file_template: str = key("train file name, formatted with its number")
-    num_files: int = key("train files")
-    merged_files: int = key("groups of consecutive files merged into one")
+    num_files: int = key("train files", within=COUNT)
+    merged_files: int = key("groups of consecutive files merged into one", within=COUNT)
     tokenize: Any = key('merged files to tokenize: "6-7", "6", or a list of numbers')
     output_template: str = key("output name, formatted with the merged file's number")
 
@@ -575,8 +645,8 @@ class C4Train:
 class C4Validation:
     enabled: bool = key("prepare the validation subset")
     file_template: str = key("validation file name, formatted with its number")
-    num_files: int = key("validation files")
-    max_documents: int = key("keep the first N documents")
+    num_files: int = key("validation files", within=COUNT)
+    max_documents: int = key("keep the first N documents", within=COUNT)
     output_name: str = key("output name")
 
 
@@ -614,9 +684,9 @@ class LoggingConfig:
 class ProfileConfig:
     enabled: bool = key("profile a window of steps")
     tool: ProfileTool = key("torch (torch.profiler traces) or nsys (Nsight Systems)")
-    start_step: int = key("first profiled step")
-    end_step: int = key("first step after the window")
-    ranks: List[int] = key("global ranks to profile")
+    start_step: int = key("first profiled step", within=COUNT)
+    end_step: int = key("first step after the window", within=COUNT)
+    ranks: List[int] = key("global ranks to profile", within=NON_NEGATIVE)
     nsys_args: List[str] = key("more nsys profile options")
     record_shapes: bool = key("torch profiler: tensor shapes")
     with_stack: bool = key("torch profiler: Python stacks")
@@ -625,20 +695,26 @@ class ProfileConfig:
 @dataclass
 class TelemetryConfig:
     enabled: bool = key("sample GPU utilisation, memory, power, clocks into RUN_DIR/telemetry/")
-    interval_s: float = key("seconds between samples")
-    flag_utilization_below: float = key("the report flags GPUs below this share of the median utilisation")
-    flag_sm_clock_below: float = key("the report flags GPUs below this share of the median SM clock")
+    interval_s: float = key("seconds between samples", within=POSITIVE)
+    flag_utilization_below: float = key(
+        "the report flags GPUs below this share of the median utilisation", within=SHARE
+    )
+    flag_sm_clock_below: float = key("the report flags GPUs below this share of the median SM clock", within=SHARE)
 
 
 @dataclass
 class PreflightConfig:
-    min_busbw_gbps: Optional[float] = key("fail below this all-reduce bus bandwidth, GB/s; null: the GPU type's")
-    min_busbw_gbps_by_gpu_type: Dict[str, float] = key("default thresholds per cluster.gpu_type")
-    sizes_mib: Optional[List[float]] = key("message sizes in MiB; null: powers of two and training's sizes")
-    max_size_mib: int = key("largest message of the default sizes, MiB")
-    warmup_iterations: int = key("untimed iterations per size")
-    iterations: int = key("timed iterations per size")
-    slow_node_fraction: float = key("name nodes below this share of their peers' median")
+    min_busbw_gbps: Optional[float] = key(
+        "fail below this all-reduce bus bandwidth, GB/s; null: the GPU type's", within=POSITIVE
+    )
+    min_busbw_gbps_by_gpu_type: Dict[str, float] = key("default thresholds per cluster.gpu_type", within=POSITIVE)
+    sizes_mib: Optional[List[float]] = key(
+        "message sizes in MiB; null: powers of two and training's sizes", within=POSITIVE
+    )
+    max_size_mib: int = key("largest message of the default sizes, MiB", within=COUNT)
+    warmup_iterations: int = key("untimed iterations per size", within=NON_NEGATIVE)
+    iterations: int = key("timed iterations per size", within=COUNT)
+    slow_node_fraction: float = key("name nodes below this share of their peers' median", within=SHARE_ABOVE_0)
     time_limit: str = key("time limit of the preflight job")
 
 
@@ -646,17 +722,18 @@ class PreflightConfig:
 @dataclass
 class StragglerConfig:
     enabled: bool = key("rank the GPUs by their relative speed every interval_steps (nvidia-resiliency-ext)")
-    interval_steps: int = key("steps between reports")
-    threshold: float = key("name the GPUs below this share of the fastest one's speed")
+    interval_steps: int = key("steps between reports", within=COUNT)
+    threshold: float = key("name the GPUs below this share of the fastest one's speed", within=SHARE_ABOVE_0)
 
 
 @dataclass
 class FaultConfig:
     kind: Optional[FaultKind] = key(
-        "null (none), hang, crash (os._exit) or kill (SIGKILL): once, never again after the restart it causes"
+        "null (none), hang, crash (os._exit), kill (SIGKILL) or enospc (a full disk under the checkpoint being "
+        "written, with during=save): once, never again after the restart it causes"
     )
-    rank: int = key("the global rank that fails")
-    step: int = key("the step it fails at")
+    rank: int = key("the global rank that fails", within=NON_NEGATIVE)
+    step: int = key("the step it fails at", within=COUNT)
     during: FaultPoint = key("step: as the step begins; save: while the step's checkpoint is being written")
 
 
@@ -664,15 +741,23 @@ class FaultConfig:
 class ResilienceConfig:
     job_restarts: int = key(
         "more jobs queued after the first, each continuing from the newest checkpoint after "
-        "a time limit or a failure (Slurm, Grid Engine)"
+        "a time limit or a failure (Slurm, Grid Engine)",
+        within=NON_NEGATIVE,
     )
     in_job_restarts: int = key(
         "restarts of every rank in the same allocation after a hang or a crash "
-        "(ft_launcher; needs nvidia-resiliency-ext)"
+        "(ft_launcher; needs nvidia-resiliency-ext)",
+        within=NON_NEGATIVE,
     )
-    hang_timeout_s: float = key("a rank silent this long in a step (or between steps) is hung: every rank restarts")
-    startup_timeout_s: float = key("the same for a rank's start: building, loading, the first step's warm-up")
-    checkpoint_timeout_s: float = key("the same for a checkpoint save (the wait for the previous one included)")
+    hang_timeout_s: float = key(
+        "a rank silent this long in a step (or between steps) is hung: every rank restarts", within=TIMEOUT
+    )
+    startup_timeout_s: float = key(
+        "the same for a rank's start: building, loading, the first step's warm-up", within=TIMEOUT
+    )
+    checkpoint_timeout_s: float = key(
+        "the same for a checkpoint save (the wait for the previous one included)", within=TIMEOUT
+    )
     straggler_detection: StragglerConfig = group(
         StragglerConfig, "slow GPUs named in the log, metrics.jsonl and the report"
     )
@@ -714,20 +799,20 @@ class StackConfig:
 # --------------------------------------------------------------------------- MLPerf
 @dataclass
 class MLPerfRules:
-    seq_length: int = key("max_sequence_length")
-    eval_samples: int = key("eval_samples")
-    eval_every_samples: int = key("training sequences between evaluations")
-    target: float = key("eval_accuracy target (log perplexity)")
-    max_steps: int = key("the schedule's horizon")
-    adam_beta1: float = key("opt_adamw_beta_1")
-    adam_beta2: float = key("opt_adamw_beta_2")
-    adam_eps: float = key("opt_adamw_epsilon")
-    weight_decay: float = key("opt_adamw_weight_decay")
-    clip_grad: float = key("opt_gradient_clip_norm")
+    seq_length: int = key("max_sequence_length", within=COUNT)
+    eval_samples: int = key("eval_samples", within=COUNT)
+    eval_every_samples: int = key("training sequences between evaluations", within=COUNT)
+    target: float = key("eval_accuracy target (log perplexity)", within=POSITIVE)
+    max_steps: int = key("the schedule's horizon", within=COUNT)
+    adam_beta1: float = key("opt_adamw_beta_1", within=BETA)
+    adam_beta2: float = key("opt_adamw_beta_2", within=BETA)
+    adam_eps: float = key("opt_adamw_epsilon", within=POSITIVE)
+    weight_decay: float = key("opt_adamw_weight_decay", within=NON_NEGATIVE)
+    clip_grad: float = key("opt_gradient_clip_norm", within=NON_NEGATIVE)
     starts_from_checkpoint: bool = key("the benchmark starts from a checkpoint")
-    reference_gbs: Optional[int] = key("batch size the LR and warmup are given for (405B)", default=None)
-    lr_at_reference_gbs: Optional[float] = key("LR at reference_gbs", default=None)
-    warmup_steps_at_reference_gbs: Optional[int] = key("warmup at reference_gbs", default=None)
+    reference_gbs: Optional[int] = key("batch size the LR and warmup are given for (405B)", default=None, within=COUNT)
+    lr_at_reference_gbs: Optional[float] = key("LR at reference_gbs", default=None, within=POSITIVE)
+    warmup_steps_at_reference_gbs: Optional[int] = key("warmup at reference_gbs", default=None, within=NON_NEGATIVE)
 
 
 @dataclass
@@ -739,7 +824,7 @@ class MLPerfConfig:
     platform: Optional[str] = key("submission_platform; null: <nodes>x<GPUs per node>x<GPU>")
     status: str = key("submission_status: onprem, cloud, preview or research")
     data_dir: str = key("where the benchmark's data is prepared and read")
-    result_runs: int = key("runs per result (olympic mean)")
+    result_runs: int = key("runs per result (olympic mean)", within=COUNT)
     drop_caches: bool = key("drop the page cache on every node before the run")
     log_file: str = key("MLLOG file in the run directory")
     allow_random_init: bool = key("start a benchmark defined from a checkpoint with random weights (smoke tests)")
@@ -766,9 +851,9 @@ class Config:
     results_dir: str = key("run directories go under it")
     run_name: Optional[str] = key(
         "the run directory's name; null: <model>_<dtype>_<layout>_<N>gpu for training, "
-        "data_<source> for data preparation alone, container_<image> for the image alone"
+        "data_<source>[_<output directory name>] for data preparation alone, container_<image> for the image alone"
     )
-    seed: int = key("random seed")
+    seed: int = key("random seed", within=SEED)
     memory_check: bool = key("fail when the memory estimate exceeds the GPU; false accepts the risk")
     stack_check: bool = key("ranks and data preparation check the training stack first; false accepts the risk")
 

@@ -4,8 +4,11 @@ jobs.json."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,13 +23,16 @@ from launcher.platforms import platform_of
 def default_run_name(cfg: Mapping[str, Any]) -> str:
     """The run directory's name when run_name is null, from what the selected stages produce, so that runs of
     different things never meet in one directory: `<model>_<dtype>_<layout>_<N>gpu` for training (and the stages
-    that go with it), `data_<source>` for data preparation alone, `container_<image>` for the image build alone."""
+    that go with it), `data_<source>` for data preparation alone, `data_<source>_<output directory's name>` where
+    that differs from the source (the data set it makes: C4 and MLPerf's C4 files never share one),
+    `container_<image>` for the image build alone."""
     stages = set(cfg["stages"])
     if stages & {"training", "preflight", "export"}:
         par = cfg["parallelism"]
         return f"{cfg['training']['name']}_{cfg['dtype']['name']}_{par['name']}_{par['num_gpus']}gpu"
     if "data_preparation" in stages:
-        return f"data_{cfg['data_preparation']['name']}"
+        source, output = cfg["data_preparation"]["name"], Path(cfg["data_preparation"]["output_dir"]).name
+        return "data_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", source if output == source else f"{source}_{output}")
     image = Path(str(cfg["cluster"].get("container") or "image"))
     return "container_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", image.name.removesuffix(image.suffix))
 
@@ -51,17 +57,52 @@ def config_yaml(cfg: Mapping[str, Any]) -> str:
     return yaml.dump(dict(cfg), Dumper=dumper, sort_keys=False, default_flow_style=False)
 
 
-def write_run_dir(run_dir: Path, cfg: Mapping[str, Any], plan: Plan, jobs: list[Job]) -> list[Path]:
-    """Everything the jobs read. Returns the job scripts, in order."""
+# The job files this directory's last invocation wrote, so the next one knows which of them are its own.
+JOB_FILES = ".job_files.json"
+HISTORY = "history"
+
+
+@dataclass
+class Written:
+    scripts: list[Path]  # the job scripts, in order
+    retired: list[str]  # earlier job files this invocation did not write again, moved to `history`
+    history: Path | None  # where they went, with the config.yaml and plan.json they were written with
+
+
+def write_run_dir(run_dir: Path, cfg: Mapping[str, Any], plan: Plan, jobs: list[Job]) -> Written:
+    """Everything the jobs read. The job files of an earlier invocation that this one does not write (another
+    platform's, a stage not selected now) move under history/, so the directory shows only this run's jobs."""
+    files = {name: text for job in jobs for name, text in rendered_files(job, cfg, run_dir).items()}
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    retired, history = _retire_earlier_jobs(run_dir, set(files))
     atomic_write(run_dir / "config.yaml", config_yaml(cfg))
     atomic_write(run_dir / "plan.json", json.dumps(plan.to_json_dict(), indent=2) + "\n")
-    scripts = []
-    for job in jobs:
-        for name, text in rendered_files(job, cfg, run_dir).items():
-            atomic_write(run_dir / name, text, mode=0o755 if name.endswith((".sh", ".sbatch", ".qsub")) else 0o644)
-        scripts.append(run_dir / job.script)
-    return scripts
+    for name, text in files.items():
+        atomic_write(run_dir / name, text, mode=0o755 if name.endswith((".sh", ".sbatch", ".qsub")) else 0o644)
+    atomic_write(run_dir / JOB_FILES, json.dumps(sorted(files)) + "\n")
+    return Written([run_dir / job.script for job in jobs], retired, history)
+
+
+def _retire_earlier_jobs(run_dir: Path, writing: set[str]) -> tuple[list[str], Path | None]:
+    """Move the earlier invocation's job files that are not written again into history/<time>/, beside copies of
+    the config.yaml and plan.json they belong to."""
+    try:
+        earlier = json.loads((run_dir / JOB_FILES).read_text())
+    except (OSError, ValueError):
+        earlier = []
+    stale = sorted(name for name in earlier if name not in writing and (run_dir / name).is_file())
+    if not stale:
+        return [], None
+    history = run_dir / HISTORY / time.strftime("%Y%m%d-%H%M%S")
+    while history.exists():  # two invocations in one second
+        history = history.with_name(history.name + "+")
+    history.mkdir(parents=True)
+    for name in ("config.yaml", "plan.json"):
+        if (run_dir / name).is_file():
+            shutil.copy2(run_dir / name, history / name)
+    for name in stale:
+        os.replace(run_dir / name, history / name)
+    return stale, history
 
 
 def record_jobs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:

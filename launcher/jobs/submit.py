@@ -4,6 +4,7 @@ platform's own client calls live in launcher/platforms/)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +118,8 @@ def run_here(jobs: list[Job], run_dir: Path, say: Callable[[str], None] = print)
             except KeyboardInterrupt:
                 proc.kill()
                 proc.wait()
+            # Only reporting and exiting is left: more Ctrl-C would only cut that short with a traceback.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             say(f"stage {job.stage} stopped; run it again with: bash {script}")
             return 130
         if code != 0:

@@ -4,7 +4,6 @@ Every check adds to one Findings, so a config with several problems gets all of 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass
@@ -26,11 +25,3 @@ class Findings:
             self.warning(f"{line} (a real run stops here)")
         else:
             self.problem(line)
-
-    def at_least(self, key: str, value: Any, minimum: int | float, what: str = "") -> bool:
-        """key >= minimum (the schema has already checked the type). Returns whether it holds."""
-        if value is None or value >= minimum:
-            return True
-        bound = "positive" if minimum == 1 and isinstance(minimum, int) else f"at least {minimum}"
-        self.problem(f"{key}={value} must be {bound}" + (f" ({what})" if what else ""))
-        return False

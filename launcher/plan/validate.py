@@ -1,5 +1,6 @@
-"""Every check of a config, by concern (launcher/plan/checks/), run before anything is written. validate collects
-every problem of every concern and raises them together (PlanError, one line each); only then is the plan derived
+"""Every check of a config, by concern (launcher/plan/checks/), run before anything is written. validate checks every
+value against its declared range first (checks/ranges.py), then collects every problem of every concern and raises
+them together (PlanError, one line each); only then is the plan derived
 (launcher/plan/build.py) and checked against the GPU's memory."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from launcher.plan.checks import (
     optimizer,
     parallelism,
     precision,
+    ranges,
     resilience,
     run,
     run_dir,
@@ -79,11 +81,18 @@ def normalized(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def validate(
-    cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, checks: tuple[Check, ...] = CHECKS
+    cfg: Mapping[str, Any],
+    local_gpus: LocalGpus | None = None,
+    checks: tuple[Check, ...] = CHECKS,
+    ranges_checked: bool = False,
 ) -> Validated:
     """The config normalized, the plan of it if every check accepts it, and the warnings found. Raises PlanError
-    with every problem."""
+    with every problem: first those of values out of their declared range (ranges_checked: the caller did that,
+    as the auto-configurator does once for all the layouts it tries), then those of combinations."""
     cfg = normalized(cfg)
+    out_of_range = [] if ranges_checked else ranges.problems(cfg)
+    if out_of_range:
+        raise PlanError(out_of_range)
     sizes = sizes_of(cfg, local_gpus)
     found = Findings(dry_run=bool(cfg.get("dry_run")))
     for check in checks:

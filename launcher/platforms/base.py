@@ -297,7 +297,7 @@ class Platform(ABC):
             after = f" ({self.waits_for(sub.dependency)})" if sub.dependency else ""
             log = self.log_of(job, sub.job_id, run_dir)
             lines.append(f"submitted {job.stage}: job {sub.job_id}{after}" + (f"; log {log}" if log else ""))
-        lines.append(f"  follow with: {self.follow_command(submitted)}   report: python -m launcher.report {run_dir}")
+        lines.append(f"  follow with: {self.follow_command(submitted)}" + next_step([j.stage for j in jobs], run_dir))
         return lines
 
     def waits_for(self, dependency: str) -> str:
@@ -311,6 +311,16 @@ class Platform(ABC):
     def follow_command(self, submitted: list[Submitted]) -> str:
         """The command that shows the submitted jobs."""
         raise NotImplementedError(f"cluster.platform={self.name} submits nothing")
+
+
+def next_step(stages: list[str], run_dir: Path) -> str:
+    """What to run once the submitted jobs are done, for what they make: the report reads training's step timings,
+    which data preparation and the image build have none of."""
+    if "training" in stages:
+        return f"   report: python -m launcher.report {run_dir}"
+    if "data_preparation" in stages:
+        return f"   shards: python -m data_prep list --config {run_dir / 'config.yaml'}"
+    return ""
 
 
 # --------------------------------------------------------------------------- chains of training jobs

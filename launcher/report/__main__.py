@@ -37,7 +37,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--plot",
         type=Path,
         help="PNG to write (default: RUN_DIR/report.png for one run directory, "
-        "LOG_DIR/LOG_report.png beside a bare log, else ./report.png)",
+        "LOG_DIR/LOG_report.png beside a bare log, else ./report.png); the MLPerf and telemetry plots go beside it, "
+        "named after it (PLOT_mlperf.png, PLOT_telemetry.png)",
     )
     bare = p.add_argument_group("for log files without a run directory")
     bare.add_argument("--plan", help="a plan.json to take the sizes from")
@@ -109,10 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"plot: {mlperf.plot(mlperf_runs, out.with_name(out.stem + '_mlperf.png'))}")
     except ImportError:  # a training image without matplotlib still gets the table
         print("plot: skipped, matplotlib is not installed")
-    for path in args.paths:  # GPU telemetry, restarts and slow GPUs of each run directory that has them
-        if path.is_dir():
-            telemetry.report(path)
-            resilience.report(path)
+    runs = [path for path in args.paths if path.is_dir()]
+    for path in runs:  # GPU telemetry, restarts and slow GPUs of each run directory that has them
+        # With --plot every PNG goes beside it, named after it (as the MLPerf plot does), none into the run.
+        beside = f"{out.stem}_{path.name}_telemetry.png" if len(runs) > 1 else f"{out.stem}_telemetry.png"
+        telemetry.report(path, png=out.with_name(beside) if args.plot else None)
+        resilience.report(path)
     return 0
 
 

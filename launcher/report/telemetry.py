@@ -301,8 +301,9 @@ def plot(
     return figures.save(fig, path, dpi=100)
 
 
-def report(run_dir: Path, say: Callable[[str], None] = print) -> dict[str, str] | None:
-    """Prints the telemetry table and flags, writes RUN_DIR/telemetry.png; returns the flags (None: no telemetry)."""
+def report(run_dir: Path, say: Callable[[str], None] = print, png: Path | None = None) -> dict[str, str] | None:
+    """Prints the telemetry table and flags, writes RUN_DIR/telemetry.png (or `png`); returns the flags (None: no
+    telemetry)."""
     rows = load(run_dir)
     if not rows:
         return None
@@ -322,7 +323,7 @@ def report(run_dir: Path, say: Callable[[str], None] = print) -> dict[str, str] 
     if not flagged:
         say("telemetry: no GPU far below its peers")
     try:
-        say(f"telemetry plot: {plot(rows, run_dir / 'telemetry.png', flagged, steady)}")
+        say(f"telemetry plot: {plot(rows, png or run_dir / 'telemetry.png', flagged, steady)}")
     except ImportError:
         say("telemetry plot: skipped, matplotlib is not installed")
     return flagged

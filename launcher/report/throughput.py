@@ -191,6 +191,24 @@ def _log_files(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
+def read_plan_file(path: Path) -> dict[str, Any]:
+    """A plan.json's keys; ValueError naming the file when it cannot be read (missing, cut short, not a plan)."""
+    try:
+        plan = json.loads(path.read_text())
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror}); pass the plan.json of a run directory") from None
+    except ValueError as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}; a file cut short?): write the run directory again with the "
+            "python main.py command that made it (training resumes from its checkpoints)"
+        ) from None
+    if not isinstance(plan, dict):
+        raise ValueError(
+            f"{path} is not a plan (a JSON object of the plan's keys); pass the plan.json of a run directory"
+        )
+    return plan
+
+
 def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, Any]]]:
     """A run directory (plan.json + metrics.jsonl, else its logs) or a bare log file (sizes from flags)."""
     if path.is_dir():
@@ -203,7 +221,7 @@ def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, 
         if not steps:
             text = "\n".join(p.read_text(errors="replace") for p in _log_files(path))
             steps = parse_log(text)
-        return _info_from_plan(path.name, json.loads(plan_path.read_text()), steps), steps
+        return _info_from_plan(path.name, read_plan_file(plan_path), steps), steps
     if not path.exists():
         raise ValueError(f"{path}: no such file or directory")
     text = path.read_text(errors="replace")
@@ -212,7 +230,7 @@ def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, 
         if not getattr(args, key):
             setattr(args, key, value)
     if args.plan:
-        return _info_from_plan(path.name, json.loads(Path(args.plan).read_text()), steps), steps
+        return _info_from_plan(path.name, read_plan_file(Path(args.plan)), steps), steps
     missing = [flag for flag, value in (("--gbs", args.gbs), ("--seq", args.seq), ("--gpus", args.gpus)) if not value]
     if missing:
         raise ValueError(f"{path}: a bare log needs {', '.join(missing)} (or --plan RUN_DIR/plan.json)")

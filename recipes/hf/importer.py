@@ -15,6 +15,13 @@ ranks wait; compute nodes without internet use a directory fetched beforehand:
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m recipes.hf.importer fetch ...: the hub's command, which needs no torch
+    import sys
+
+    from recipes.hf import hub
+
+    sys.exit(hub.main())
+
 import json
 import os
 from pathlib import Path
@@ -34,77 +41,22 @@ from common import hf_config
 from common.checkpoints import latest_checkpoint
 from common.files import atomic_write
 from common.hf_config import KEY, HFConfigError
+from common.safetensors_io import SafetensorsFileError, SafetensorsFiles
 from recipes.hf import hub, mapping
-from recipes.hf.safetensors_io import INDEX_FILE, METADATA_KEY, SafetensorsFileError, read_header
 from recipes.runtime.distributed import unwrap
 
 READ_BLOCK_BYTES = 64 * 2**20
 _MARKER = ".init_from_hf.json"  # in the run directory: where rank 0 found (or downloaded) a hub id
 
 
-class SourceError(ValueError):
-    """A Hugging Face checkpoint that cannot be read; str() is one line naming the file and the fix."""
+# A Hugging Face checkpoint that cannot be read; str() is one line naming the file and the fix. One error for the
+# plan's look at the files on the host (common/safetensors_io.py) and for what the ranks find.
+SourceError = SafetensorsFileError
 
 
 # --------------------------------------------------------------------------- the safetensors files
-def _header(path: Path) -> dict[str, Any]:
-    """read_header, its problem raised as this module's SourceError (what the import's callers handle)."""
-    try:
-        return read_header(path)
-    except SafetensorsFileError as err:
-        raise SourceError(str(err)) from None
-
-
-class SafetensorsDir:
+class SafetensorsDir(SafetensorsFiles):
     """A Hugging Face model directory: which file holds each tensor, and slices of tensors read lazily."""
-
-    def __init__(self, directory: str | os.PathLike):
-        self.directory = Path(directory)
-        self.weight_map = self._weight_map()
-        self._headers: dict[str, dict[str, Any]] = {}
-
-    def _weight_map(self) -> dict[str, str]:
-        index = self.directory / INDEX_FILE
-        files = sorted(p.name for p in self.directory.glob("*.safetensors"))
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError):
-                raise SourceError(f"{index} is not a safetensors index (no weight_map); download it again") from None
-            missing = sorted({f for f in weight_map.values() if not (self.directory / f).is_file()})
-            if missing:
-                raise SourceError(
-                    f"{self.directory}: {INDEX_FILE} names {', '.join(missing)}, which "
-                    f"{'is' if len(missing) == 1 else 'are'} missing; download the checkpoint again"
-                )
-            return dict(weight_map)
-        if len(files) == 1:
-            names = _header(self.directory / files[0])
-            return {name: files[0] for name in names if name != METADATA_KEY}
-        if not files:
-            raise SourceError(
-                f"{KEY}={self.directory} has no *.safetensors files (only safetensors checkpoints "
-                "are read; convert .bin/.pth weights with transformers' save_pretrained first)"
-            )
-        raise SourceError(
-            f"{self.directory} has {len(files)} *.safetensors files but no {INDEX_FILE}: download the index too"
-        )
-
-    def header(self, file: str) -> dict[str, Any]:
-        if file not in self._headers:
-            self._headers[file] = _header(self.directory / file)
-        return self._headers[file]
-
-    def entry(self, name: str) -> dict[str, Any]:
-        if name not in self.weight_map:
-            raise SourceError(f"{self.directory} has no tensor {name}; is it a Llama checkpoint of this size?")
-        file = self.weight_map[name]
-        header = self.header(file)
-        if name not in header:
-            raise SourceError(
-                f"{self.directory / file} has no tensor {name} although {INDEX_FILE} says so; download it again"
-            )
-        return header[name]
 
     def dtype(self, name: str):
         kinds = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
@@ -112,15 +64,6 @@ class SafetensorsDir:
         if kind not in kinds:
             raise SourceError(f"{self.directory}: {name} is {kind}; only BF16, F16 and F32 weights are read")
         return kinds[kind]
-
-    def check_shapes(self, expected: Mapping[str, tuple[int, ...]]) -> None:
-        """Every tensor the model needs is there with its shape (one line naming the first that is not)."""
-        for name, shape in expected.items():
-            found = tuple(self.entry(name)["shape"])
-            if found != tuple(shape):
-                raise SourceError(
-                    f"{self.directory}: {name} has shape {list(found)}, training.model needs {list(shape)}"
-                )
 
     def read(self, name: str, rows: slice, cols: slice | None):
         """Rows (and columns) of one tensor, read from its shard without loading the rest of it."""
@@ -192,7 +135,7 @@ def load_hf_weights(
     """Fill this rank's model chunks from a Hugging Face directory: what dist_checkpointing.load does with a
     checkpoint of its own, with the Hugging Face files as the storage."""
     src = SafetensorsDir(directory)
-    src.check_shapes(mapping.hf_shapes(model))
+    src.check(mapping.hf_shapes(model))
     say(f"initialising weights from Hugging Face {directory}")
     prepared = []
     for chunk in chunks:
@@ -311,7 +254,3 @@ def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | Non
     except HFConfigError as err:
         raise SystemExit(f"error: {err}" if rank == 0 else 2) from None
     return path
-
-
-if __name__ == "__main__":  # python -m recipes.hf.importer fetch ...: the hub's command, recipes/hf/hub.py
-    sys.exit(hub.main())

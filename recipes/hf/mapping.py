@@ -4,7 +4,7 @@ one `linear_qkv`, gate and up into one `linear_fc1`, and pads the vocabulary.
 
 The table is in terms of megatron's *global* tensors as dist_checkpointing names them (`decoder.layers.<name>`
 with the layer as a leading axis, `embedding.word_embeddings.weight`, ...): every parallel layout is a slicing
-of those, so the import (recipes/hf/importer.py), the export (recipes/hf/exporter.py) and the tests share it."""
+of those, so the import (recipes/hf/importer.py), the export (recipes/hf/checkpoint_to_hf.py) and the tests share it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ import re
 from typing import Any, Iterator, Mapping
 
 import torch
+
+# The tensors' names and shapes: common/hf_config.py, where the plan reads them on the host too.
+from common.hf_config import hf_layer_name, hf_shapes  # noqa: F401
 
 EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT = "output_layer.weight"
@@ -48,10 +51,6 @@ class Piece:
     start: int
     rows: int
     repeat: bool = False
-
-
-def hf_layer_name(layer: int, suffix: str) -> str:
-    return f"model.layers.{layer}.{suffix}"
 
 
 def global_key(key: str) -> tuple[str, int | None]:
@@ -102,29 +101,6 @@ def global_names(model: Mapping[str, Any]) -> Iterator[tuple[str, int | None]]:
             yield LAYER_PREFIX + suffix, layer
     yield FINAL_NORM, None
     yield OUTPUT, None
-
-
-def hf_shapes(model: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every LlamaForCausalLM tensor with its shape, in the order an export writes them."""
-    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
-    q, kv = model["num_attention_heads"] * model["kv_channels"], model["num_query_groups"] * model["kv_channels"]
-    shapes = {"model.embed_tokens.weight": (model["vocab_size"], h)}
-    for layer in range(model["num_layers"]):
-        for suffix, shape in (
-            ("input_layernorm.weight", (h,)),
-            ("self_attn.q_proj.weight", (q, h)),
-            ("self_attn.k_proj.weight", (kv, h)),
-            ("self_attn.v_proj.weight", (kv, h)),
-            ("self_attn.o_proj.weight", (h, q)),
-            ("post_attention_layernorm.weight", (h,)),
-            ("mlp.gate_proj.weight", (ffn, h)),
-            ("mlp.up_proj.weight", (ffn, h)),
-            ("mlp.down_proj.weight", (h, ffn)),
-        ):
-            shapes[hf_layer_name(layer, suffix)] = shape
-    shapes["model.norm.weight"] = (h,)
-    shapes["lm_head.weight"] = (model["vocab_size"], h)
-    return shapes
 
 
 def split_to_hf(

@@ -1,9 +1,11 @@
-"""resilience.inject_fault: a chosen rank hangs, crashes or is killed at a chosen step, once. The fault is recorded
-in the run's events (common/run_events.py) before it happens, and a rank that finds it recorded does not inject it
-again: the restart it causes runs through, and its test compares the losses with an uninterrupted run's."""
+"""resilience.inject_fault: a chosen rank hangs, crashes, is killed or finds its disk full at a chosen step, once.
+The fault is recorded in the run's events (common/run_events.py) before it happens, and a rank that finds it
+recorded does not inject it again: the restart it causes runs through, and its test compares the losses with an
+uninterrupted run's."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -48,7 +50,14 @@ class FaultInjector:
                 time.sleep(3600)
         if self.kind == "crash":
             os._exit(1)
+        if self.kind == "enospc":  # as the file system says it: the save's own handling takes it from here
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.run_dir)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _doing(self) -> str:
-        return {"hang": "hangs", "crash": "crashes (os._exit(1))", "kill": "is killed (SIGKILL)"}[self.kind]
+        return {
+            "hang": "hangs",
+            "crash": "crashes (os._exit(1))",
+            "kill": "is killed (SIGKILL)",
+            "enospc": "finds its disk full (ENOSPC)",
+        }[self.kind]

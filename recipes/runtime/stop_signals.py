@@ -8,13 +8,14 @@ exit with the trainer; the trainer itself only records the signal and stops at t
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from multiprocessing import resource_tracker
 import os
 import signal
 import sys
 import threading
 from typing import Iterator
+
+from common.processes import die_with_parent
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -56,7 +57,7 @@ def _note_forking_thread() -> None:
 
 def _die_with_parent() -> None:
     if _forked_from_main_thread:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        die_with_parent()
 
 
 def helpers_die_with_the_trainer() -> None:

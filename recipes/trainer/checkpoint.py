@@ -4,12 +4,14 @@ complete checkpoints carry the `iter_NNNNNNN` name; resume picks the newest of t
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
+import errno
 import os
 import random
 import shutil
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 import uuid
 
 from megatron.core import dist_checkpointing, parallel_state as ps, tensor_parallel
@@ -162,19 +164,40 @@ class Checkpointer(Callback):
 
         blocking = [0.0]
 
-        with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
-            request = dist_checkpointing.save(
-                sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=False), partial, **extra
-            )
-            if request is not None:
-                request.add_finalize_fn(finalize)
-                self._queue.schedule_async_request(request)
-                self._in_flight = state.step
-        if in_flight is not None:
-            in_flight(state.step)
-        blocking[0] = time.perf_counter() - started
-        if request is None:
-            finalize()
+        with self._stops_when_disk_full(state.step, partial):
+            with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
+                request = dist_checkpointing.save(
+                    sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=False), partial, **extra
+                )
+                if request is not None:
+                    request.add_finalize_fn(finalize)
+                    self._queue.schedule_async_request(request)
+                    self._in_flight = state.step
+            if in_flight is not None:
+                in_flight(state.step)
+            blocking[0] = time.perf_counter() - started
+            if request is None:
+                finalize()
+
+    @contextlib.contextmanager
+    def _stops_when_disk_full(self, step: int, partial: str) -> Iterator[None]:
+        """A save the file system refuses (ENOSPC, however the checkpoint writer wraps it) stops training with one
+        line. The partial save is removed to give the space back; the newest complete checkpoint was never
+        touched (a save becomes complete only by its final rename), so the run resumes from it."""
+        try:
+            yield
+        except Exception as err:
+            if not disk_full(err):
+                raise
+            if self.rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            newest = latest_checkpoint(self.root)
+            intact = f"{newest[1]} is intact and the run resumes from it" if newest else "no checkpoint was complete"
+            raise SystemExit(
+                f"error: no space left on the device for the checkpoint of step {step} under {self.root}: training "
+                f"stops; {intact} (free space, or keep fewer with training.checkpoint.keep_last, then run the same "
+                "command again)"
+            ) from None
 
     def step_ends(self, step: int) -> None:
         """Finish async saves whose writes are done (a collective: every rank, every step)."""
@@ -233,6 +256,23 @@ def load_model_weights(path: str, chunks, log: Callable[[str], None]) -> None:
         raise SystemExit(f"training.checkpoint.init_from={path} is not a complete checkpoint (no {STATE_FILE})")
     log(f"initialising weights from {path}")
     _load_model_state(chunks, dist_checkpointing.load(_model_sharded_state(chunks), path))
+
+
+def disk_full(err: BaseException) -> bool:
+    """ENOSPC anywhere in an error: raised directly, as a cause, or among the per-rank failures torch's checkpoint
+    writer collects (CheckpointException.failures), whose messages keep only the text."""
+    seen: set[int] = set()
+    pending = [err]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if getattr(current, "errno", None) == errno.ENOSPC or os.strerror(errno.ENOSPC) in str(current):
+            return True
+        failures = getattr(current, "failures", None)
+        pending += [current.__cause__, current.__context__, *(failures.values() if isinstance(failures, dict) else [])]
+    return False
 
 
 def _async_strategy() -> str:

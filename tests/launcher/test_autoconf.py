@@ -267,7 +267,7 @@ def test_main_py_stops_with_one_line_and_writes_nothing(tmp_path):
         (["training.micro_batch_size=2"], ["training.micro_batch_size", "parallelism.auto.search.micro_batch_size"]),
         (["parallelism.auto.pick=100000"], ["parallelism.auto.pick=100000", "layouts fit; use a rank in 0.."]),
         (["parallelism.auto.search.tp=[]"], ["parallelism.auto.search.tp must be a non-empty list"]),
-        (["parallelism.auto.search.cp=[0]"], ["parallelism.auto.search.cp: [0] are not positive integers"]),
+        (["parallelism.auto.search.cp=[0]"], ["parallelism.auto.search.cp[0]=0 must be positive"]),
     ],
 )
 def test_bad_auto_inputs_are_one_line_naming_the_key(overrides, words):

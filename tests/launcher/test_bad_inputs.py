@@ -5,9 +5,19 @@ tests/data_prep/test_dataprep_plan_inputs.py."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
 import pytest
 
-from launcher_helpers import run_main
+from common import hf_config
+from common.checkpoints import TrainState, finalize_checkpoint, partial_path
+from launcher.config.compose import compose
+from launcher_helpers import REPO, run_main
 
 BASE = ("training=llama31/8b", "cluster=bcm", "dry_run=true")
 DATA_PREP = ("stages=[data_preparation]", "data_preparation=files", "data_preparation.inputs=[/tmp/in.jsonl]")
@@ -72,14 +82,28 @@ CASES = [
         ["cluster.container_runtime=apptainer", "cluster.container=null"],
         "cluster.container=null gives cluster.container_runtime=apptainer no image",
     ),
+    # Values that passed the plan and failed after the queue wait, or did something else than asked.
+    (["training.checkpoint.interval=-5"], "training.checkpoint.interval=-5 must be at least 0: save every N steps"),
+    (["+cluster.env.BAD-NAME=1"], "cluster.env.BAD-NAME is not an environment variable name"),
+    (["training.optimizer.lr=nan"], "training.optimizer.lr=nan must be positive"),
+    (["training.optimizer.lr=inf"], "training.optimizer.lr=inf must be positive"),
+    (["telemetry.flag_utilization_below=1.5"], "telemetry.flag_utilization_below=1.5 must be from 0 to 1"),
+    (["resilience.inject_fault.rank=-1"], "resilience.inject_fault.rank=-1 must be at least 0"),
+    (["training.checkpoint.keep_last=-1"], "training.checkpoint.keep_last=-1 must be at least 0"),
+    (["cluster.signal_before_timeout_s=0"], "cluster.signal_before_timeout_s=0 must be positive (or null)"),
+    (["profile.ranks=[-1]"], "profile.ranks[0]=-1 must be at least 0"),
+    (["data_preparation.download.timeout_s=0"], "data_preparation.download.timeout_s=0.0 must be positive"),
     # Names that become paths and job names.
     (["run_name=../../escaped"], "run_name='../../escaped': use letters, digits and . _ = + - only"),
     (["run_name=my run"], "run_name='my run': use letters, digits and . _ = + - only"),
     ([f"run_name={'x' * 300}"], "run_name is 300 characters long; keep it to 200"),
     (["results_dir=/proc/nope"], "results_dir=/proc/nope cannot be created"),
     # Data preparation settings, checked when the run is planned (not inside the job).
-    ([*DATA_PREP, "data_preparation.chunk_bytes=-5"], "data_preparation.chunk_bytes=-5: expected a number of bytes"),
-    ([*DATA_PREP, "data_preparation.chunk_bytes=0"], "data_preparation.chunk_bytes=0: expected a number of bytes"),
+    (
+        [*DATA_PREP, "data_preparation.chunk_bytes=-5"],
+        "data_preparation.chunk_bytes=-5 must be from 4096 to 1073741824",
+    ),
+    ([*DATA_PREP, "data_preparation.chunk_bytes=0"], "data_preparation.chunk_bytes=0 must be from 4096 to 1073741824"),
     ([*DATA_PREP, "data_preparation.workers=0"], "data_preparation.workers=0: expected a positive integer"),
     ([*DATA_PREP, "data_preparation.workers=abc"], "data_preparation.workers='abc': expected a positive integer"),
     ([*DATA_PREP, "data_preparation.tokenizer.type=tiktoken"], "data_preparation.tokenizer.type=tiktoken"),
@@ -132,3 +156,130 @@ def test_paths_in_job_scripts_are_quoted_or_refused(tmp_path):
     out = run_main(*BASE, f"results_dir={tmp_path / 'other results'}")
     assert out.returncode == 2 and "has a space, quote or other character that #SBATCH" in out.stderr, out.stderr
     assert not (tmp_path / "other results").exists()
+
+
+# --------------------------------------------------------------------------- files the plan can inspect
+# Each makes its files under the test's directory and returns (the command's arguments after `python`, a text its
+# one error line must contain). Nothing may be written: every file under that directory is compared afterwards.
+def corrupt_safetensors(tmp: Path) -> tuple[list[str], str]:
+    weights = tmp / "Llama-3.1-8B"
+    weights.mkdir()
+    config = hf_config.llama_config(
+        compose(["training=llama31/8b"])["training"]["model"], torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2
+    )
+    (weights / "config.json").write_text(json.dumps(config))
+    (weights / "model.safetensors").write_bytes(os.urandom(4096))  # a download cut off and overwritten
+    return (
+        ["main.py", *BASE, f"results_dir={tmp / 'results'}", f"training.checkpoint.init_from_hf={weights}"],
+        f"training.checkpoint.init_from_hf={weights}: {weights / 'model.safetensors'} is not a safetensors file",
+    )
+
+
+def tokenizer_larger_than_the_model(tmp: Path) -> tuple[list[str], str]:
+    tokenizer = tmp / "tok"
+    tokenizer.mkdir()
+    vocab = {f"t{i}": i for i in range(8000)}
+    (tokenizer / "tokenizer.json").write_text(
+        json.dumps({"version": "1.0", "added_tokens": [], "model": {"type": "BPE", "vocab": vocab, "merges": []}})
+    )
+    return (
+        [
+            "main.py",
+            *BASE,
+            f"results_dir={tmp / 'results'}",
+            "training.data.mock=false",
+            f"training.data.blend=[{tmp / 'data' / 'corpus_text_document'}]",
+            "training.tokenizer.type=huggingface",
+            f"training.tokenizer.path={tokenizer}",
+            "training.model.vocab_size=4096",
+        ],
+        f"training.tokenizer.path={tokenizer} has 8,000 token ids but training.model.vocab_size=4096",
+    )
+
+
+def _run_with_a_truncated_newest_checkpoint(tmp: Path, *stages: str) -> tuple[list[str], str]:
+    args = [*BASE, "cluster.container_runtime=none", f"results_dir={tmp / 'results'}"]
+    assert run_main(*args).returncode == 0
+    run_dir = tmp / "results" / "llama31_8b_bf16_tp1_cp2_8gpu"
+    root = str(run_dir / "checkpoints")
+    for step in (100, 200):
+        os.makedirs(partial_path(root, step))
+        finalize_checkpoint(root, TrainState(step=step, consumed_samples=8 * step))
+    state = run_dir / "checkpoints" / "iter_0000200" / "train_state.json"
+    state.write_text(state.read_text()[:10])  # the disk filled up while it was copied
+    return (
+        ["main.py", *args, *stages],
+        f"{state.parent} is not a complete checkpoint: its train_state.json is damaged",
+    )
+
+
+def truncated_state_resume(tmp: Path) -> tuple[list[str], str]:
+    return _run_with_a_truncated_newest_checkpoint(tmp)
+
+
+def truncated_state_export(tmp: Path) -> tuple[list[str], str]:
+    return _run_with_a_truncated_newest_checkpoint(tmp, "stages=[export]")
+
+
+def malformed_site_yaml(tmp: Path) -> tuple[list[str], str]:
+    (tmp / "site" / "cluster").mkdir(parents=True)
+    (tmp / "site" / "cluster" / "mysite.yaml").write_text(
+        "defaults:\n  - bcm\n  - _self_\npartition: [batch\naccount: a\n"
+    )
+    return (
+        ["main.py", "--config-dir", str(tmp / "site"), "cluster=mysite", "dry_run=true", f"results_dir={tmp / 'r'}"],
+        f"{tmp / 'site' / 'cluster' / 'mysite.yaml'}, line 5, column 8: not valid YAML",
+    )
+
+
+def misspelt_key_in_site_yaml(tmp: Path) -> tuple[list[str], str]:
+    (tmp / "site" / "cluster").mkdir(parents=True)
+    (tmp / "site" / "cluster" / "mysite.yaml").write_text("defaults:\n  - bcm\n  - _self_\npartiton: batch\n")
+    return (
+        ["main.py", "--config-dir", str(tmp / "site"), "cluster=mysite", "dry_run=true", f"results_dir={tmp / 'r'}"],
+        f"{tmp / 'site' / 'cluster' / 'mysite.yaml'}: cluster.partiton is not a key of cluster on platform slurm; "
+        "did you mean cluster.partition?",
+    )
+
+
+def half_written_plan(tmp: Path) -> tuple[list[str], str]:
+    run_dir = tmp / "run"
+    run_dir.mkdir()
+    plan = (REPO / "tests" / "launcher" / "fixtures" / "telemetry_run" / "plan.json").read_text()
+    (run_dir / "plan.json").write_text(plan[: len(plan) // 2])
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "step_time_s": 1.0, "loss": 5.0}) + "\n")
+    return ["-m", "launcher.report", str(run_dir)], f"{run_dir / 'plan.json'} is not valid JSON"
+
+
+FILE_CASES: list[Callable[[Path], tuple[list[str], str]]] = [
+    corrupt_safetensors,
+    tokenizer_larger_than_the_model,
+    truncated_state_resume,
+    truncated_state_export,
+    malformed_site_yaml,
+    misspelt_key_in_site_yaml,
+    half_written_plan,
+]
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("make", FILE_CASES, ids=lambda f: f.__name__)
+def test_each_bad_file_is_one_line_naming_it_and_nothing_is_written(tmp_path, make):
+    argv, expected = make(tmp_path)
+    before = files_under(tmp_path)
+    out = subprocess.run(
+        [sys.executable, *argv],
+        cwd=REPO,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert expected in lines[0], lines[0]
+    assert files_under(tmp_path) == before

@@ -38,5 +38,8 @@ def test_an_unknown_command_is_one_line():
     assert (
         out.stderr.strip()
         .splitlines()[-1]
-        .endswith("--only: unknown command nonesuch; choose from stack, dataprep-checks, dataprep-run, dry-run, sweep")
+        .endswith(
+            "--only: unknown command nonesuch; choose from stack, dataprep-checks, dataprep-run, dry-run, sweep, "
+            "help-main, help-report, help-data-prep, help-stack, help-export, help-import-fetch, help-hub-fetch"
+        )
     )

@@ -214,5 +214,5 @@ def test_data_about_to_be_prepared_need_not_exist_yet(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     scripts = sorted(p.relative_to(tmp_path / "runs").as_posix() for p in (tmp_path / "runs").glob("*/*.sh"))
-    assert scripts == ["data_files/data_preparation.sh"]  # data preparation alone: a run directory of its own
+    assert scripts == ["data_files_data/data_preparation.sh"]  # data preparation alone: a run directory of its own
     assert "Plan for" not in result.stdout  # the training plan table belongs to runs that train

@@ -37,7 +37,7 @@ def test_defaults(cfg_for):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["profile.start_step=0"], "profile.start_step=0 and profile.end_step=12 must satisfy 1 <= start_step"),
+        (["profile.start_step=0"], "profile.start_step=0 must be positive: first profiled step"),
         (["profile.start_step=12", "profile.end_step=12"], "must satisfy 1 <= start_step < end_step"),
         (["profile.end_step=52"], "end_step <= training.train_steps + 1 = 51"),
         (["profile.ranks=[8]"], "profile.ranks=[8] must be a non-empty list of ranks in 0..7"),
@@ -56,9 +56,12 @@ def test_a_disabled_profile_is_not_checked(cfg_for):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["telemetry.interval_s=0"], "telemetry.interval_s=0 must be seconds > 0"),
-        (["stages=[preflight,training]", "preflight.min_busbw_gbps=-1"], "preflight.min_busbw_gbps=-1 must be null"),
-        (["stages=[preflight,training]", "preflight.sizes_mib=[1,0]"], "preflight.sizes_mib=[1, 0] must be null"),
+        (["telemetry.interval_s=0"], "telemetry.interval_s=0.0 must be positive: seconds between samples"),
+        (
+            ["stages=[preflight,training]", "preflight.min_busbw_gbps=-1"],
+            "preflight.min_busbw_gbps=-1.0 must be positive (or null)",
+        ),
+        (["stages=[preflight,training]", "preflight.sizes_mib=[1,0]"], "preflight.sizes_mib[1]=0.0 must be positive"),
         (["stages=[preflight,training]", "preflight.iterations=0"], "preflight.iterations=0 must be positive"),
         (["stages=[preflight,training]", "preflight.time_limit=1h"], "preflight.time_limit='1h' is not a Slurm time"),
     ],

@@ -221,7 +221,8 @@ def test_cuda_graph_rules_are_one_line_each(cfg_for):
         "it from cluster.env"
     ]
     assert problems_of(cfg_for("training.cuda_graph_warmup_steps=-1")) == [
-        "training.cuda_graph_warmup_steps=-1 must be at least 0"
+        "training.cuda_graph_warmup_steps=-1 must be at least 0: training steps run eagerly in each process before "
+        "the graphs are captured"
     ]
     # What megatron-core accepts is accepted: full recomputation inside a full-iteration graph, selective per layer.
     planned(cfg_for("training.cuda_graphs=full_iteration", *FULL_RECOMPUTE))

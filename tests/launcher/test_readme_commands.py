@@ -53,6 +53,7 @@ NOT_RUN: list[tuple[str, str]] = [
         r"python main.py .*cluster=(bcp|k8s) .*(workspaces|volumes)=",
         "runs from the repository in the cluster's shared workspace or volume, which the plan checks",
     ),
+    (r"python main.py --config-dir site ", "reads the reader's own site directory (test_site_config.py makes one)"),
     (r".*\.\.\.", "leaves arguments out (...)"),
 ]
 
@@ -114,7 +115,8 @@ def arguments(line: str) -> list[str]:
 
 
 def _report_paths(line: str) -> list[str]:
-    """The paths a report command reads, when every one is in the repository; else []."""
+    """The paths a report command reads, when every one is a tracked test fixture under tests/; else []. Only those:
+    which tests are collected must not depend on what a reader left in the checkout (a results/ directory)."""
     args = arguments(line)[3:]
     paths, skip = [], False
     for arg in args:
@@ -122,7 +124,8 @@ def _report_paths(line: str) -> list[str]:
             skip = arg.startswith("--") and arg not in ("--rank",)
             continue
         paths.append(arg)
-    return paths if paths and all((REPO / p).exists() for p in paths) else []
+    tracked = all(p.startswith("tests/") and (REPO / p).exists() for p in paths)
+    return paths if paths and tracked else []
 
 
 # Each distinct command once (README.md and a page may show the same one).
@@ -164,10 +167,13 @@ def test_each_command_runs(tmp_path, command):
             copy = getattr(shutil, "copytree" if (REPO / path).is_dir() else "copy")
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             copy(REPO / path, tmp_path / path)
+        fixtures = _files(tmp_path / "tests")
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         out = subprocess.run(
             [sys.executable, *args[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
+        # Run from a checkout, as the page shows it, the command must leave the repository's files as they are.
+        assert _files(tmp_path / "tests") == fixtures, "the command wrote into the repository's tests/"
     printed = (out.stdout + out.stderr).strip().splitlines()
     if command.output:
         assert printed == [line for line in command.output if line.strip()], out.stdout + out.stderr
@@ -175,6 +181,19 @@ def test_each_command_runs(tmp_path, command):
     assert out.returncode == 0, out.stdout + out.stderr
     if how in ("main", "generate"):
         _one_run_directory_per_point(tmp_path, command.line)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_only_tracked_fixtures_make_report_commands_run(tmp_path, monkeypatch):
+    """A leftover results/RUN in the checkout does not add a test: report commands run only on tests/ fixtures."""
+    leftover = Command("docs/report.md", "python -m launcher.report results/RUN_A", ())
+    assert kind(leftover) != "report"
+    (tmp_path / "results" / "RUN_A").mkdir(parents=True)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert _report_paths(leftover.line) == [] and kind(leftover) != "report"
 
 
 def _one_run_directory_per_point(cwd: Path, line: str) -> None:

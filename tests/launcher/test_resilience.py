@@ -153,15 +153,20 @@ def test_nothing_changes_while_resilience_is_off(cfg_for, tmp_path):
 @pytest.mark.parametrize(
     "overrides,line",
     [
-        (["resilience.job_restarts=-1"], "resilience.job_restarts=-1 must be at least 0"),
+        (
+            ["resilience.job_restarts=-1"],
+            "resilience.job_restarts=-1 must be at least 0: more jobs queued after the first, each continuing from "
+            "the newest checkpoint after a time limit or a failure (Slurm, Grid Engine)",
+        ),
         (
             ["resilience.hang_timeout_s=5"],
-            "resilience.hang_timeout_s=5 must be at least 10 seconds (ft_launcher looks at the ranks every 5 s)",
+            "resilience.hang_timeout_s=5.0 must be at least 10 (seconds; ft_launcher looks at the ranks every 5 s): "
+            "a rank silent this long in a step (or between steps) is hung: every rank restarts",
         ),
         (
             ["resilience.straggler_detection.threshold=1.5"],
-            "resilience.straggler_detection.threshold=1.5 must be a "
-            "share of the fastest GPU's speed, above 0 and at most 1 (e.g. 0.7)",
+            "resilience.straggler_detection.threshold=1.5 must be in (0, 1]: name the GPUs below this share of the "
+            "fastest one's speed",
         ),
         (
             ["resilience.inject_fault.kind=crash", "resilience.inject_fault.rank=8"],

@@ -190,7 +190,7 @@ def test_submission_chains_hold_jid_and_records_the_ids(tmp_path):
         env=env,
     )
     assert out.returncode == 0, out.stderr
-    run_dir = tmp_path / "results" / "data_files"  # data preparation alone: its own run directory
+    run_dir = tmp_path / "results" / "data_files_data"  # data preparation alone: its own run directory
     assert (tmp_path / "calls.log").read_text().splitlines() == [
         f"qsub -terse {run_dir}/data_preparation.qsub",
         f"qsub -terse -hold_jid 41 {run_dir}/data_check.qsub",

@@ -4,6 +4,7 @@ models in several layouts (ranks as gloo processes), checked against transformer
 dist_checkpointing as training saves, exported back and compared tensor by tensor; errors for broken inputs."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -25,7 +26,8 @@ from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
-from recipes.hf import exporter, importer, mapping, safetensors_io  # noqa: E402
+from common import safetensors_io  # noqa: E402
+from recipes.hf import checkpoint_to_hf, exporter, importer, mapping  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
@@ -249,14 +251,14 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
     for path in shards[1:] + [out / safetensors_io.INDEX_FILE, out / "config.json"]:
         path.unlink()
     stamp = shards[0].stat().st_mtime_ns
-    checkpoint = exporter.resolve_checkpoint(pp_checkpoint)
+    checkpoint = checkpoint_to_hf.resolve_checkpoint(pp_checkpoint)
     model = yaml.safe_load((pp_checkpoint.parents[1] / "config.yaml").read_text())["training"]["model"]
     manifest = {
         "checkpoint": str(checkpoint),
         "dtype": "bfloat16",
-        "shards": exporter.shard_plan(mapping.hf_shapes(model), 2, 150_000),
+        "shards": checkpoint_to_hf.shard_plan(mapping.hf_shapes(model), 2, 150_000),
     }
-    (out / exporter.MANIFEST).write_text(json.dumps(manifest))
+    (out / checkpoint_to_hf.MANIFEST).write_text(json.dumps(manifest))
     assert exporter.main(args) == 0
     assert shards[0].stat().st_mtime_ns == stamp  # kept, not rewritten
     assert {p.name: p.read_bytes() for p in out.iterdir()} == reference
@@ -325,7 +327,7 @@ def test_import_errors_name_the_file_and_the_fix(source, tmp_path):
 
     smaller = dict(source["model"], num_layers=7)
     with pytest.raises(importer.SourceError, match=r"no tensor model\.layers\.6\."):
-        importer.SafetensorsDir(source["dir"]).check_shapes(mapping.hf_shapes(smaller))
+        importer.SafetensorsDir(source["dir"]).check(mapping.hf_shapes(smaller))
 
 
 def test_config_mismatch_names_the_keys(source):
@@ -342,16 +344,18 @@ def test_config_mismatch_names_the_keys(source):
 
 # --------------------------------------------------------------------------- before any GPU work
 def fake_llama_dir(directory: Path, **changes) -> Path:
-    """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes."""
+    """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes, and a model.safetensors whose header
+    holds every tensor of that model: a sparse file of the full size (the plan reads headers and sizes only)."""
     directory.mkdir(parents=True, exist_ok=True)
-    config = hf_config.llama_config(
-        compose(["training=llama31/8b"])["training"]["model"],
-        torch_dtype="bfloat16",
-        bos_token_id=128000,
-        eos_token_id=128001,
-    )
+    model = compose(["training=llama31/8b"])["training"]["model"]
+    config = hf_config.llama_config(model, torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001)
     config.update(changes)
     (directory / "config.json").write_text(json.dumps(config))
+    shapes = hf_config.hf_shapes(model)
+    header = safetensors_io.encode_header(list(shapes), shapes, "bfloat16", 2)
+    with open(directory / "model.safetensors", "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + 2 * sum(math.prod(shape) for shape in shapes.values()))
     return directory
 
 

@@ -27,7 +27,8 @@ from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
-from recipes.hf import exporter, importer, mapping, safetensors_io  # noqa: E402
+from common import safetensors_io  # noqa: E402
+from recipes.hf import checkpoint_to_hf, importer, mapping  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = int(os.environ.get("HF_MEMORY_LAYERS", "4"))
@@ -81,7 +82,7 @@ def write_random_model(directory: Path, shapes: dict, total: int) -> None:
     """Random bf16 weights of these shapes as Hugging Face shards (safetensors' own writer) and index."""
     from safetensors.torch import save_file
 
-    shards = exporter.shard_plan(shapes, 2, SHARD_BYTES)
+    shards = checkpoint_to_hf.shard_plan(shapes, 2, SHARD_BYTES)
     weight_map = {}
     generator = torch.Generator().manual_seed(0)
     for index, names in enumerate(shards):

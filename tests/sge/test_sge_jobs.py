@@ -27,7 +27,7 @@ BARE_METAL = [
 
 def submit(grid_engine, tmp_path: Path, inputs: str, sp_tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
-    run_dir = results / "data_files"  # data preparation alone: its own run directory
+    run_dir = results / "data_files_data"  # data preparation alone: its own run directory
     out, jobs = submit_with_main(
         [
             *BARE_METAL,

@@ -28,7 +28,7 @@ BARE_METAL = [
 
 def submit(tmp_path: Path, inputs: str, sp_tokenizer: Path) -> tuple[Path, list[dict]]:
     results = tmp_path / "results"
-    run_dir = results / "data_files"  # data preparation alone: its own run directory
+    run_dir = results / "data_files_data"  # data preparation alone: its own run directory
     _, jobs = submit_with_main(
         [
             *BARE_METAL,

@@ -3,6 +3,7 @@ the container, and the environment the ranks get."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from launcher.plan.findings import Findings
@@ -11,12 +12,11 @@ from launcher.plan.sizes import Sizes
 
 # megatron-core picks the attention backend from training.model.attention_backend and sets these itself.
 ATTENTION_VARIABLES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX shells' names
 
 
 def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     cluster = cfg["cluster"]
-    found.at_least("cluster.gpus_per_node", cluster.get("gpus_per_node"), 1, "or null")
-    found.at_least("cluster.ntasks_per_node", cluster.get("ntasks_per_node"), 1, "or null")
     if cluster["platform"] == "local":
         _this_machine(cfg, sizes, found)
     else:
@@ -29,12 +29,26 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
             f"cluster.container=null gives cluster.container_runtime={cluster['container_runtime']} no "
             "image: set cluster.container, or cluster.container_runtime=none to run bare metal"
         )
+    _environment(cluster.get("env") or {}, found)
     conflicting = sorted(k for k in ATTENTION_VARIABLES if k in (cluster.get("env") or {}))
     if conflicting:
         found.problem(
             f"cluster.env sets {', '.join(conflicting)}: choose the attention backend with "
             "training.model.attention_backend instead (megatron-core sets these itself)"
         )
+
+
+def _environment(env: Mapping[str, Any], found: Findings) -> None:
+    """Names every shell can export (the job scripts export them): `export BAD-NAME=1` kills the job after its
+    queue wait."""
+    for name in env:
+        if not ENV_NAME.fullmatch(str(name)):
+            fixed = re.sub(r"\W", "_", str(name))
+            fixed = fixed if ENV_NAME.fullmatch(fixed) else f"_{fixed}"
+            found.problem(
+                f"cluster.env.{name} is not an environment variable name (letters, digits and _, not starting "
+                f"with a digit): the job's `export` would fail; rename it, e.g. +cluster.env.{fixed}=..."
+            )
 
 
 def _this_machine(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
@@ -59,8 +73,8 @@ def _nodes(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         found.problem("cluster.gpus_per_node is null (no GRES): set cluster.ntasks_per_node to the GPUs per node")
         return
     if sizes.gpus_per_node is None or sizes.num_gpus is None:
-        return  # a value out of range, reported above
-    if gpus and gpus >= 1 and tasks and tasks > gpus:
+        return
+    if gpus and tasks and tasks > gpus:
         found.problem(
             f"cluster.ntasks_per_node={tasks} asks for more GPUs per node than the nodes have "
             f"(cluster.gpus_per_node={gpus}); set cluster.ntasks_per_node=null (one task per GPU)"

@@ -7,7 +7,7 @@ import os
 from typing import Any, Mapping
 
 from data_prep.checks import prepared_data_problems
-from data_prep.tokenizer import tokenizer_problem
+from data_prep.tokenizer import tokenizer_problem, vocabulary_size
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -51,7 +51,6 @@ def _prepared(prefix: str) -> bool:
 
 def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     data = cfg["training"]["data"]
-    found.at_least("training.data.num_workers", data["num_workers"], 0)
     _split(data["split"], found)
     if data["mock"]:
         for key in ("blend", "valid_blend"):
@@ -67,6 +66,8 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     problem = tokenizer_problem(tokenizer["type"], tokenizer["path"], key="training.tokenizer")
     if problem:
         found.problem(problem)
+    else:
+        _vocabulary(cfg, found)
     if "data_preparation" in cfg["stages"]:
         return  # the chain prepares the data before training reads it
     for line in missing_data(cfg):
@@ -75,6 +76,18 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         present = [p for p in blend_prefixes(data.get(key)) or [] if _prepared(p)]
         for line in prepared_data_problems(f"training.data.{key}", present, tokenizer):
             found.problem(line)
+
+
+def _vocabulary(cfg: Mapping[str, Any], found: Findings) -> None:
+    """Every token id the tokenizer can give needs an embedding row: the trainer refuses a larger vocabulary on the
+    ranks, after the queue wait."""
+    tokenizer, vocab = cfg["training"]["tokenizer"], cfg["training"]["model"]["vocab_size"]
+    size = vocabulary_size(tokenizer["type"], tokenizer["path"])
+    if size is not None and size > vocab:
+        found.problem(
+            f"training.tokenizer.path={tokenizer['path']} has {size:,} token ids but training.model.vocab_size="
+            f"{vocab}: set training.model.vocab_size={size} (or more), or use the model's tokenizer"
+        )
 
 
 def _blends(data: Mapping[str, Any], found: Findings) -> bool:

@@ -1,6 +1,7 @@
 """Checks of the weights a run starts from (training.checkpoint.init_from / init_from_hf) that the plan makes on
-the host: a Hugging Face config.json is compared with training.model when the directory can be read from here
-(the module that does it on the GPU side too, common/hf_config.py, is plain Python and json)."""
+the host, when the directory can be read from here: its config.json against training.model, and its safetensors
+headers (every tensor there, complete, of the shape training.model needs). The modules that do it on the GPU side
+too, common/hf_config.py and common/safetensors_io.py, are plain Python."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from common import hf_config
+from common.safetensors_io import SafetensorsFileError, SafetensorsFiles
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -51,8 +53,14 @@ def init_problems(cfg: Mapping[str, Any], num_nodes: int) -> list[str]:
                     "hub id such as meta-llama/Llama-3.1-8B)"
                 ]
             )
+    model = cfg["training"]["model"]
     try:
-        hf_config.check_directory(directory, cfg["training"]["model"], source=value)
+        hf_config.check_directory(directory, model, source=value)
+        # The headers only (milliseconds): a truncated or damaged file, a missing tensor or one of another shape
+        # would otherwise stop every rank after the queue wait.
+        SafetensorsFiles(directory).check(hf_config.hf_shapes(model))
     except hf_config.HFConfigError as err:
         return [str(err)]
+    except SafetensorsFileError as err:
+        return [f"{key}={value}: {err}"]
     return []

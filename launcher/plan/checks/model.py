@@ -22,12 +22,7 @@ POSITIVE = (
 
 def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     model = cfg["training"]["model"]
-    ok = all([found.at_least(f"training.model.{key}", model[key], 1) for key in POSITIVE])
-    if model["rotary_base"] <= 0 or model["rope_scaling_factor"] <= 0 or model["norm_epsilon"] <= 0:
-        found.problem("training.model.rotary_base, rope_scaling_factor and norm_epsilon must be positive")
-    if model["init_method_std"] <= 0:
-        found.problem(f"training.model.init_method_std={model['init_method_std']} must be positive")
-    if ok and model["num_attention_heads"] % model["num_query_groups"]:
+    if model["num_attention_heads"] % model["num_query_groups"]:
         found.problem(
             f"training.model.num_attention_heads={model['num_attention_heads']} must be a multiple of "
             f"training.model.num_query_groups={model['num_query_groups']}"

@@ -17,11 +17,6 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
             "(parallelism.auto.pick) before planning"
         )
         return
-    ok = all([found.at_least(f"parallelism.{key}", par[key], 1) for key in ("tp", "pp", "cp", "num_gpus")])
-    found.at_least("parallelism.vp", par.get("vp"), 1)
-    found.at_least("parallelism.wgrad_deferral_limit", par["wgrad_deferral_limit"], 0)
-    if not ok:
-        return
     tp, pp, cp = sizes.tp, sizes.pp, sizes.cp
     if (par.get("vp") or 1) > 1 and pp == 1:
         found.problem(f"parallelism.vp={par['vp']} (interleaved pipeline) needs parallelism.pp > 1; set vp=null")
@@ -73,7 +68,6 @@ def _optimizer_sharding(par: Mapping[str, Any], pp: int, found: Findings) -> Non
 
 
 def _recompute(par: Mapping[str, Any], found: Findings) -> None:
-    found.at_least("parallelism.recompute_num_layers", par.get("recompute_num_layers"), 1)
     if par.get("recompute_granularity") == "full" and not (
         par.get("recompute_method") and par.get("recompute_num_layers")
     ):

@@ -32,8 +32,6 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
             f"dtype.fp8_output_layer=true needs dtype.fp8_recipe=mxfp8 (megatron-core runs the output layer "
             f"in FP8 only with MXFP8), not {recipe}; set dtype.fp8_output_layer=false"
         )
-    found.at_least("dtype.fp8_amax_history_len", dtype["fp8_amax_history_len"], 1)
-    found.at_least("dtype.fp8_margin", dtype["fp8_margin"], 0)
     if dtype["fp8_amax_compute_algo"] not in ("max", "most_recent"):
         found.problem(f"dtype.fp8_amax_compute_algo={dtype['fp8_amax_compute_algo']!r}: use max or most_recent")
     spec = sizes.spec

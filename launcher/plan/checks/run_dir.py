@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping
 
 import yaml
 
-from common.checkpoints import latest_checkpoint
+from common.checkpoints import damaged_checkpoints, latest_checkpoint
 from launcher.plan.findings import Findings
 from launcher.plan.formulas import padded_vocab_size
 from launcher.plan.sizes import Sizes
@@ -53,6 +53,7 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     run_dir = Path(cfg["results_dir"]).expanduser().absolute() / cfg["run_name"]
     before = _load(run_dir / "config.yaml")
     newest = latest_checkpoint(str(run_dir / "checkpoints"))
+    _damaged_newest(run_dir, newest, cfg, found)
     if "export" in cfg["stages"] and "training" not in cfg["stages"] and newest is None:
         found.problem(
             f"stages has export but not training, and {run_dir} has no complete checkpoint to export: "
@@ -60,11 +61,35 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         )
     if before is None:
         return
-    differing = [key for key in _differing(before, cfg) if not _operational(key)]
+    differing = [key for key in _differing(before, cfg) if not _operational(key) and _matters(key, before, cfg)]
     if differing:
         found.problem(_collision(run_dir, differing, before, cfg, has_checkpoints=newest is not None))
     elif newest is not None and "training" in cfg["stages"] and sizes.tp:
         _resharding(run_dir, before, cfg, sizes, found)
+
+
+def _damaged_newest(run_dir: Path, newest: tuple[int, str] | None, cfg: Mapping[str, Any], found: Findings) -> None:
+    """A checkpoint directory newer than the newest complete one whose state file is missing or damaged (a disk
+    that filled up, a truncated copy): resuming or exporting would silently go back to the older one."""
+    if not {"training", "export"} & set(cfg["stages"]):
+        return
+    damaged = damaged_checkpoints(str(run_dir / "checkpoints"))
+    newer = [d for d in damaged if newest is None or d[0] > newest[0]]
+    if not newer:
+        return
+    step, path, why = newer[-1]
+    instead = f"iter_{newest[0]:07d}, the newest complete one" if newest else "nothing: no checkpoint is complete"
+    found.problem(
+        f"{path} is not a complete checkpoint: {why}; the run would go on from {instead}. Move it out of "
+        f"{run_dir / 'checkpoints'} (or delete it) to go on from there, or restore it from a copy"
+    )
+
+
+def _matters(key: str, before: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+    """Whether a key makes two invocations different runs: for data preparation alone (now and before), only the
+    data_preparation keys; training's keys do not change the data."""
+    data_only = all(c.get("stages") == ["data_preparation"] for c in (before, cfg))
+    return key.startswith("data_preparation.") or not data_only
 
 
 def _operational(key: str) -> bool:

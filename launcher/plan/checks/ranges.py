@@ -1,0 +1,82 @@
+"""Every numeric value against the range its key declares in the schema (launcher/config/schema.py: `within=`).
+Run before every other check: the values out of range are reported together and alone, so the checks of
+combinations that follow may divide by sizes and count steps without guarding each one again."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from typing import Any, Iterator, Mapping
+
+from launcher.config import schema
+
+# A section whose options carry different keys: the option's own class holds the ranges of its own keys.
+_OPTIONS: dict[type, tuple[type, ...]] = {
+    schema.ClusterConfig: tuple(schema.CLUSTERS.values()),
+    schema.DataPreparationConfig: tuple(schema.DATA_SOURCES.values()),
+}
+# (dotted key, the value out of range, the schema field that declares the range, the field's type)
+Found = Iterator[tuple[str, Any, dataclasses.Field, Any]]
+
+
+def problems(cfg: Mapping[str, Any]) -> list[str]:
+    """One line per value out of its declared range, naming the key, the range and the key's meaning."""
+    return [_line(key, value, f, hint) for key, value, f, hint in _section(cfg, schema.Config, "")]
+
+
+def _line(key: str, value: Any, f: dataclasses.Field, hint: Any) -> str:
+    bounds = schema.range_of(f)
+    assert bounds is not None
+    why = f" ({bounds.why})" if bounds.why else ""
+    nullable = " (or null)" if type(None) in typing.get_args(hint) else ""
+    return f"{key}={value} must be {bounds.words()}{why}{nullable}: {f.metadata['doc']}"
+
+
+def _section(section: Any, kind: type, prefix: str) -> Found:
+    if not isinstance(section, Mapping):
+        return
+    for f, hint in _fields(_option_class(kind, section)):
+        if f.name in section:
+            yield from _values(section[f.name], hint, f, hint, f"{prefix}{f.name}")
+
+
+def _values(value: Any, kind: Any, f: dataclasses.Field, hint: Any, key: str) -> Found:
+    """The numbers out of range in a value of type `kind`: a number, a list or mapping of them, or a section."""
+    kind = _unwrap_optional(kind)
+    origin = typing.get_origin(kind)
+    if value is None:
+        return
+    if origin is list and isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _values(item, typing.get_args(kind)[0], f, hint, f"{key}[{index}]")
+    elif origin is dict and isinstance(value, Mapping):
+        for name, item in value.items():
+            yield from _values(item, typing.get_args(kind)[1], f, hint, f"{key}.{name}")
+    elif dataclasses.is_dataclass(kind):
+        yield from _section(value, kind, f"{key}.")
+    elif kind in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        bounds = schema.range_of(f)
+        if bounds is not None and not bounds.holds(value):
+            yield key, value, f, hint
+
+
+def _unwrap_optional(kind: Any) -> Any:
+    if typing.get_origin(kind) is typing.Union:
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        return args[0] if len(args) == 1 else kind
+    return kind
+
+
+def _option_class(kind: type, section: Mapping[str, Any]) -> type:
+    """The class of the option a section was composed from: of its options, the one with the most keys that the
+    section has all of (cluster: one per platform, data_preparation: one per source)."""
+    fitting = [o for o in _OPTIONS.get(kind, ()) if all(f.name in section for f in dataclasses.fields(o))]
+    return max(fitting, key=lambda o: len(dataclasses.fields(o)), default=kind)
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(kind: type) -> tuple[tuple[dataclasses.Field, Any], ...]:
+    """A schema class's fields with their resolved types (resolved once: typing.get_type_hints is slow)."""
+    hints = typing.get_type_hints(kind)
+    return tuple((f, hints[f.name]) for f in dataclasses.fields(kind))

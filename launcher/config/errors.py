@@ -22,7 +22,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from launcher.config import schema
+from common import config as schema
 from launcher.config.compose import CONF_DIR, compose
 from launcher.usage import group_options
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from common.plan import Plan
 from data_prep.shards import list_shards
-from launcher.config.schema import Stage
+from common.config import Stage
 from launcher.jobs.render import Job
 from launcher.platforms import platform_of
 

@@ -9,7 +9,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Any, Mapping
 
-from launcher.config.schema import PlatformName
+from common.config import PlatformName
 from launcher.plan.errors import PlanError
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM 
    profiled ranks of profile.tool=nsys) are refused by default, in one line naming the way around; the container
    stage builds cluster.container unless `builds_images = False` (images run by name from a registry).
 Then its golden files (tests/golden/, written by tests like tests/launcher/test_render.py). Users pick it with a
-conf/cluster/<cluster>.yaml that names it, which the config schema checks (launcher/config/schema.py:
+conf/cluster/<cluster>.yaml that names it, which the config schema checks (common/config.py:
 PlatformName, and a class for its cluster keys).
 """
 

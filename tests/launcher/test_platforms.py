@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.schema import PlatformName
+from common.config import PlatformName
 from launcher.jobs.render import Job
 from launcher.jobs.submit import Submitted
 from launcher.plan.errors import PlanError

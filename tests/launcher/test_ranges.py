@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from launcher.config import schema
+from common import config as schema
 from launcher.config.compose import compose
 from launcher.plan.checks import ranges
 from launcher.plan.errors import PlanError

@@ -1,4 +1,4 @@
-"""Every numeric value against the range its key declares in the schema (launcher/config/schema.py: `within=`).
+"""Every numeric value against the range its key declares in the schema (common/config.py: `within=`).
 Run before every other check: the values out of range are reported together and alone, so the checks of
 combinations that follow may divide by sizes and count steps without guarding each one again."""
 
@@ -9,7 +9,7 @@ import functools
 import typing
 from typing import Any, Iterator, Mapping
 
-from launcher.config import schema
+from common import config as schema
 
 # A section whose options carry different keys: the option's own class holds the ranges of its own keys.
 _OPTIONS: dict[type, tuple[type, ...]] = {

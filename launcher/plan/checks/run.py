@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from launcher.config.schema import Config, Stage
+from common.config import Config, Stage
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 

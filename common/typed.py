@@ -8,6 +8,7 @@ preparation, one per source) is built as the subclass its discriminating key nam
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import MISSING, fields, is_dataclass
 from enum import Enum
 import functools
@@ -31,6 +32,9 @@ class StrEnum(str, Enum):
 
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
+
+    def __repr__(self) -> str:  # messages quote a value as the user typed it: 'pyxis'
+        return repr(self.value)
 
 
 # A base class -> (the key that names the option, {option: subclass}); filled by the schema module.
@@ -89,7 +93,7 @@ def _dataclass(kind: type, value: Any, variants: Variants, path: str) -> Any:
     known = {f.name for f in fields(kind)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise TypedConfigError(f"{_join(path, unknown[0])} is not a key of {_join(path, '') or 'the config'}")
+        raise TypedConfigError(f"{_join(path, unknown[0])} is not a config key: remove it")
     args = {}
     for f in fields(kind):
         key = _join(path, f.name)
@@ -147,3 +151,58 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     return obj
+
+
+class DictAccess:
+    """Dict-style reads and writes of a config dataclass (`cfg["training"]["seq_length"]`, `.get`, `in`), for the code
+    that still reads the config as the plain dict it was; attribute access is the way."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(key)
+        setattr(self, key, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self.__dataclass_fields__ else default  # type: ignore[attr-defined]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__dataclass_fields__  # type: ignore[attr-defined]
+
+    def keys(self) -> list[str]:
+        return list(self.__dataclass_fields__)  # type: ignore[attr-defined]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, k) for k in self.keys()]
+
+
+Mapping.register(DictAccess)
+
+
+def changed(obj: T, changes: Mapping[str, Any]) -> T:
+    """A copy of a config dataclass with some keys set, by dotted path (`{"parallelism.num_gpus": 8}`); the sections
+    on those paths are copied, the rest shared."""
+    own: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for path, value in changes.items():
+        head, _, rest = path.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            own[head] = value
+    for head, inner in nested.items():
+        own[head] = changed(own.get(head, getattr(obj, head)), inner)
+    return dataclasses.replace(obj, **own)  # type: ignore[type-var]

@@ -19,6 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from common import run_events
 from common.checkpoints import latest_checkpoint
+from common.config import load_config
+from common.typed import TypedConfigError
 from common.plan import Plan
 from launcher.autoconf import search
 from launcher.config import sweep
@@ -250,6 +252,9 @@ def plan_sweep(overrides: Sequence[str]) -> tuple[list[Prepared], list[str]]:
         except (HydraException, OmegaConfBaseException) as err:
             problems += [f"sweep point {label}: {line}" for line in error_lines(err)]
             continue
+        except TypedConfigError as err:
+            problems.append(f"sweep point {label}: {err}")
+            continue
         except PlanError as err:
             problems += [f"sweep point {label}: {p}" for p in err.problems]
             continue
@@ -286,15 +291,19 @@ def run(cfg: DictConfig) -> None:
     if HydraConfig.get().mode.name == "MULTIRUN":
         _err("error: -m with Hydra's --config-path/--config-name/--config-dir is not supported; sweep without them")
         sys.exit(2)
-    plain = to_plain(cfg)
-    local_gpus = detect_local_gpus() if plain["cluster"]["platform"] == "local" else None
-    if search.is_auto(plain):
+    try:
+        config = load_config(to_plain(cfg))
+    except TypedConfigError as err:  # a value composition let through that the typed config refuses
+        _err(f"error: {err}")
+        sys.exit(2)
+    local_gpus = detect_local_gpus() if config.cluster.platform == "local" else None
+    if search.is_auto(config):
         try:
-            plain = search.resolve(list(HydraConfig.get().overrides.task), plain, local_gpus, say=print)
+            config = search.resolve(list(HydraConfig.get().overrides.task), config, local_gpus, say=print)
         except PlanError as err:
             for problem in err.problems:
                 _err(f"error: {problem}")
             sys.exit(2)
-    code = launch(plain, local_gpus)
+    code = launch(config, local_gpus)
     if code:
         sys.exit(code)

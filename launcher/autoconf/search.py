@@ -7,6 +7,7 @@ exactly what that command line gives; main.py prints it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from collections import Counter
@@ -15,7 +16,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
+from common.config import Config
 from common.plan import Plan
+from common.typed import changed
 from launcher.autoconf.steptime import StepTime, predict
 from launcher.config.compose import CONF_DIR, compose, hydra_state_kept
 from launcher.plan.build import build_plan
@@ -164,20 +167,20 @@ def layout_settings(auto: Mapping[str, Any], hidden: int, layout: Layout) -> dic
     )
 
 
-def candidate_config(cfg: Mapping[str, Any], layout: Layout) -> dict[str, Any]:
+def candidate_config(cfg: Config, layout: Layout) -> Config:
     """The config the plan checks for a layout: the same keys parallelism=custom and the layout's overrides
     compose to (the userbuffer preset's contents aside, which planning does not read). The memory check is on:
     a layout the estimate says does not fit is never picked."""
-    auto = cfg["parallelism"]["auto"]
-    default_mbs = cfg["training"]["micro_batch_size"]
-    par = {k: v for k, v in cfg["parallelism"].items() if k != "auto"}
-    par.update(
-        layout_settings(auto, cfg["training"]["model"]["hidden_size"], layout),
-        name=layout.name(default_mbs),
+    auto = cfg.parallelism.auto
+    par = dataclasses.replace(
+        cfg.parallelism,
+        **layout_settings(auto, cfg.training.model.hidden_size, layout),
+        name=layout.name(cfg.training.micro_batch_size),
         tp_comm_overlap_cfg=None,
+        auto=None,
     )
-    training = {**cfg["training"], "micro_batch_size": layout.micro_batch_size}
-    return {**cfg, "parallelism": par, "training": training, "memory_check": True}
+    training = dataclasses.replace(cfg.training, micro_batch_size=layout.micro_batch_size)
+    return dataclasses.replace(cfg, parallelism=par, training=training, memory_check=True)
 
 
 # --------------------------------------------------------------------------- search and rank
@@ -226,7 +229,7 @@ def search(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Searc
             dropped[f"estimated memory within parallelism.auto.memory_headroom={headroom:g} of the GPU's"] += 1
             continue
         ranked.append(Ranked(layout, plan, candidate, predict(candidate, plan.to_json_dict(), auto["step_time"])))
-    return Search(dict(cfg), num_gpus, tried, rank(ranked), dropped)
+    return Search(cfg, num_gpus, tried, rank(ranked), dropped)
 
 
 def rank(candidates: list[Ranked]) -> list[Ranked]:
@@ -245,7 +248,7 @@ def rank(candidates: list[Ranked]) -> list[Ranked]:
 def _first_fitting(
     cfg: Mapping[str, Any], space: Mapping[str, list], num_gpus: int, local_gpus: LocalGpus | None
 ) -> bool:
-    cfg = {**cfg, "parallelism": {**cfg["parallelism"], "num_gpus": num_gpus}}
+    cfg = changed(cfg, {"parallelism.num_gpus": num_gpus})
     for layout in candidate_layouts(space, num_gpus):
         try:
             validate(candidate_config(cfg, layout), local_gpus, checks=LAYOUT_CHECKS, ranges_checked=True)
@@ -274,16 +277,7 @@ def smallest_fitting_gpus(cfg: Mapping[str, Any], local_gpus: LocalGpus | None =
         local = local_gpus or LocalGpus(0, None, ())
         per_node = cfg["cluster"].get("gpus_per_node") or local.count or 8
         gpu_type = cfg["cluster"].get("gpu_type") or local.gpu_type
-        cfg = {
-            **cfg,
-            "cluster": {
-                **cfg["cluster"],
-                "name": "nodes",
-                "gpus_per_node": per_node,
-                "ntasks_per_node": None,
-                "gpu_type": gpu_type,
-            },
-        }
+        cfg = changed(cfg, {"cluster.name": "nodes", "cluster.gpus_per_node": per_node, "cluster.gpu_type": gpu_type})
     return next((n for n in counts if _first_fitting(cfg, space, n, local_gpus)), None)
 
 

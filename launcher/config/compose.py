@@ -12,6 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from common.config import Config, load_config
 from launcher.config.schema import register
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -45,9 +46,14 @@ def _composed(overrides: Sequence[str]) -> DictConfig:
     return cfg
 
 
-def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Compose and resolve the config as `python main.py <overrides>` would (sweep points, tests, benchmarks)."""
+def compose_plain(overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The resolved config as plain data, as config.yaml records it."""
     return to_plain(_composed(overrides))
+
+
+def compose(overrides: Sequence[str] = ()) -> Config:
+    """Compose and resolve the config as `python main.py <overrides>` would (sweep points, tests, benchmarks)."""
+    return load_config(compose_plain(overrides))
 
 
 def compose_unresolved(overrides: Sequence[str] = ()) -> dict[str, Any]:

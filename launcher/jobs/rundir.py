@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from common.typed import to_plain
+
 from common.files import atomic_write
 from common.plan import Plan
 from launcher.jobs.render import Job
@@ -54,7 +56,7 @@ def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> str:
 def config_yaml(cfg: Mapping[str, Any]) -> str:
     # libyaml's emitter where PyYAML has it: the same text, five times faster (once per run, per sweep point).
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return yaml.dump(dict(cfg), Dumper=dumper, sort_keys=False, default_flow_style=False)
+    return yaml.dump(to_plain(cfg), Dumper=dumper, sort_keys=False, default_flow_style=False)
 
 
 # The job files this directory's last invocation wrote, so the next one knows which of them are its own.

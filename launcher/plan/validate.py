@@ -5,10 +5,12 @@ them together (PlanError, one line each); only then is the plan derived
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from common.config import Config
 from common.plan import Plan
 from launcher.jobs.rundir import default_run_name
 from launcher.jobs.stages import stage_order
@@ -71,12 +73,12 @@ class Validated:
     warnings: list[str]
 
 
-def normalized(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def normalized(cfg: Config) -> Config:
     """The config as every later step reads it: stages in run order, results_dir absolute, the run named."""
-    cfg = dict(cfg)
-    cfg["stages"] = stage_order(cfg["stages"])
-    cfg["results_dir"] = str(Path(cfg["results_dir"]).expanduser().absolute())
-    cfg["run_name"] = cfg.get("run_name") or default_run_name(cfg)
+    cfg = dataclasses.replace(
+        cfg, stages=stage_order(cfg.stages), results_dir=str(Path(cfg.results_dir).expanduser().absolute())
+    )
+    cfg.run_name = cfg.run_name or default_run_name(cfg)
     return cfg
 
 

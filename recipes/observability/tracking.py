@@ -20,6 +20,7 @@ import yaml
 
 from common.files import atomic_write
 from common.plan import Plan
+from common.typed import to_plain
 from recipes.runtime.stop_signals import helpers_immune_to_stop_signals
 
 # StepMetrics field -> tag, the same in TensorBoard and W&B.
@@ -186,7 +187,7 @@ class Tracker:
         writer = self.tensorboard._get_file_writer()  # what add_hparams does, without its extra sub-run
         for summary in hparams(params, metrics):
             writer.add_summary(summary)
-        self.tensorboard.add_text("config", "```\n" + yaml.safe_dump(dict(cfg), sort_keys=False) + "```", 0)
+        self.tensorboard.add_text("config", "```\n" + yaml.safe_dump(to_plain(cfg), sort_keys=False) + "```", 0)
         self.tensorboard.add_text("plan", "```\n" + json.dumps(plan.to_json_dict(), indent=2) + "\n```", 0)
 
     def _open_wandb(self, cfg, plan, wandb_cfg: Mapping[str, Any], resume_step: int) -> None:
@@ -201,7 +202,7 @@ class Tracker:
             id=run_id,
             resume="allow",
             dir=self.run_dir,
-            config={"config": dict(cfg), "plan": plan.to_json_dict()},
+            config={"config": to_plain(cfg), "plan": plan.to_json_dict()},
         )
         # W&B's service process must outlive Slurm's SIGTERM/SIGUSR1 until the trainer has saved and finished.
         with helpers_immune_to_stop_signals():

@@ -12,6 +12,7 @@ import shlex
 
 import pytest
 
+from common.typed import changed
 from launcher.autoconf import search as autoconf
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
@@ -34,8 +35,7 @@ def auto_cfg(model: str, gpu: str, num_gpus: int, *overrides: str) -> dict:
         _composed[key] = compose(
             [f"training=llama31/{model}", "parallelism=auto", "cluster=bcm", f"cluster.gpu_type={gpu}", *overrides]
         )
-    base = _composed[key]
-    return {**base, "parallelism": {**base["parallelism"], "num_gpus": num_gpus}}
+    return changed(_composed[key], {"parallelism.num_gpus": num_gpus})
 
 
 def _candidate_count(space: dict, num_gpus: int) -> int:
@@ -122,16 +122,8 @@ def test_the_ranking_is_stable_and_ordered_by_predicted_step_time(model, num_gpu
     shuffled = list(ranked)
     random.Random(0).shuffle(shuffled)
     assert [r.layout for r in autoconf.rank(shuffled)] == [r.layout for r in ranked]
-    reordered = {
-        **cfg,
-        "parallelism": {
-            **cfg["parallelism"],
-            "auto": {
-                **cfg["parallelism"]["auto"],
-                "search": {k: list(reversed(v)) for k, v in cfg["parallelism"]["auto"]["search"].items()},
-            },
-        },
-    }
+    space = cfg.parallelism.auto.search
+    reordered = changed(cfg, {f"parallelism.auto.search.{k}": list(reversed(v)) for k, v in space.items()})
     assert [r.layout for r in autoconf.search(reordered).ranked] == [r.layout for r in ranked]
     best = min(r.time.total_s for r in ranked)
     bins = [round(r.time.total_s / best / autoconf.TIE) for r in ranked]

@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from common.typed import changed
 import yaml
 
 from launcher.cli import prepare
@@ -65,8 +67,7 @@ SITE = {
     ],
 )
 def test_training_manifests(cfg_for, tmp_path, name, overrides, site, nodes):
-    cfg = cfg_for(*k8s(tmp_path, *overrides))
-    cfg["cluster"].update(site)
+    cfg = changed(cfg_for(*k8s(tmp_path, *overrides)), {f"cluster.{k}": v for k, v in site.items()})
     scripts = rendered(cfg)
     assert list(scripts) == ["submission.yaml"]
     check_golden(f"{name}_k8s_submission.yaml", scripts["submission.yaml"], tmp_path, shell=False)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.typed import to_plain
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from launcher.report import mlperf
@@ -78,7 +79,7 @@ def run_dir(root: Path, name: str, log_text: str, step_time: float = 2.0) -> Pat
     plan = build_plan(cfg).to_json_dict()
     path = root / name
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (path / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
     (path / "plan.json").write_text(json.dumps(plan))
     (path / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": s, "loss": 3.0, "step_time_s": step_time}) + "\n" for s in range(1, 21))

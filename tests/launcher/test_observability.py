@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from common.typed import to_plain
 from launcher.cli import prepare
 from launcher.jobs.nsys import nsys_entry
 from launcher.plan.errors import PlanError
@@ -19,7 +20,7 @@ from test_render import SQSH, check_golden, rendered
 def test_defaults(cfg_for):
     cfg = cfg_for()
     assert cfg["logging"]["tensorboard"] is True
-    assert cfg["logging"]["wandb"] == {
+    assert to_plain(cfg.logging.wandb) == {
         "enabled": False,
         "project": "llama31-recipes",
         "entity": None,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import yaml
 
+from common.typed import to_plain
 from launcher.config.compose import compose
 from launcher.jobs.rundir import config_yaml
 
 
 def test_config_yaml_is_the_text_pure_pyyaml_writes():
-    cfg = compose(["training=llama31/8b", "cluster=bcm"])
+    cfg = to_plain(compose(["training=llama31/8b", "cluster=bcm"]))
     cfg["notes"] = {
         "unicode": "naïve café 東京 🙂",
         "long": "word " * 60,
@@ -20,5 +21,5 @@ def test_config_yaml_is_the_text_pure_pyyaml_writes():
         "list": [1, "2", 3.0],
     }
     text = config_yaml(cfg)
-    assert text == yaml.safe_dump(dict(cfg), sort_keys=False, default_flow_style=False)
+    assert text == yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False)
     assert yaml.safe_load(text) == cfg

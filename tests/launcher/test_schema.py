@@ -4,14 +4,13 @@ declares (interpolations included); the configuration reference page (docs/) is 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import typing
-from typing import Any
-
 import pytest
 
-from launcher.config import reference as config_reference, schema
-from launcher.config.compose import compose
+from common import config as schema
+from common.config import load_config
+from common.typed import TypedConfigError, to_plain
+from launcher.config import reference as config_reference
+from launcher.config.compose import compose_plain
 
 from launcher_helpers import REPO
 
@@ -28,62 +27,6 @@ def options(group: str) -> list[str]:
         if not any(part.startswith("_") for part in rel.split("/")) and not rel.startswith("default/"):
             found.append(rel)
     return found
-
-
-def type_problems(value: Any, kind: Any, where: str) -> list[str]:
-    """Where the resolved value does not have the declared type."""
-    if typing.get_origin(kind) is typing.Union:
-        if value is None and type(None) in typing.get_args(kind):
-            return []
-        (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
-    if kind is Any:
-        return []
-    if value is None:
-        return [f"{where} is null but {kind} is not optional"]
-    origin = typing.get_origin(kind)
-    if origin is list:
-        if not isinstance(value, list):
-            return [f"{where}={value!r} is not a list"]
-        (item,) = typing.get_args(kind)
-        return [p for i, v in enumerate(value) for p in type_problems(v, item, f"{where}[{i}]")]
-    if origin is dict:
-        if not isinstance(value, dict):
-            return [f"{where}={value!r} is not a mapping"]
-        _, item = typing.get_args(kind)
-        return [p for k, v in value.items() for p in type_problems(v, item, f"{where}.{k}")]
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return [] if value in kind.__members__ else [f"{where}={value!r} is not one of {list(kind.__members__)}"]
-    if dataclasses.is_dataclass(kind):
-        return section_problems(value, kind, where)
-    if kind is float:
-        ok = isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool))
-    else:
-        ok = type(value) is kind
-    return [] if ok else [f"{where}={value!r} is {type(value).__name__}, not {kind.__name__}"]
-
-
-def section_problems(values: Any, kind: type, where: str) -> list[str]:
-    if not isinstance(values, dict):
-        return [f"{where}={values!r} is not a section"]
-    if where == "cluster":
-        kind = schema.CLUSTERS[values["platform"]]
-    elif where == "data_preparation":
-        kind = next(k for name, k in schema.DATA_SOURCES.items() if _source_of(values) == name)
-    hints = typing.get_type_hints(kind)
-    declared = {f.name for f in dataclasses.fields(kind)}
-    problems = [f"{where}.{k} is not in the schema ({kind.__name__})" for k in values if k not in declared]
-    for name in declared:
-        if name not in values:
-            problems.append(f"{where}.{name} is missing")
-        else:
-            problems += type_problems(values[name], hints[name], f"{where}.{name}" if where else name)
-    return problems
-
-
-def _source_of(values: dict) -> str:
-    if "inputs" in values:
-        return "files"
-    return "c4" if "train" in values else "pile"
 
 
 COMPOSITIONS = (
@@ -103,17 +46,35 @@ def test_every_group_has_options():
 
 @pytest.mark.parametrize("overrides", COMPOSITIONS, ids=lambda o: " ".join(o))
 def test_every_option_composes_to_the_declared_types(overrides):
-    cfg = compose([*overrides, "results_dir=/tmp/results"])
-    assert section_problems(cfg, schema.Config, "") == []
+    # Composing builds the typed config (common/typed.py checks every value against its declared type), and the
+    # typed config gives back exactly what config.yaml records.
+    plain = compose_plain([*overrides, "results_dir=/tmp/results"])
+    cfg = load_config(plain)
+    assert to_plain(cfg) == plain
+    assert type(cfg.cluster) is schema.CLUSTERS[plain["cluster"]["platform"]]
+    assert type(cfg.data_preparation) is schema.DATA_SOURCES[plain["data_preparation"]["name"]]
 
 
-def test_the_checker_sees_a_wrong_type():
-    cfg = compose(["results_dir=/tmp/results"])
-    cfg["training"]["seq_length"] = "2048"
-    cfg["cluster"]["gpus_per_node"] = True
-    cfg["stages"] = ["training", "trianing"]
-    problems = section_problems(cfg, schema.Config, "")
-    assert len(problems) == 3, problems
+@pytest.mark.parametrize(
+    "key,value,line",
+    [
+        ("training.seq_length", "2048", "training.seq_length='2048' must be an integer"),
+        ("cluster.gpus_per_node", True, "cluster.gpus_per_node=True must be an integer"),
+        ("stages", ["training", "trianing"], "stages[1]='trianing' is none of container, data_preparation"),
+        ("training.model.hidden_sise", 4096, "training.model.hidden_sise is not a config key"),
+        ("cluster.platform", "lsf", "cluster.platform='lsf' is none of local, slurm, sge, bcp, k8s"),
+    ],
+)
+def test_a_value_that_does_not_fit_the_schema_is_one_line_naming_its_key(key, value, line):
+    plain = compose_plain(["results_dir=/tmp/results"])
+    *path, last = key.split(".")
+    section = plain
+    for part in path:
+        section = section[part]
+    section[last] = value
+    with pytest.raises(TypedConfigError) as err:
+        load_config(plain)
+    assert str(err.value).startswith(line), str(err.value)
 
 
 def test_every_schema_key_has_a_one_line_doc():

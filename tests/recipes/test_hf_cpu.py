@@ -21,6 +21,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
+from common.typed import to_plain  # noqa: E402
 from common import hf_config  # noqa: E402
 from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
@@ -164,7 +165,7 @@ def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str)
 def checkpoint_from(hf_dir: Path, layout: str, run_dir: Path, source: dict) -> Path:
     cfg, plan = configured(layout, *with_tokenizer(source))
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))  # as main.py writes it; export reads it
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg)))  # as main.py writes it; export reads it
     path = cpu_megatron.run_ranks(import_and_save, plan.num_gpus, cfg, plan, str(hf_dir), str(run_dir))[0]
     return Path(path)
 

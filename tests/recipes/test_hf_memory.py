@@ -23,6 +23,7 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("safetensors")
 
 import cpu_megatron  # noqa: E402
+from common.typed import to_plain  # noqa: E402
 from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
@@ -170,7 +171,7 @@ def test_export_stays_below_twice_the_largest_tensor_plus_a_shard(source, scratc
     cfg, plan = source["cfg"], source["plan"]
     run_dir = scratch / "run"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
     checkpoint = cpu_megatron.run_ranks(import_and_save, 2, cfg, plan, str(source["dir"]), str(run_dir))[0]
     out = scratch / "export"
     probe = (

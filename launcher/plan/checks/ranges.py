@@ -11,18 +11,13 @@ from typing import Any, Iterator, Mapping
 
 from common import config as schema
 
-# A section whose options carry different keys: the option's own class holds the ranges of its own keys.
-_OPTIONS: dict[type, tuple[type, ...]] = {
-    schema.ClusterConfig: tuple(schema.CLUSTERS.values()),
-    schema.DataPreparationConfig: tuple(schema.DATA_SOURCES.values()),
-}
 # (dotted key, the value out of range, the schema field that declares the range, the field's type)
 Found = Iterator[tuple[str, Any, dataclasses.Field, Any]]
 
 
-def problems(cfg: Mapping[str, Any]) -> list[str]:
+def problems(cfg: schema.Config) -> list[str]:
     """One line per value out of its declared range, naming the key, the range and the key's meaning."""
-    return [_line(key, value, f, hint) for key, value, f, hint in _section(cfg, schema.Config, "")]
+    return [_line(key, value, f, hint) for key, value, f, hint in _section(cfg, "")]
 
 
 def _line(key: str, value: Any, f: dataclasses.Field, hint: Any) -> str:
@@ -33,12 +28,10 @@ def _line(key: str, value: Any, f: dataclasses.Field, hint: Any) -> str:
     return f"{key}={value} must be {bounds.words()}{why}{nullable}: {f.metadata['doc']}"
 
 
-def _section(section: Any, kind: type, prefix: str) -> Found:
-    if not isinstance(section, Mapping):
-        return
-    for f, hint in _fields(_option_class(kind, section)):
-        if f.name in section:
-            yield from _values(section[f.name], hint, f, hint, f"{prefix}{f.name}")
+def _section(section: Any, prefix: str) -> Found:
+    """A section's own class (the cluster's platform, the data preparation's source) declares its keys' ranges."""
+    for f, hint in _fields(type(section)):
+        yield from _values(getattr(section, f.name), hint, f, hint, f"{prefix}{f.name}")
 
 
 def _values(value: Any, kind: Any, f: dataclasses.Field, hint: Any, key: str) -> Found:
@@ -54,7 +47,7 @@ def _values(value: Any, kind: Any, f: dataclasses.Field, hint: Any, key: str) ->
         for name, item in value.items():
             yield from _values(item, typing.get_args(kind)[1], f, hint, f"{key}.{name}")
     elif dataclasses.is_dataclass(kind):
-        yield from _section(value, kind, f"{key}.")
+        yield from _section(value, f"{key}.")
     elif kind in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
         bounds = schema.range_of(f)
         if bounds is not None and not bounds.holds(value):
@@ -66,13 +59,6 @@ def _unwrap_optional(kind: Any) -> Any:
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         return args[0] if len(args) == 1 else kind
     return kind
-
-
-def _option_class(kind: type, section: Mapping[str, Any]) -> type:
-    """The class of the option a section was composed from: of its options, the one with the most keys that the
-    section has all of (cluster: one per platform, data_preparation: one per source)."""
-    fitting = [o for o in _OPTIONS.get(kind, ()) if all(f.name in section for f in dataclasses.fields(o))]
-    return max(fitting, key=lambda o: len(dataclasses.fields(o)), default=kind)
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from common.config import Config, Stage
+from common.config import Stage
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -34,9 +34,6 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
             "#$ lines cannot carry in log paths; choose a path of letters, digits and / . _ - + = only"
         )
     _stages(cfg["stages"], found)
-    declared = set(Config.__dataclass_fields__)
-    for key in sorted(set(cfg) - declared):
-        found.problem(f"{key} is not a config key (an override added it with +): remove it")
 
 
 def run_name_problem(name: str) -> str | None:

@@ -259,3 +259,17 @@ def test_the_native_loss_fusion_is_the_default_everywhere(cfg_for):
     for model in ("tiny", "8b", "70b", "405b"):
         assert cfg_for(f"training=llama31/{model}")["training"]["model"]["cross_entropy_fusion"] == "native"
     assert cfg_for("training=mlperf/llama31_8b")["training"]["model"]["cross_entropy_fusion"] == "native"
+
+
+def test_fp8_attention_is_refused_for_head_sizes_cudnn_cannot_train(cfg_for):
+    # The 8B's heads are 128 wide: FP8 attention trains on Hopper and Blackwell alike.
+    for gpu in ("h100", "h200", "b200"):
+        eight_b = ("training=llama31/8b", "cluster=bcm", f"cluster.gpu_type={gpu}", "cluster.gpus_per_node=8")
+        planned(cfg_for(*eight_b, "dtype=fp8", "dtype.fp8_dot_product_attention=true"))
+    tiny = ("training=llama31/tiny", "cluster=bcm", "dtype=fp8", "dtype.fp8_dot_product_attention=true")
+    assert problems_of(cfg_for(*tiny, "cluster.gpu_type=h200")) == [
+        "dtype.fp8_dot_product_attention=true needs attention heads of exactly 128 on cluster.gpu_type=h200 "
+        "(cuDNN's FP8 attention), but training.model.kv_channels=64; set dtype.fp8_dot_product_attention=false"
+    ]
+    planned(cfg_for(*tiny, "cluster.gpu_type=b200"))  # Blackwell trains 64-wide heads
+    assert "multiple of 16" in problems_of(cfg_for(*tiny, "cluster.gpu_type=b200", "training.model.kv_channels=72"))[0]

@@ -35,6 +35,7 @@ def _overrides(model: str, layers: int, tp: int, results: Path) -> list[str]:
         *preset,
         "training.global_batch_size=2",
         "training.train_steps=3",
+        "training.scheduler.warmup_steps=1",
         "training.val_interval=0",
         "training.checkpoint.interval=0",
         "training.checkpoint.save_at_end=false",

@@ -249,18 +249,21 @@ def test_two_gpu_layouts_match_single_gpu(layout, corpus, single_gpu_reference):
     assert first < 5e-3 and early < 0.03 and diff < 0.25
 
 
-@pytest.mark.parametrize("variant", ["fp8", "fp8_dp2", "fp8_tensorwise", "tp2_userbuffers", "fp8_tp2_userbuffers"])
+FP8_AND_OVERLAP = {
+    "fp8": ["dtype=fp8"],
+    "fp8_dp2": ["dtype=fp8", "parallelism=tp1", "parallelism.num_gpus=2"],
+    "fp8_tensorwise": ["dtype=fp8", "dtype.fp8_recipe=tensorwise", "parallelism=tp1", "parallelism.num_gpus=2"],
+    "tp2_userbuffers": ["parallelism=tp2_sp"],
+    "fp8_tp2_userbuffers": ["dtype=fp8", "parallelism=tp2_sp"],
+}
+
+
+@pytest.mark.parametrize("variant", list(FP8_AND_OVERLAP))
 def test_fp8_and_tp_overlap_stay_close_to_bf16(variant, corpus, single_gpu_reference):
     if variant != "fp8" and gpu_count() < 2:
         pytest.skip("needs 2 GPUs")
     results, reference, init = single_gpu_reference
-    extra = {
-        "fp8": ["dtype=fp8"],
-        "fp8_dp2": ["dtype=fp8", "parallelism=tp1", "parallelism.num_gpus=2"],
-        "fp8_tensorwise": ["dtype=fp8", "dtype.fp8_recipe=tensorwise", "parallelism=tp1", "parallelism.num_gpus=2"],
-        "tp2_userbuffers": ["parallelism=tp2_sp"],
-        "fp8_tp2_userbuffers": ["dtype=fp8", "parallelism=tp2_sp"],
-    }[variant]
+    extra = FP8_AND_OVERLAP[variant]
     run = main_py(
         *tiny(
             corpus,

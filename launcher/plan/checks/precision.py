@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from launcher.plan.findings import Findings
-from launcher.plan.hardware import gpu_types_with
+from launcher.plan.hardware import GpuSpec, gpu_types_with
 from launcher.plan.sizes import Sizes
 
 # Recipes whose scales are per block of elements: Blackwell's tensor cores (compute capability 10.0) only.
@@ -47,10 +47,26 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
             f"dtype.fp8_recipe={recipe} needs {_blackwell()}; cluster.gpu_type={sizes.gpu_type} has no "
             "MXFP8 tensor cores; use dtype.fp8_recipe=delayed or tensorwise"
         )
+    if fp8 and dtype.fp8_dot_product_attention:
+        _fp8_attention_head_size(cfg.training.model.kv_channels, spec, sizes.gpu_type, found)
     if fp4 and not spec.block_scaled:
         found.problem(
             f"dtype.fp4={fp4} needs {_blackwell()}; cluster.gpu_type={sizes.gpu_type} has no FP4 tensor "
             "cores; use dtype=fp8"
+        )
+
+
+def _fp8_attention_head_size(head_size: int, spec: GpuSpec, gpu_type: str, found: Findings) -> None:
+    """cuDNN's FP8 attention trains heads of exactly 128 on Hopper and of at most 128 (a multiple of 16) on Blackwell
+    (Transformer Engine 2.20's backend rules); with any other size no attention backend is left and every rank
+    stops at its first step."""
+    hopper = spec.compute_capability < (10, 0)
+    if (head_size != 128) if hopper else (head_size > 128 or head_size % 16):
+        need = "exactly 128" if hopper else "at most 128 and a multiple of 16"
+        found.problem(
+            f"dtype.fp8_dot_product_attention=true needs attention heads of {need} on cluster.gpu_type={gpu_type} "
+            f"(cuDNN's FP8 attention), but training.model.kv_channels={head_size}; set "
+            "dtype.fp8_dot_product_attention=false"
         )
 
 

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from common.plan import Plan, PlanFileError, load_plan
+from common.plan import Plan
 
 REPO = Path(__file__).resolve().parent.parent
 STACK_FILE = REPO / "conf" / "stack.yaml"
@@ -274,15 +274,13 @@ def check_or_exit(
 
 def check_run(run_dir: str, rank: int = 0, local_rank: int = 0) -> None:
     """The check for a training rank of RUN_DIR (its config.yaml and plan.json)."""
-    import yaml
+    from common.run import RunDirError, load_run
 
-    with open(os.path.join(run_dir, "config.yaml")) as f:
-        cfg = yaml.safe_load(f)
     try:
-        plan = load_plan(run_dir)
-    except PlanFileError as err:  # the first reader of plan.json on a rank: one line, before anything starts
+        run = load_run(run_dir)
+    except RunDirError as err:  # the first reader of the run directory on a rank: one line, before anything starts
         raise SystemExit(f"error: {err}") from None
-    check_or_exit(cfg, precision_of(cfg, plan), rank, local_rank)
+    check_or_exit(run.config, precision_of(run.config, run.plan), rank, local_rank)
 
 
 def precision_of(cfg: Mapping[str, Any], plan: Plan) -> str:

@@ -22,11 +22,12 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorSt
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from tqdm import tqdm
-import yaml
 
 from common import hf_config
 from common.checkpoints import STATE_FILE, latest_checkpoint
+from common.config import Config
 from common.files import atomic_output, atomic_write
+from common.run import CONFIG_FILE, RunDirError, load_run_config
 from common.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 from recipes.hf import hub, mapping
 
@@ -378,9 +379,11 @@ def _special_ids(source: Path) -> tuple[int | None, int | list[int] | None]:
     return token_id(config.get("bos_token")), token_id(config.get("eos_token"))
 
 
-def run_config_for(checkpoint: Path, config: str | None) -> dict[str, Any]:
-    path = Path(config) if config else checkpoint.parent.parent / "config.yaml"
+def run_config_for(checkpoint: Path, config: str | None) -> Config:
+    path = Path(config) if config else checkpoint.parent.parent / CONFIG_FILE
     if not path.is_file():
         raise ExportError(f"{path} not found: pass --config RUN_DIR/config.yaml of the run that wrote the checkpoint")
-    with open(path) as f:
-        return yaml.safe_load(f)
+    try:
+        return load_run_config(path)
+    except RunDirError as err:
+        raise ExportError(str(err)) from None

@@ -25,10 +25,10 @@ import time
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import torch
-import yaml
 
 from common.files import atomic_write
-from common.plan import Plan, PlanFileError, load_plan
+from common.plan import Plan
+from common.run import RunDirError, load_run
 from recipes.runtime.ranks import die_with_torchrun, rank_info
 
 MIB = 2**20
@@ -363,12 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_torchrun()
     run_dir = os.path.abspath(args.run_dir)
-    with open(os.path.join(run_dir, "config.yaml")) as f:
-        cfg = yaml.safe_load(f)
     try:
-        plan = load_plan(run_dir)
-    except PlanFileError as err:
+        loaded = load_run(run_dir)
+    except RunDirError as err:
         raise SystemExit(f"error: {err}") from None
+    cfg, plan = loaded.config, loaded.plan
     info = rank_info()
     if info.world_size != plan.num_gpus:
         raise SystemExit(

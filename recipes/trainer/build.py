@@ -11,10 +11,10 @@ from typing import Any
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
-import yaml
 
 from common.checkpoints import TrainState
-from common.plan import Plan, PlanFileError, load_plan
+from common.plan import Plan
+from common.run import RunDirError, load_run
 from recipes.hf import importer
 from recipes.observability.observers import Observers
 from recipes.resilience.guard import RunGuard, record_failure
@@ -24,16 +24,6 @@ from recipes.trainer import cadence, checkpoint, data, distributed, graphs, metr
 from recipes.trainer.loop import Trainer
 from recipes.trainer.model import build_model_chunks, count_parameters, init_userbuffers, wrap_data_parallel
 from recipes.trainer.steps import Steps, overlaps_param_gather, reads_data
-
-
-def load_run(run_dir: str) -> tuple[dict[str, Any], Plan]:
-    with open(os.path.join(run_dir, "config.yaml")) as f:
-        cfg = yaml.safe_load(f)
-    try:
-        plan = load_plan(run_dir)
-    except PlanFileError as err:
-        raise SystemExit(f"error: {err}") from None
-    return cfg, plan
 
 
 def _rank_zero_says(rank: int):
@@ -50,7 +40,11 @@ def build_trainer(run_dir: str) -> Trainer:
     # Weight gradients accumulate straight into the DDP buffers (apex's kernel, or the stand-in). The training
     # entry installed it before megatron was imported; this covers a trainer built another way.
     wgrad_fallback.install()
-    cfg, plan = load_run(run_dir)
+    try:
+        run = load_run(run_dir)
+    except RunDirError as err:
+        raise SystemExit(f"error: {err}") from None
+    cfg, plan = run.config, run.plan
     info = rank_info()
     built = Callbacks()
     try:

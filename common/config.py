@@ -482,6 +482,12 @@ class ClusterConfig(DictAccess):
     nvlink_multicast: bool = key("nodes have NVLink multicast (NVSwitch); false sets UB_SKIPMC=1 for userbuffers")
     env: Dict[str, str] = key("environment for every training rank, added to the recipe's own")
 
+    @property
+    def runs_here(self) -> bool:
+        """The jobs run on this machine, its GPUs the job's, instead of going through a scheduler: what the plan
+        (sizes from the GPUs found), the checks (tools on this PATH) and the stage commands ask of a platform."""
+        return False
+
 
 _RUNTIME = "how jobs enter the container: pyxis, apptainer or none (bare metal)"
 _CONTAINER = "the image: a .sqsh (pyxis) or .sif (apptainer) path, or a registry reference; null: bare metal"
@@ -495,6 +501,10 @@ class LocalCluster(ClusterConfig):
     container: Optional[str] = key(_CONTAINER)
     container_source: str = key(_SOURCE)
     wheel_dir: Optional[str] = key(_WHEELS)
+
+    @property
+    def runs_here(self) -> bool:
+        return True
 
 
 @dataclass

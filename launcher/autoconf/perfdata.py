@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from common.config import ModelConfig
 from common.plan import Plan
 from launcher.config.compose import CONF_DIR
 from launcher.plan.formulas import model_flops_per_sample
@@ -53,7 +54,7 @@ def measured_tokens_per_s_per_gpu(row: Mapping[str, Any], plan: Plan) -> float:
         return float(row["tokens_per_s_per_gpu"])
     if row.get("step_time_s"):
         return plan.global_batch_size * plan.seq_length / float(row["step_time_s"]) / plan.num_gpus
-    peak = gpu_spec(plan.gpu_type).bf16_peak_flops
+    peak = gpu_spec(row["gpu"]).bf16_peak_flops  # the GPU it was measured on, the plan's gpu_type
     return row["mfu_bf16"] * peak * plan.seq_length / plan.model_flops_per_sample
 
 
@@ -70,21 +71,24 @@ class Reference:
     gpu: str
     seq_length: int
 
-    def mfu(self, model_cfg: Mapping[str, Any], peak: str = "bf16") -> float:
+    def mfu(self, model_cfg: ModelConfig, peak: str = "bf16") -> float:
         """MFU of the published throughput with the plan's FLOPs formula (model_cfg: the full model's
         architecture), against the bf16 or fp8 peak of the GPU it ran on."""
         spec = gpu_spec(self.gpu)
         flops = self.tokens_per_s_per_gpu / self.seq_length * model_flops_per_sample(model_cfg, self.seq_length)
-        return flops / (spec.fp8_peak_flops if peak == "fp8" else spec.bf16_peak_flops)
+        peak_flops = spec.fp8_peak_flops if peak == "fp8" else spec.bf16_peak_flops
+        if peak_flops is None:
+            raise ValueError(f"{self.gpu} has no {peak} peak")
+        return flops / peak_flops
 
 
-def training_model(model: str) -> dict[str, Any]:
+def training_model(model: str) -> ModelConfig:
     """The architecture of a training config by plan.json's name (llama31_70b -> conf/training/llama31/70b.yaml):
     the full model, also for a run that overrode its layer count."""
     from launcher.config.compose import compose
 
     family, _, size = model.partition("_")
-    return compose([f"training={family}/{size}"])["training"]["model"]
+    return compose([f"training={family}/{size}"]).training.model
 
 
 def nvidia_reference(model: str, dtype: str, path: Path = NVIDIA_H100) -> Reference | None:

@@ -7,16 +7,15 @@ exactly what that command line gives; main.py prints it.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 
-from common.config import Config
+from common.config import AutoConfig, Config, ParallelismConfig, Recompute, RecomputeMethod, SearchSpace, TunedSize
 from common.plan import Plan
 from common.typed import changed
 from launcher.autoconf.steptime import StepTime, predict
@@ -48,7 +47,6 @@ DECIDED = {
     "parallelism.wgrad_deferral_limit": None,
     "parallelism.name": None,
 }
-SEARCH_KEYS = ("tp", "pp", "cp", "vp", "micro_batch_size", "recompute", "asymmetric_pipeline")
 MAX_GPUS = 65536  # how far the smallest-GPU-count search looks
 TIE = 0.005  # predicted step times in the same bin of this width (relative to the best) rank by memory
 
@@ -60,7 +58,7 @@ class Layout:
     cp: int
     vp: int | None
     micro_batch_size: int
-    recompute: str | None
+    recompute: Recompute | None
     asymmetric: bool
 
     def sort_key(self) -> tuple:
@@ -82,75 +80,75 @@ class Layout:
 class Ranked:
     layout: Layout
     plan: Plan
-    cfg: dict[str, Any]
+    cfg: Config
     time: StepTime
 
 
 @dataclass
 class Search:
-    cfg: dict[str, Any]
+    cfg: Config
     num_gpus: int
     tried: int
     ranked: list[Ranked]
-    dropped: Counter  # drop reason -> layouts (each counted under the first problem the plan names)
+    dropped: Counter[str]  # drop reason -> layouts (each counted under the first problem the plan names)
 
 
-def is_auto(cfg: Mapping[str, Any]) -> bool:
-    return cfg["parallelism"].get("auto") is not None
+def is_auto(cfg: Config) -> bool:
+    return cfg.parallelism.auto is not None
+
+
+def auto_settings(cfg: Config) -> AutoConfig:
+    """parallelism.auto of a config that searches (is_auto)."""
+    auto = cfg.parallelism.auto
+    if auto is None:
+        raise ValueError("parallelism.auto is null: the config names a layout, there is nothing to search")
+    return auto
 
 
 # --------------------------------------------------------------------------- the search space
-def search_space(auto: Mapping[str, Any]) -> dict[str, list]:
+def search_space(auto: AutoConfig) -> SearchSpace:
     """parallelism.auto.search, checked (each size's range is declared in the schema, checked before the search);
     vp 1 means no interleaving (null)."""
-    space = auto.get("search") or {}
+    space = auto.search
     problems = [
-        f"parallelism.auto.search.{k} must be a non-empty list"
-        for k in SEARCH_KEYS
-        if not isinstance(space.get(k), list) or not space[k]
+        f"parallelism.auto.search.{f.name} must be a non-empty list"
+        for f in fields(space)
+        if not getattr(space, f.name)
     ]
     if problems:
         raise PlanError(problems)
-    space = {k: list(space[k]) for k in SEARCH_KEYS}
-    space["vp"] = list(dict.fromkeys(None if v in (None, 1) else v for v in space["vp"]))
-    bad = [v for v in space["recompute"] if v not in (None, "selective", "full")]
-    if bad:
-        problems.append(f"parallelism.auto.search.recompute: {bad}; use null, selective or full")
-    if problems:
-        raise PlanError(problems)
-    return space
+    return changed(space, {"vp": list(dict.fromkeys(None if v in (None, 1) else v for v in space.vp))})
 
 
-def candidate_layouts(space: Mapping[str, list], num_gpus: int) -> Iterator[Layout]:
+def candidate_layouts(space: SearchSpace, num_gpus: int) -> Iterator[Layout]:
     """Every combination whose model-parallel size divides the GPUs (DP is the quotient); VP and the asymmetric
     split exist only with a pipeline."""
-    for tp, pp, cp in itertools.product(space["tp"], space["pp"], space["cp"]):
+    for tp, pp, cp in itertools.product(space.tp, space.pp, space.cp):
         if num_gpus % (tp * pp * cp):
             continue
-        vps = space["vp"] if pp > 1 else [None]
-        asymmetric = sorted({bool(a) for a in space["asymmetric_pipeline"]}) if pp > 1 else [False]
-        for vp, asym, mbs, recompute in itertools.product(
-            vps, asymmetric, space["micro_batch_size"], space["recompute"]
-        ):
+        vps = space.vp if pp > 1 else [None]
+        asymmetric = sorted(set(space.asymmetric_pipeline)) if pp > 1 else [False]
+        for vp, asym, mbs, recompute in itertools.product(vps, asymmetric, space.micro_batch_size, space.recompute):
             yield Layout(tp, pp, cp, vp, mbs, recompute, asym)
 
 
-def _tuned(auto: Mapping[str, Any], hidden: int) -> Mapping[str, Any] | None:
-    return next((t for t in auto.get("tuned") or [] if t["hidden_size"] == hidden), None)
+def _tuned(auto: AutoConfig, hidden: int) -> TunedSize | None:
+    return next((t for t in auto.tuned if t.hidden_size == hidden), None)
 
 
-def userbuffer_preset(auto: Mapping[str, Any], hidden: int, layout: Layout) -> str | None:
+def userbuffer_preset(auto: AutoConfig, hidden: int, layout: Layout) -> str | None:
     tuned = _tuned(auto, hidden)
     if layout.tp == 1 or tuned is None:
         return None
-    return next((u["preset"] for u in tuned.get("userbuffers") or [] if u["tp"] == layout.tp), None)
+    return next((u.preset for u in tuned.userbuffers if u.tp == layout.tp), None)
 
 
-def layout_settings(auto: Mapping[str, Any], hidden: int, layout: Layout) -> dict[str, Any]:
-    """The parallelism keys a layout sets (besides its name and userbuffer preset)."""
+def layout_settings(auto: AutoConfig, hidden: int, layout: Layout) -> dict[str, Any]:
+    """The parallelism keys a layout sets (besides its name and userbuffer preset), by their names in
+    ParallelismConfig."""
     tuned = _tuned(auto, hidden)
     defer = layout.pp > 1 and tuned is not None
-    full = layout.recompute == "full"
+    full = layout.recompute == Recompute.full
     return dict(
         tp=layout.tp,
         pp=layout.pp,
@@ -160,9 +158,9 @@ def layout_settings(auto: Mapping[str, Any], hidden: int, layout: Layout) -> dic
         tp_comm_overlap=layout.tp > 1,
         asymmetric_pipeline=layout.asymmetric,
         defer_embedding_wgrad_compute=defer,
-        wgrad_deferral_limit=tuned["wgrad_deferral_limit"] if defer else 0,
+        wgrad_deferral_limit=tuned.wgrad_deferral_limit if defer and tuned is not None else 0,
         recompute_granularity=layout.recompute,
-        recompute_method="uniform" if full else None,
+        recompute_method=RecomputeMethod.uniform if full else None,
         recompute_num_layers=1 if full else None,
     )
 
@@ -171,16 +169,18 @@ def candidate_config(cfg: Config, layout: Layout) -> Config:
     """The config the plan checks for a layout: the same keys parallelism=custom and the layout's overrides
     compose to (the userbuffer preset's contents aside, which planning does not read). The memory check is on:
     a layout the estimate says does not fit is never picked."""
-    auto = cfg.parallelism.auto
-    par = dataclasses.replace(
-        cfg.parallelism,
-        **layout_settings(auto, cfg.training.model.hidden_size, layout),
-        name=layout.name(cfg.training.micro_batch_size),
-        tp_comm_overlap_cfg=None,
-        auto=None,
+    settings = layout_settings(auto_settings(cfg), cfg.training.model.hidden_size, layout)
+    return changed(
+        cfg,
+        {
+            **{f"parallelism.{key}": value for key, value in settings.items()},
+            "parallelism.name": layout.name(cfg.training.micro_batch_size),
+            "parallelism.tp_comm_overlap_cfg": None,
+            "parallelism.auto": None,
+            "training.micro_batch_size": layout.micro_batch_size,
+            "memory_check": True,
+        },
     )
-    training = dataclasses.replace(cfg.training, micro_batch_size=layout.micro_batch_size)
-    return dataclasses.replace(cfg, parallelism=par, training=training, memory_check=True)
 
 
 # --------------------------------------------------------------------------- search and rank
@@ -194,9 +194,9 @@ def drop_reason(problem: str) -> str:
     return _NUMBER.sub("N", _VALUE.sub("=…", text))
 
 
-def _gpu_type_problem(cfg: Mapping[str, Any], local_gpus: LocalGpus | None) -> str | None:
-    cluster = cfg["cluster"]
-    if cluster.get("gpu_type") or (cluster["name"] == "local" and local_gpus and local_gpus.gpu_type):
+def _gpu_type_problem(cfg: Config, local_gpus: LocalGpus | None) -> str | None:
+    cluster = cfg.cluster
+    if cluster.gpu_type or (cluster.runs_here and local_gpus and local_gpus.gpu_type):
         return None
     return (
         "parallelism=auto needs the GPU type for its memory filter and step-time model: set cluster.gpu_type "
@@ -204,19 +204,21 @@ def _gpu_type_problem(cfg: Mapping[str, Any], local_gpus: LocalGpus | None) -> s
     )
 
 
-def search(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Search:
+def search(cfg: Config, local_gpus: LocalGpus | None = None) -> Search:
     """Every candidate through the plan's layout checks; the ones that fit ranked by predicted step time."""
     out_of_range = ranges.problems(cfg)  # once here: every layout tried is checked with ranges_checked=True
     if out_of_range:
         raise PlanError(out_of_range)
-    auto = cfg["parallelism"]["auto"]
+    auto = auto_settings(cfg)
     space = search_space(auto)
     problem = _gpu_type_problem(cfg, local_gpus)
     if problem:
         raise PlanError([problem])
-    num_gpus = cfg["parallelism"]["num_gpus"]
-    headroom = float(auto.get("memory_headroom") or 0.0)
-    ranked, dropped, tried = [], Counter(), 0
+    num_gpus = cfg.parallelism.num_gpus
+    headroom = auto.memory_headroom
+    ranked: list[Ranked] = []
+    dropped: Counter[str] = Counter()
+    tried = 0
     for layout in candidate_layouts(space, num_gpus):
         tried += 1
         candidate = candidate_config(cfg, layout)
@@ -225,11 +227,17 @@ def search(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Searc
         except PlanError as err:
             dropped[drop_reason(err.problems[0])] += 1
             continue
-        if plan.est_memory_gib_per_gpu > (1 - headroom) * gpu_spec(plan.gpu_type).memory_gib:
+        if plan.est_memory_gib_per_gpu > (1 - headroom) * _gpu_memory_gib(plan):
             dropped[f"estimated memory within parallelism.auto.memory_headroom={headroom:g} of the GPU's"] += 1
             continue
-        ranked.append(Ranked(layout, plan, candidate, predict(candidate, plan.to_json_dict(), auto["step_time"])))
+        ranked.append(Ranked(layout, plan, candidate, predict(candidate, plan, auto.step_time)))
     return Search(cfg, num_gpus, tried, rank(ranked), dropped)
+
+
+def _gpu_memory_gib(plan: Plan) -> float:
+    if plan.gpu_type is None:  # _gpu_type_problem refused the search before any plan
+        raise ValueError("parallelism=auto planned a layout without a GPU type")
+    return gpu_spec(plan.gpu_type).memory_gib
 
 
 def rank(candidates: list[Ranked]) -> list[Ranked]:
@@ -245,9 +253,7 @@ def rank(candidates: list[Ranked]) -> list[Ranked]:
     )
 
 
-def _first_fitting(
-    cfg: Mapping[str, Any], space: Mapping[str, list], num_gpus: int, local_gpus: LocalGpus | None
-) -> bool:
+def _first_fitting(cfg: Config, space: SearchSpace, num_gpus: int, local_gpus: LocalGpus | None) -> bool:
     cfg = changed(cfg, {"parallelism.num_gpus": num_gpus})
     for layout in candidate_layouts(space, num_gpus):
         try:
@@ -258,32 +264,32 @@ def _first_fitting(
     return False
 
 
-def smallest_fitting_gpus(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> int | None:
+def smallest_fitting_gpus(cfg: Config, local_gpus: LocalGpus | None = None) -> int | None:
     """The smallest GPU count (up to MAX_GPUS) with a layout that fits. GPU counts are model-parallel sizes of the
     search space times data-parallel sizes that divide the global batch. On this machine (cluster=local) the
     question is asked of nodes of its GPUs (a Slurm cluster of such machines)."""
-    space = search_space(cfg["parallelism"]["auto"])
-    gbs = cfg["training"]["global_batch_size"]
+    space = search_space(auto_settings(cfg))
+    gbs = cfg.training.global_batch_size
     data_parallel = [d for d in range(1, gbs + 1) if gbs % d == 0]
     counts = sorted(
         {
             tp * pp * cp * d
-            for tp, pp, cp in itertools.product(space["tp"], space["pp"], space["cp"])
+            for tp, pp, cp in itertools.product(space.tp, space.pp, space.cp)
             for d in data_parallel
             if tp * pp * cp * d <= MAX_GPUS
         }
     )
-    if cfg["cluster"]["name"] == "local":
+    if cfg.cluster.runs_here:
         local = local_gpus or LocalGpus(0, None, ())
-        per_node = cfg["cluster"].get("gpus_per_node") or local.count or 8
-        gpu_type = cfg["cluster"].get("gpu_type") or local.gpu_type
+        per_node = cfg.cluster.gpus_per_node or local.count or 8
+        gpu_type = cfg.cluster.gpu_type or local.gpu_type
         cfg = changed(cfg, {"cluster.name": "nodes", "cluster.gpus_per_node": per_node, "cluster.gpu_type": gpu_type})
     return next((n for n in counts if _first_fitting(cfg, space, n, local_gpus)), None)
 
 
 def no_fit_message(result: Search, local_gpus: LocalGpus | None) -> str:
     cfg = result.cfg
-    gpu = cfg["cluster"].get("gpu_type") or (local_gpus.gpu_type if local_gpus else None)
+    gpu = cfg.cluster.gpu_type or (local_gpus.gpu_type if local_gpus else None)
     reasons = result.dropped.most_common()
     why = f"the most common problem: {reasons[0][0]} ({reasons[0][1]:,} layouts)" if reasons else "none to try"
     smallest = smallest_fitting_gpus(cfg, local_gpus)
@@ -292,13 +298,13 @@ def no_fit_message(result: Search, local_gpus: LocalGpus | None) -> str:
         if smallest
         else f"no GPU count up to {MAX_GPUS} has one; widen parallelism.auto.search"
     )
-    if smallest and cfg["cluster"]["name"] == "local":
+    if smallest and cfg.cluster.runs_here:
         fix = (
             f"on nodes of this machine's GPUs the smallest GPU count with one that fits is {smallest}: "
             f"cluster=bcm parallelism.num_gpus={smallest}"
         )
     return (
-        f"parallelism=auto: no layout of {cfg['training']['name']} ({cfg['dtype']['name']}) fits "
+        f"parallelism=auto: no layout of {cfg.training.name} ({cfg.dtype.name}) fits "
         f"parallelism.num_gpus={result.num_gpus} {gpu} GPUs ({result.tried:,} tried; {why}); {fix}"
     )
 
@@ -308,11 +314,11 @@ def format_search(result: Search, top: int, pick: int | None = None) -> str:
     cfg = result.cfg
     ranked = result.ranked
     first = ranked[0].plan if ranked else None
-    where = f"{first.gpus_per_node} per node, " if first and cfg["cluster"]["name"] != "local" else ""
-    gpu = first.gpu_type if first else cfg["cluster"].get("gpu_type")
+    where = f"{first.gpus_per_node} per node, " if first and not cfg.cluster.runs_here else ""
+    gpu = first.gpu_type if first else cfg.cluster.gpu_type
     lines = [
-        f"auto-configurator: {cfg['training']['name']} {cfg['dtype']['name']} on {result.num_gpus} {gpu} GPUs "
-        f"({where}GBS {cfg['training']['global_batch_size']}, seq {cfg['training']['seq_length']})",
+        f"auto-configurator: {cfg.training.name} {cfg.dtype.name} on {result.num_gpus} {gpu} GPUs "
+        f"({where}GBS {cfg.training.global_batch_size}, seq {cfg.training.seq_length})",
         f"  {result.tried:,} layouts tried: {len(ranked):,} fit, {sum(result.dropped.values()):,} dropped "
         "(each under the first problem the plan names):",
     ]
@@ -396,14 +402,14 @@ def _shared_defaults() -> dict[str, Any]:
     return yaml.safe_load((CONF_DIR / "parallelism" / "_common.yaml").read_text())
 
 
-def layout_overrides(ranked: Ranked, cfg: Mapping[str, Any]) -> list[str]:
+def layout_overrides(ranked: Ranked, cfg: Config) -> list[str]:
     """The layout as explicit overrides of parallelism=custom."""
-    layout, auto = ranked.layout, cfg["parallelism"]["auto"]
-    hidden = cfg["training"]["model"]["hidden_size"]
+    layout, auto = ranked.layout, auto_settings(cfg)
+    hidden = cfg.training.model.hidden_size
     settings = layout_settings(auto, hidden, layout)
     out = [
         "parallelism=custom",
-        f"parallelism.name={layout.name(cfg['training']['micro_batch_size'])}",
+        f"parallelism.name={layout.name(cfg.training.micro_batch_size)}",
         f"parallelism.num_gpus={ranked.plan.num_gpus}",
     ]
     always = ("tp", "pp", "cp")
@@ -414,29 +420,29 @@ def layout_overrides(ranked: Ranked, cfg: Mapping[str, Any]) -> list[str]:
     preset = userbuffer_preset(auto, hidden, layout)
     if preset:
         out.append(f"+userbuffers@parallelism.tp_comm_overlap_cfg={preset}")
-    if layout.micro_batch_size != cfg["training"]["micro_batch_size"]:
+    if layout.micro_batch_size != cfg.training.micro_batch_size:
         out.append(f"training.micro_batch_size={layout.micro_batch_size}")
     return out
 
 
-def _named_layouts(settings: Mapping[str, Any]) -> list[str]:
+def _named_layouts(par: ParallelismConfig) -> list[str]:
     """Named layouts (conf/parallelism/*.yaml) with the same TP/PP/CP/VP/asymmetric split."""
     common = _shared_defaults()
     names = []
     for path in sorted((CONF_DIR / "parallelism").glob("*.yaml")):
         if path.stem.startswith("_") or path.stem in ("auto", "custom"):
             continue
-        raw = {**common, **(yaml.safe_load(path.read_text()) or {})}
-        if all(raw.get(k) == settings[k] for k in ("tp", "pp", "cp", "vp", "asymmetric_pipeline")):
+        raw = {**common, **(yaml.safe_load(path.read_text()) or {})}  # the layout's file, not a resolved config
+        if all(raw.get(k) == getattr(par, k) for k in ("tp", "pp", "cp", "vp", "asymmetric_pipeline")):
             names.append(path.stem)
     return names
 
 
-def _without(par: Mapping[str, Any], *keys: str) -> dict[str, Any]:
-    return {k: v for k, v in par.items() if k not in keys}
+def _same_but_name(a: ParallelismConfig, b: ParallelismConfig) -> bool:
+    return changed(a, {"name": b.name}) == b
 
 
-def pick_overrides(user: Sequence[str], ranked: Ranked, cfg: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+def pick_overrides(user: Sequence[str], ranked: Ranked, cfg: Config) -> tuple[list[str], Config]:
     """(the command line of the picked layout, its composed config): the user's overrides without parallelism=auto
     and its own keys, then the layout's; a named layout with exactly these settings is used by its name."""
     kept = [
@@ -447,28 +453,28 @@ def pick_overrides(user: Sequence[str], ranked: Ranked, cfg: Mapping[str, Any]) 
     custom = [*kept, *layout_overrides(ranked, cfg)]
     final = compose(custom)
     layout = ranked.layout
-    if layout.micro_batch_size == cfg["training"]["micro_batch_size"] and not layout.recompute:
-        for name in _named_layouts(final["parallelism"]):
+    if layout.micro_batch_size == cfg.training.micro_batch_size and not layout.recompute:
+        for name in _named_layouts(final.parallelism):
             named = [*kept, f"parallelism={name}", f"parallelism.num_gpus={ranked.plan.num_gpus}"]
             candidate = compose(named)
-            if _without(candidate["parallelism"], "name") == _without(final["parallelism"], "name"):
+            if _same_but_name(candidate.parallelism, final.parallelism):
                 return named, candidate
     return custom, final
 
 
 def resolve(
-    user_overrides: Sequence[str], cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say | None = print
-) -> dict[str, Any]:
+    user_overrides: Sequence[str], cfg: Config, local_gpus: LocalGpus | None = None, say: Say | None = print
+) -> Config:
     """The config of the picked layout, exactly as its command line composes. Raises PlanError (one line each)."""
     problems = decided_problems(user_overrides)
     if problems:
         raise PlanError(problems)
-    auto = cfg["parallelism"]["auto"]
+    auto = auto_settings(cfg)
     result = search(cfg, local_gpus)
     if not result.ranked:
         raise PlanError([no_fit_message(result, local_gpus)])
-    pick = auto.get("pick", 0)
-    if not isinstance(pick, int) or isinstance(pick, bool) or not 0 <= pick < len(result.ranked):
+    pick = auto.pick
+    if not 0 <= pick < len(result.ranked):
         raise PlanError(
             [
                 f"parallelism.auto.pick={pick!r}: {len(result.ranked)} layouts fit; use a rank in "
@@ -480,7 +486,7 @@ def resolve(
         overrides, final = pick_overrides(user_overrides, chosen, cfg)
     _check_same_plan(build_plan(final, local_gpus), chosen.plan)
     if say:
-        say(format_search(result, int(auto.get("top", 10)), pick))
+        say(format_search(result, auto.top, pick))
         p = chosen.plan
         say(
             f"pick {pick}: {layout_label(p.tp, p.pp, p.cp, p.vp, p.dp)} MBS {p.micro_batch_size}; the same run "

@@ -25,11 +25,13 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
+from common.config import Config, Exposed, GpuBandwidth, ModelConfig, ParallelismConfig, Recompute, StepTimeConstants
 from common.plan import Plan
+from common.typed import from_plain
 from launcher.autoconf.perfdata import (
     MEASURED,
     measured_rows,
@@ -40,7 +42,7 @@ from launcher.autoconf.perfdata import (
 from launcher.config.compose import CONF_DIR, compose
 from launcher.plan.build import build_plan
 from launcher.plan.formulas import layer_parameters
-from launcher.plan.hardware import gpu_spec
+from launcher.plan.hardware import GpuSpec, gpu_spec
 
 GB = 1e9
 ACT_BYTES = 2  # bf16 activations
@@ -60,20 +62,30 @@ class StepTime:
     mfu: float = 0.0  # against the plan's peak (bf16 or fp8)
 
 
-def _gemm_efficiency(c: Mapping[str, Any], fp8: bool, dims: tuple[float, ...]) -> float:
+def _gemm_efficiency(c: StepTimeConstants, fp8: bool, dims: tuple[float, ...]) -> float:
     """Large-GEMM efficiency of the dtype, lowered when the narrowest dimension is small."""
     narrowest = min(dims)
-    return c["gemm_efficiency"]["fp8" if fp8 else "bf16"] * narrowest / (narrowest + c["gemm_half_dim"])
+    large = c.gemm_efficiency.fp8 if fp8 else c.gemm_efficiency.bf16
+    return large * narrowest / (narrowest + c.gemm_half_dim)
 
 
-def _gemm_seconds(c: Mapping[str, Any], peak: float, fp8: bool, m: float, n: float, k: float) -> float:
+def _gemm_seconds(c: StepTimeConstants, peak: float, fp8: bool, m: float, n: float, k: float) -> float:
     """Forward + both backward GEMMs (3 x 2mnk FLOPs)."""
     return 3 * 2 * m * n * k / (peak * _gemm_efficiency(c, fp8, (m, n, k)))
 
 
-def _link_bytes_per_s(c: Mapping[str, Any], gpu: Mapping[str, float], within_node: bool) -> float:
+def _link_bytes_per_s(c: StepTimeConstants, gpu: GpuBandwidth, within_node: bool) -> float:
     """What a collective moves per second and GPU: NVLink within a node, the GPU's NIC between nodes."""
-    return (gpu["nvlink_gb_s"] if within_node else gpu["network_gb_s"]) * c["link_efficiency"] * GB
+    return (gpu.nvlink_gb_s if within_node else gpu.network_gb_s) * c.link_efficiency * GB
+
+
+def _exposed(share: Exposed, overlapped: bool) -> float:
+    return share.overlap if overlapped else share.no_overlap
+
+
+def _hbm_bytes_per_s(c: StepTimeConstants, gpu: GpuBandwidth) -> float:
+    """What memory-bound kernels move per second."""
+    return gpu.hbm_gb_s * GB * c.memory_efficiency
 
 
 @dataclass
@@ -84,93 +96,105 @@ class _Layer:
     cp_s: float
 
 
-def _decoder_layer(c, gpu, spec, model, plan, par, tokens: float) -> _Layer:
+def _decoder_layer(
+    c: StepTimeConstants,
+    gpu: GpuBandwidth,
+    spec: GpuSpec,
+    model: ModelConfig,
+    plan: Plan,
+    par: ParallelismConfig,
+    tokens: float,
+) -> _Layer:
     """One decoder layer, one microbatch, forward + backward, on one GPU."""
-    tp, cp, fp8 = plan["tp"], plan["cp"], bool(plan["fp8"])
-    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
-    q = model["num_attention_heads"] * model["kv_channels"]
-    kv = 2 * model["num_query_groups"] * model["kv_channels"]
-    peak = spec.fp8_peak_flops if fp8 else spec.bf16_peak_flops
+    tp, cp, fp8 = plan.tp, plan.cp, bool(plan.fp8)
+    h, ffn = model.hidden_size, model.ffn_hidden_size
+    q = model.num_attention_heads * model.kv_channels
+    kv = 2 * model.num_query_groups * model.kv_channels
+    peak = spec.fp8_peak_flops if fp8 and spec.fp8_peak_flops else spec.bf16_peak_flops  # the plan refuses FP8
     gemms = [(tokens, (q + kv) / tp, h), (tokens, h, q / tp), (tokens, 2 * ffn / tp, h), (tokens, h, ffn / tp)]
     gemm_s = sum(_gemm_seconds(c, peak, fp8, *g) for g in gemms)
     # Attention core: the model-FLOPs formula counts 12 x heads-dim x seq per token (fwd + bwd) over the full
     # square; the causal kernel computes half of it. CP splits it into 2 x cp chunks per rank.
-    attn_flops = 0.5 * 12 * (q / tp) * plan["seq_length"] * tokens
-    attn_s = attn_flops / (spec.bf16_peak_flops * c["attention_efficiency"])
-    attn_s *= 1 + c["cp_attention_penalty"] * math.log2(cp)
+    attn_flops = 0.5 * 12 * (q / tp) * plan.seq_length * tokens
+    attn_s = attn_flops / (spec.bf16_peak_flops * c.attention_efficiency)
+    attn_s *= 1 + c.cp_attention_penalty * math.log2(cp)
     # Norms, residuals, RoPE, SwiGLU: memory-bound; sequence parallel shards the hidden-size part over TP.
-    eb = c["elementwise_bytes"]
-    sp_shard = tp if plan["sequence_parallel"] or tp == 1 else 1
-    elem_bytes = tokens * (eb["hidden"] * h / sp_shard + eb["ffn"] * ffn / tp)
-    elem_s = elem_bytes / (gpu["hbm_gb_s"] * GB * c["memory_efficiency"])
+    eb = c.elementwise_bytes
+    sp_shard = tp if plan.sequence_parallel or tp == 1 else 1
+    elem_bytes = tokens * (eb.hidden * h / sp_shard + eb.ffn * ffn / tp)
+    elem_s = elem_bytes / _hbm_bytes_per_s(c, gpu)
     if fp8:
-        elem_s *= c["fp8_elementwise_factor"]
+        elem_s *= c.fp8_elementwise_factor
     tp_s = 0.0
     if tp > 1:
-        volume = c["tp_collectives_per_layer"] * (tp - 1) / tp * tokens * h * ACT_BYTES
+        volume = c.tp_collectives_per_layer * (tp - 1) / tp * tokens * h * ACT_BYTES
         raw = volume / _link_bytes_per_s(c, gpu, True)
-        overlap = bool(plan["tp_comm_overlap"])
-        tp_s = raw * c["tp_exposed"]["overlap" if overlap else "no_overlap"]
+        overlap = bool(plan.tp_comm_overlap)
+        tp_s = raw * _exposed(c.tp_exposed, overlap)
         # Ring collectives (and userbuffer ring exchange) take tp - 1 synchronised steps, each with a fixed cost.
-        tp_s += c["tp_collectives_per_layer"] * (tp - 1) * c["tp_ring_step_s"]
+        tp_s += c.tp_collectives_per_layer * (tp - 1) * c.tp_ring_step_s
         if overlap:  # the communication kernels take SMs from the GEMMs they overlap
-            gemm_s *= 1 + c["tp_overlap_gemm_slowdown"]
+            gemm_s *= 1 + c.tp_overlap_gemm_slowdown
     cp_s = 0.0
     if cp > 1:
         # Ring exchange of this rank's K and V, forward, and K, V, dK, dV backward.
         raw = 3 * (cp - 1) * tokens * kv / tp * ACT_BYTES
-        cp_s = c["cp_exposed"] * raw / _link_bytes_per_s(c, gpu, plan["tp"] * cp <= plan["gpus_per_node"])
+        cp_s = c.cp_exposed * raw / _link_bytes_per_s(c, gpu, plan.tp * cp <= plan.gpus_per_node)
     compute = gemm_s + attn_s + elem_s
-    recompute = par.get("recompute_granularity")
-    if recompute == "full":  # one more forward of the layer (a third of forward + backward)
+    recompute = par.recompute_granularity
+    if recompute == Recompute.full:  # one more forward of the layer (a third of forward + backward)
         compute += compute / 3
         tp_s += tp_s / 3
-    elif recompute == "selective":  # the attention core's forward
+    elif recompute == Recompute.selective:  # the attention core's forward
         compute += attn_s / 3
     return _Layer(compute, tp_s + cp_s, tp_s, cp_s)
 
 
-def _output_layer_seconds(c, gpu, spec, model, plan, tokens: float) -> float:
+def _output_layer_seconds(
+    c: StepTimeConstants, gpu: GpuBandwidth, spec: GpuSpec, model: ModelConfig, plan: Plan, tokens: float
+) -> float:
     """Output GEMM (megatron's own linear layer, bf16 even with FP8) and the fused cross-entropy over the logits."""
-    vocab, tp = plan["padded_vocab_size"], plan["tp"]
-    gemm = _gemm_seconds(c, spec.bf16_peak_flops, False, tokens, vocab / tp, model["hidden_size"])
-    loss = tokens * vocab / tp * c["loss_bytes_per_logit"] / (gpu["hbm_gb_s"] * GB * c["memory_efficiency"])
+    vocab, tp = plan.padded_vocab_size, plan.tp
+    gemm = _gemm_seconds(c, spec.bf16_peak_flops, False, tokens, vocab / tp, model.hidden_size)
+    loss = tokens * vocab / tp * c.loss_bytes_per_logit / _hbm_bytes_per_s(c, gpu)
     return gemm + loss
 
 
-def _stage_parameters(model: Mapping[str, Any], plan: Mapping[str, Any]) -> float:
+def _stage_parameters(model: ModelConfig, plan: Plan) -> float:
     """Parameters on the most loaded pipeline stage, per TP rank."""
-    embed = plan["padded_vocab_size"] * model["hidden_size"]
-    stages = plan["layers_per_pipeline_stage"]
+    embed = plan.padded_vocab_size * model.hidden_size
+    stages = plan.layers_per_pipeline_stage
     worst = 0.0
     for s, n in enumerate(stages):
         worst = max(worst, n * layer_parameters(model) + embed * ((s == 0) + (s == len(stages) - 1)))
-    return worst / plan["tp"]
+    return worst / plan.tp
 
 
-def predict(cfg: Mapping[str, Any], plan: Mapping[str, Any], constants: Mapping[str, Any]) -> StepTime:
-    """Step time of a validated plan (plan.json's keys) with its resolved config (config.yaml)."""
+def predict(cfg: Config, plan: Plan, constants: StepTimeConstants) -> StepTime:
+    """Step time of a validated plan with its resolved config; the plan must name its GPU type."""
     c = constants
-    model, par = cfg["training"]["model"], cfg["parallelism"]
-    spec = gpu_spec(plan["gpu_type"])
-    gpu = c["gpus"][spec.name]
-    tp, pp, cp, dp = plan["tp"], plan["pp"], plan["cp"], plan["dp"]
-    chunks = plan["vp"] or 1
-    micro = plan["num_microbatches"]
-    per_node = plan["gpus_per_node"]
-    tokens = plan["micro_batch_size"] * plan["seq_length"] / cp
+    model, par = cfg.training.model, cfg.parallelism
+    if plan.gpu_type is None:
+        raise ValueError("the step-time model needs the plan's gpu_type (cluster.gpu_type)")
+    spec = gpu_spec(plan.gpu_type)
+    gpu = c.gpus[spec.name]
+    tp, pp, cp, dp = plan.tp, plan.pp, plan.cp, plan.dp
+    chunks = plan.vp or 1
+    micro = plan.num_microbatches
+    per_node = plan.gpus_per_node
+    tokens = plan.micro_batch_size * plan.seq_length / cp
 
     layer = _decoder_layer(c, gpu, spec, model, plan, par, tokens)
     output = _output_layer_seconds(c, gpu, spec, model, plan, tokens)
     pp_s = 0.0
     if pp > 1:  # activations forward and their gradients backward, once per model chunk
-        sp_shard = tp if plan["sequence_parallel"] else 1
-        raw = 2 * chunks * tokens * model["hidden_size"] / sp_shard * ACT_BYTES
+        sp_shard = tp if plan.sequence_parallel else 1
+        raw = 2 * chunks * tokens * model.hidden_size / sp_shard * ACT_BYTES
         raw /= _link_bytes_per_s(c, gpu, tp * cp * dp < per_node)
-        overlapped = bool(par.get("overlap_p2p_comm")) and plan["vp"] is not None
-        pp_s = raw * c["pp_exposed"]["overlap" if overlapped else "no_overlap"]
+        overlapped = par.overlap_p2p_comm and plan.vp is not None
+        pp_s = raw * _exposed(c.pp_exposed, overlapped)
     stages = []  # (compute, comm, decoder layers) per microbatch
-    for s, n in enumerate(plan["layers_per_pipeline_stage"]):
+    for s, n in enumerate(plan.layers_per_pipeline_stage):
         compute = n * layer.compute_s + (output if s == pp - 1 else 0.0)
         stages.append((compute, n * layer.comm_s + pp_s, n))
     compute_mb, comm_mb, slowest_layers = max(stages, key=lambda st: st[0] + st[1])
@@ -182,21 +206,21 @@ def predict(cfg: Mapping[str, Any], plan: Mapping[str, Any], constants: Mapping[
     params = _stage_parameters(model, plan)
     shards = dp * cp
     dp_s = 0.0
-    distributed = bool(par.get("use_distributed_optimizer"))
+    distributed = par.use_distributed_optimizer
     if shards > 1:
         link = _link_bytes_per_s(c, gpu, tp * cp * dp <= per_node)
-        grad_bytes = 4 if par.get("grad_reduce_in_fp32") else 2
-        param_bytes = 1 if plan["fp8_param_gather"] else 2
+        grad_bytes = 4 if par.grad_reduce_in_fp32 else 2
+        param_bytes = 1 if plan.fp8_param_gather else 2
         reduce_s = (shards - 1) / shards * params * grad_bytes / link * (1 if distributed else 2)
         gather_s = (shards - 1) / shards * params * param_bytes / link if distributed else 0.0
-        back_window = 2 / 3 * stage_mb if par.get("overlap_grad_reduce") else 0.0
-        fwd_window = 1 / 3 * stage_mb if par.get("overlap_param_gather") else 0.0
-        floor = c["dp_exposed_min"]
+        back_window = 2 / 3 * stage_mb if par.overlap_grad_reduce else 0.0
+        fwd_window = 1 / 3 * stage_mb if par.overlap_param_gather else 0.0
+        floor = c.dp_exposed_min
         dp_s = max(floor * reduce_s, reduce_s - back_window) + max(floor * gather_s, gather_s - fwd_window)
 
-    optimizer = params / (shards if distributed else 1) * c["optimizer_bytes_per_param"]
-    optimizer /= gpu["hbm_gb_s"] * GB * c["memory_efficiency"]
-    overheads = c["step_overhead_s"] + c["microbatch_overhead_s"] * micro * chunks
+    optimizer = params / (shards if distributed else 1) * c.optimizer_bytes_per_param
+    optimizer /= _hbm_bytes_per_s(c, gpu)
+    overheads = c.step_overhead_s + c.microbatch_overhead_s * micro * chunks
 
     compute = micro * compute_mb
     comm_parts = {
@@ -207,16 +231,17 @@ def predict(cfg: Mapping[str, Any], plan: Mapping[str, Any], constants: Mapping[
     }
     comm = micro * comm_mb + dp_s
     total = compute + bubble + comm + optimizer + overheads
-    tokens_per_gpu = plan["global_batch_size"] * plan["seq_length"] / total / plan["num_gpus"]
-    peak = plan.get("peak_flops_per_gpu") or spec.bf16_peak_flops
-    mfu = plan["global_batch_size"] * plan["model_flops_per_sample"] / total / plan["num_gpus"] / peak
+    tokens_per_gpu = plan.global_batch_size * plan.seq_length / total / plan.num_gpus
+    peak = plan.peak_flops_per_gpu or spec.bf16_peak_flops
+    mfu = plan.global_batch_size * plan.model_flops_per_sample / total / plan.num_gpus / peak
     return StepTime(total, compute, bubble, comm, optimizer + overheads, comm_parts, tokens_per_gpu, mfu)
 
 
 # --------------------------------------------------------------------------- constants and measured rows
-def default_constants() -> dict[str, Any]:
+def default_constants() -> StepTimeConstants:
     """parallelism.auto.step_time as conf/parallelism/auto.yaml sets it (for runs planned without parallelism=auto)."""
-    return yaml.safe_load((CONF_DIR / "parallelism" / "auto.yaml").read_text())["auto"]["step_time"]
+    layout = yaml.safe_load((CONF_DIR / "parallelism" / "auto.yaml").read_text())
+    return from_plain(StepTimeConstants, layout["auto"]["step_time"], path="parallelism.auto.step_time")
 
 
 @dataclass
@@ -236,15 +261,15 @@ class Check:
         return self.plan.global_batch_size * self.plan.seq_length / self.measured / self.plan.num_gpus
 
 
-def _predict_row(row: Mapping[str, Any], constants: Mapping[str, Any]) -> tuple[StepTime, Plan]:
+def _predict_row(row: Mapping[str, Any], constants: StepTimeConstants) -> tuple[StepTime, Plan]:
     cfg = compose(row_overrides(row))
     plan = build_plan(cfg)
-    return predict(cfg, plan.to_json_dict(), constants), plan
+    return predict(cfg, plan, constants), plan
 
 
-def check_rows(constants: Mapping[str, Any] | None = None, rows: list[dict[str, Any]] | None = None) -> list[Check]:
+def check_rows(constants: StepTimeConstants | None = None, rows: list[dict[str, Any]] | None = None) -> list[Check]:
     """The model against every measured row."""
-    constants = constants or default_constants()
+    constants = constants if constants is not None else default_constants()
     out = []
     for row in rows if rows is not None else measured_rows():
         predicted, plan = _predict_row(row, constants)
@@ -254,7 +279,7 @@ def check_rows(constants: Mapping[str, Any] | None = None, rows: list[dict[str, 
     return out
 
 
-def format_checks(checks: list[Check], pending: list[tuple[str, StepTime]] = ()) -> str:
+def format_checks(checks: list[Check], pending: Sequence[tuple[str, StepTime]] = ()) -> str:
     """Measured and predicted side by side (step time and tokens/s/GPU), then the cases that await measurement."""
     w = max([44] + [len(c.name) for c in checks] + [len(name) for name, _ in pending])
     lines = [
@@ -282,9 +307,9 @@ def format_checks(checks: list[Check], pending: list[tuple[str, StepTime]] = ())
 
 
 def pending_predictions(
-    constants: Mapping[str, Any] | None = None, rows: list[dict[str, Any]] | None = None
+    constants: StepTimeConstants | None = None, rows: list[dict[str, Any]] | None = None
 ) -> list[tuple[str, StepTime]]:
-    constants = constants or default_constants()
+    constants = constants if constants is not None else default_constants()
     return [(row["name"], _predict_row(row, constants)[0]) for row in (rows if rows is not None else pending_rows())]
 
 

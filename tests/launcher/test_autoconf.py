@@ -9,9 +9,11 @@ import json
 import random
 import re
 import shlex
+from dataclasses import fields
 
 import pytest
 
+from common.config import Config, SearchSpace
 from common.typed import changed
 from launcher.autoconf import search as autoconf
 from launcher.config.compose import compose
@@ -25,10 +27,10 @@ from launcher_helpers import NO_GPU, planned, run_main
 MODELS = ("8b", "70b", "405b")
 GPU_COUNTS = (8, 64, 512, 1024)
 GPU_TYPES = ("h100", "h200")
-_composed: dict[tuple[str, str], dict] = {}
+_composed: dict[tuple[str, ...], Config] = {}
 
 
-def auto_cfg(model: str, gpu: str, num_gpus: int, *overrides: str) -> dict:
+def auto_cfg(model: str, gpu: str, num_gpus: int, *overrides: str) -> Config:
     """parallelism=auto on Slurm nodes of 8 GPUs; composed once per model, GPU type and extra overrides."""
     key = (model, gpu, *overrides)
     if key not in _composed:
@@ -38,14 +40,14 @@ def auto_cfg(model: str, gpu: str, num_gpus: int, *overrides: str) -> dict:
     return changed(_composed[key], {"parallelism.num_gpus": num_gpus})
 
 
-def _candidate_count(space: dict, num_gpus: int) -> int:
+def _candidate_count(space: SearchSpace, num_gpus: int) -> int:
     """Combinations of the search lists whose model-parallel size divides the GPUs (VP and the asymmetric split
     only with a pipeline), counted without the module's generator."""
     count = 0
-    per_pipeline = len(space["vp"]) * len(space["asymmetric_pipeline"])
-    for tp, pp, cp in itertools.product(space["tp"], space["pp"], space["cp"]):
+    per_pipeline = len(space.vp) * len(space.asymmetric_pipeline)
+    for tp, pp, cp in itertools.product(space.tp, space.pp, space.cp):
         if num_gpus % (tp * pp * cp) == 0:
-            count += (per_pipeline if pp > 1 else 1) * len(space["micro_batch_size"]) * len(space["recompute"])
+            count += (per_pipeline if pp > 1 else 1) * len(space.micro_batch_size) * len(space.recompute)
     return count
 
 
@@ -54,17 +56,17 @@ def _candidate_count(space: dict, num_gpus: int) -> int:
 def test_search_keeps_exactly_the_layouts_that_plan_and_fit(model, gpu, num_gpus):
     cfg = auto_cfg(model, gpu, num_gpus)
     result = autoconf.search(cfg)
-    space = cfg["parallelism"]["auto"]["search"]
-    assert result.tried == _candidate_count(space, num_gpus)
+    auto = autoconf.auto_settings(cfg)
+    assert result.tried == _candidate_count(auto.search, num_gpus)
     assert result.tried == len(result.ranked) + sum(result.dropped.values())
-    limit = (1 - cfg["parallelism"]["auto"]["memory_headroom"]) * gpu_spec(gpu).memory_gib
-    model_cfg = cfg["training"]["model"]
+    limit = (1 - auto.memory_headroom) * gpu_spec(gpu).memory_gib
+    model_cfg = cfg.training.model
     seen = set()
     for r in result.ranked:
         p = r.plan
         assert p.tp * p.pp * p.cp * p.dp == num_gpus and p.gpu_type == gpu
-        assert model_cfg["num_attention_heads"] % p.tp == 0 and model_cfg["num_query_groups"] % p.tp == 0
-        assert sum(p.layers_per_pipeline_stage) == model_cfg["num_layers"] and len(p.layers_per_pipeline_stage) == p.pp
+        assert model_cfg.num_attention_heads % p.tp == 0 and model_cfg.num_query_groups % p.tp == 0
+        assert sum(p.layers_per_pipeline_stage) == model_cfg.num_layers and len(p.layers_per_pipeline_stage) == p.pp
         assert p.global_batch_size % (p.micro_batch_size * p.dp) == 0
         assert p.est_memory_gib_per_gpu <= limit
         assert p.sequence_parallel == p.tp_comm_overlap == (p.tp > 1)
@@ -86,7 +88,7 @@ def test_the_reference_layouts_fit_and_rank_near_the_top():
 
 def test_the_memory_filter_is_the_plan_estimate_against_the_gpu_with_the_headroom():
     dp8 = autoconf.Layout(tp=1, pp=1, cp=1, vp=None, micro_batch_size=1, recompute=None, asymmetric=False)
-    unchecked = {**autoconf.candidate_config(auto_cfg("8b", "h100", 8), dp8), "memory_check": False}
+    unchecked = changed(autoconf.candidate_config(auto_cfg("8b", "h100", 8), dp8), {"memory_check": False})
     est = build_plan(unchecked).est_memory_gib_per_gpu
     h100, h200 = gpu_spec("h100").memory_gib, gpu_spec("h200").memory_gib
     assert 0.95 * h100 < est < h200  # 8B on DP8 alone fits an H200 but not (with headroom) an H100
@@ -122,8 +124,10 @@ def test_the_ranking_is_stable_and_ordered_by_predicted_step_time(model, num_gpu
     shuffled = list(ranked)
     random.Random(0).shuffle(shuffled)
     assert [r.layout for r in autoconf.rank(shuffled)] == [r.layout for r in ranked]
-    space = cfg.parallelism.auto.search
-    reordered = changed(cfg, {f"parallelism.auto.search.{k}": list(reversed(v)) for k, v in space.items()})
+    space = autoconf.auto_settings(cfg).search
+    reordered = changed(
+        cfg, {f"parallelism.auto.search.{f.name}": list(reversed(getattr(space, f.name))) for f in fields(space)}
+    )
     assert [r.layout for r in autoconf.search(reordered).ranked] == [r.layout for r in ranked]
     best = min(r.time.total_s for r in ranked)
     bins = [round(r.time.total_s / best / autoconf.TIE) for r in ranked]

@@ -77,7 +77,7 @@ def test_the_breakdown_adds_up_to_the_step():
 def _predict(*overrides: str, constants=CONSTANTS):
     cfg = compose(["cluster=bcm", "memory_check=false", *overrides])
     plan = build_plan(cfg)
-    return steptime.predict(cfg, plan.to_json_dict(), constants), plan
+    return steptime.predict(cfg, plan, constants), plan
 
 
 def test_the_bubble_is_pp_minus_one_over_vp_stage_times():

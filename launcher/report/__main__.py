@@ -110,10 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"plot: {mlperf.plot(mlperf_runs, out.with_name(out.stem + '_mlperf.png'))}")
     except ImportError:  # a training image without matplotlib still gets the table
         print("plot: skipped, matplotlib is not installed")
-    runs = [path for path in args.paths if path.is_dir()]
-    for path in runs:  # GPU telemetry, restarts and slow GPUs of each run directory that has them
+    run_dirs = [path for path in args.paths if path.is_dir()]
+    for path in run_dirs:  # GPU telemetry, restarts and slow GPUs of each run directory that has them
         # With --plot every PNG goes beside it, named after it (as the MLPerf plot does), none into the run.
-        beside = f"{out.stem}_{path.name}_telemetry.png" if len(runs) > 1 else f"{out.stem}_telemetry.png"
+        beside = f"{out.stem}_{path.name}_telemetry.png" if len(run_dirs) > 1 else f"{out.stem}_telemetry.png"
         telemetry.report(path, png=out.with_name(beside) if args.plot else None)
         resilience.report(path)
     return 0

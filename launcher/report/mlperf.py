@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
+from common.config import MLPerfConfig
+from common.run import CONFIG_FILE, load_run_config
 from launcher.report import figures
 
 _MLLOG = re.compile(r":::MLLOG (\{.*\})")
@@ -121,14 +121,14 @@ def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [r for r in runs if any(e["key"] == "run_start" for e in r)]
 
 
-def _mllog_source(path: Path) -> tuple[Path | None, dict[str, Any]]:
-    """(the file holding the MLLOG lines, the run directory's mlperf config section or {})."""
+def _mllog_source(path: Path) -> tuple[Path | None, MLPerfConfig | None]:
+    """(the file holding the MLLOG lines, the run directory's mlperf config section: None for a bare log, a run
+    directory without config.yaml or a run that is no MLPerf benchmark). RunDirError when config.yaml cannot be
+    read."""
     if not path.is_dir():
-        return (path if path.exists() else None), {}
-    section: dict[str, Any] = {}
-    if (path / "config.yaml").exists():
-        section = (yaml.safe_load((path / "config.yaml").read_text()) or {}).get("mlperf") or {}
-    candidates = [path / section.get("log_file", "mllog.txt")]
+        return (path if path.exists() else None), None
+    section = load_run_config(path).mlperf if (path / CONFIG_FILE).exists() else None
+    candidates = [path / (section.log_file if section else "mllog.txt")]
     logs = path / "logs"
     if logs.is_dir():
         candidates += sorted(
@@ -146,21 +146,20 @@ def load_runs(path: Path, check: bool = True) -> list[MLPerfRun]:
     if source is None:
         return []
     parts = split_runs(parse_mllog(source.read_text(errors="replace")))
-    rules = section.get("rules") or {}
     runs = [
         MLPerfRun(
             path.name if len(parts) == 1 else f"{path.name}#{k + 1}",
             events,
-            ruleset=section.get("ruleset"),
-            target=rules.get("target"),
-            result_runs=section.get("result_runs"),
+            ruleset=section.ruleset if section else None,
+            target=section.rules.target if section else None,
+            result_runs=section.result_runs if section else None,
             source=source,
         )
         for k, events in enumerate(parts)
     ]
     if check and len(parts) == 1:
         run = runs[0]
-        division = section.get("division", "closed")
+        division = section.division if section else "closed"
         run.checked_ruleset = run.ruleset or (latest_ruleset(run.benchmark, division) if run.benchmark else None)
         run.compliance = compliance_problems(source, run.benchmark, run.checked_ruleset, division)
     return runs
@@ -335,7 +334,7 @@ def plot(runs: Sequence[MLPerfRun], path: Path) -> Path:
 
 def sizes_from_mllog(text: str) -> dict[str, int]:
     """gbs, seq and gpus a bare log's MLLOG states (for its throughput row)."""
-    values = {e["key"]: e.get("value") for e in parse_mllog(text)}
+    values: dict[str, Any] = {e["key"]: e.get("value") for e in parse_mllog(text)}
     out = {}
     if values.get("global_batch_size"):
         out["gbs"] = int(values["global_batch_size"])

@@ -4,29 +4,26 @@ sweep."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
-import yaml
-
+from common.run import RunDirError, load_run
 from launcher.autoconf.steptime import default_constants, predict
 from launcher.report.throughput import RunReport
 
 
 def predicted_step_s(run_dir: Path | None) -> float | None:
-    """The model's step time for a run directory (its config.yaml and plan.json); None without them or without a
-    known GPU type."""
+    """The model's step time for a run directory (its config.yaml and plan.json); None without them (or with ones
+    this version cannot read) or without a known GPU type."""
     if run_dir is None or not run_dir.is_dir():
         return None
     try:
-        plan = json.loads((run_dir / "plan.json").read_text())
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, ValueError):
+        run = load_run(run_dir)
+    except (OSError, RunDirError):
         return None
-    if not plan.get("gpu_type"):
+    if not run.plan.gpu_type:
         return None
-    return predict(cfg, plan, default_constants()).total_s
+    return predict(run.config, run.plan, default_constants()).total_s
 
 
 def _ranks(values: Sequence[float]) -> list[int]:
@@ -61,8 +58,8 @@ def format_ranking(reports: Sequence[RunReport], run_dirs: Sequence[Path | None]
         per_gpu = report.tokens_per_s_per_gpu
         rows.append((report, per_gpu if per_gpu is not None else 1 / report.step_time_s, predicted_step_s(run_dir)))
     rows.sort(key=lambda r: -r[1])
-    with_model = [r for r in rows if r[2] is not None]
-    predicted_rank = {id(r[0]): rank for rank, r in enumerate(sorted(with_model, key=lambda r: r[2]))}
+    with_model = [(report, model_s) for report, _, model_s in rows if model_s is not None]
+    predicted_rank = {id(r[0]): rank for rank, r in enumerate(sorted(with_model, key=lambda r: r[1]))}
     width = max(len(r[0].info.name) for r in rows)
     lines = [
         f"{'rank':>4}  {'run':<{width}}  {'layout':<16} {'step s':>8} {'tok/s/GPU':>10}  {'model step s':>12} "
@@ -77,8 +74,8 @@ def format_ranking(reports: Sequence[RunReport], run_dirs: Sequence[Path | None]
             f"{predicted_rank.get(id(report), '-'):>10}"
         )
     if len(with_model) >= 2:
-        measured = [r[0].step_time_s for r in with_model]
-        model = [r[2] for r in with_model]
+        measured = [report.step_time_s for report, _ in with_model]
+        model = [model_s for _, model_s in with_model]
         same, pairs = concordant_pairs(measured, model)
         rho = spearman(measured, model)
         lines.append(

@@ -15,8 +15,14 @@ from typing import Any, Callable
 import yaml
 
 from common import run_events
+from common.config import ResilienceConfig
+from common.run import CONFIG_FILE, load_run_config
+from common.typed import from_plain
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "resilience" / "default.yaml"
+# conf/resilience/default.yaml's, for a run directory without config.yaml where that file cannot be read either.
+HANG_TIMEOUT_S = 600.0
+STRAGGLER_THRESHOLD = 0.7
 
 
 @dataclass
@@ -31,16 +37,23 @@ class Restart:
     time_lost_s: float | None  # from the last step before to the same step again (or the first after it)
 
 
-def _settings(run_dir: Path) -> dict[str, Any]:
-    for path in (run_dir / "config.yaml", CONF):
+@dataclass
+class _Settings:
+    hang_timeout_s: float  # resilience.hang_timeout_s
+    straggler_threshold: float  # resilience.straggler_detection.threshold
+
+
+def _settings(run_dir: Path) -> _Settings:
+    """The run's config.yaml's, else conf/resilience/default.yaml's (a run directory without config.yaml).
+    RunDirError when config.yaml cannot be read."""
+    if (run_dir / CONFIG_FILE).exists():
+        resilience = load_run_config(run_dir).resilience
+    else:
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            resilience = from_plain(ResilienceConfig, yaml.safe_load(CONF.read_text()) or {}, path="resilience")
         except OSError:
-            continue
-        section = data if path == CONF else (data.get("resilience") or {})
-        if "hang_timeout_s" in section:
-            return section
-    return {"hang_timeout_s": 600, "straggler_detection": {"threshold": 0.7}}
+            return _Settings(HANG_TIMEOUT_S, STRAGGLER_THRESHOLD)
+    return _Settings(resilience.hang_timeout_s, resilience.straggler_detection.threshold)
 
 
 def _cause(between: list[dict[str, Any]], start: dict[str, Any], hang_timeout_s: float) -> str:
@@ -55,7 +68,7 @@ def _cause(between: list[dict[str, Any]], start: dict[str, Any], hang_timeout_s:
                 else f"stop signal ({signal} at step {entry.get('step')})"
             )
         if kind == "fault":
-            what = {"hang": "hang", "crash": "crash", "kill": "crash (killed)"}.get(entry.get("kind"), "fault")
+            what = {"hang": "hang", "crash": "crash", "kill": "crash (killed)"}.get(str(entry.get("kind")), "fault")
             where = " during its save" if entry.get("during") == "save" else ""
             return f"{what}, injected at step {entry.get('step')}{where} on rank {entry.get('rank')}"
         if kind == "error":
@@ -74,7 +87,7 @@ def _cause(between: list[dict[str, Any]], start: dict[str, Any], hang_timeout_s:
 
 def restarts(run_dir: Path) -> list[Restart]:
     events = run_events.read(str(run_dir))
-    hang_timeout = float(_settings(run_dir).get("hang_timeout_s") or 600)
+    hang_timeout = _settings(run_dir).hang_timeout_s
     starts = [i for i, e in enumerate(events) if e["event"] == "start"]
     found = []
     for previous, index in zip(starts, starts[1:]):
@@ -175,6 +188,6 @@ def report(run_dir: Path, say: Callable[[str], None] = print) -> None:
     stops = [e for e in run_events.read(str(run_dir)) if e["event"] == "job" and e.get("decision") == "stop"]
     if stops:
         say(stops[-1].get("reason", "chain: stopped"))
-    threshold = float((_settings(run_dir).get("straggler_detection") or {}).get("threshold", 0.7))
+    threshold = _settings(run_dir).straggler_threshold
     for line in stragglers(run_dir, threshold):
         say(line)

@@ -12,6 +12,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
+from common.config import MISSING, TelemetryConfig
+from common.run import CONFIG_FILE, load_run_config
+from common.typed import from_plain
 from launcher.report import figures
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "observability.yaml"
@@ -192,15 +195,26 @@ def format_table(summaries: Sequence[GpuSummary], flagged: Mapping[str, str]) ->
 
 
 def thresholds(run_dir: Path) -> tuple[float, float]:
-    """(utilisation fraction, SM clock fraction) from the run's config.yaml, else conf/observability.yaml."""
-    for path in (run_dir / "config.yaml", CONF):
-        try:
-            telemetry = (yaml.safe_load(path.read_text()) or {}).get("telemetry") or {}
-        except OSError:
-            continue
-        if "flag_utilization_below" in telemetry and "flag_sm_clock_below" in telemetry:
-            return float(telemetry["flag_utilization_below"]), float(telemetry["flag_sm_clock_below"])
-    raise ValueError(f"no telemetry.flag_utilization_below / flag_sm_clock_below in {run_dir}/config.yaml or {CONF}")
+    """(utilisation fraction, SM clock fraction) from the run's config.yaml, else conf/observability.yaml (a
+    run directory without one: telemetry copied from elsewhere). RunDirError when config.yaml cannot be read."""
+    if (run_dir / CONFIG_FILE).exists():
+        telemetry = load_run_config(run_dir).telemetry
+    else:
+        telemetry = _conf_telemetry()
+    if MISSING in (telemetry.flag_utilization_below, telemetry.flag_sm_clock_below):
+        raise ValueError(
+            f"no telemetry.flag_utilization_below / flag_sm_clock_below in {run_dir}/config.yaml or {CONF}"
+        )
+    return telemetry.flag_utilization_below, telemetry.flag_sm_clock_below
+
+
+def _conf_telemetry() -> TelemetryConfig:
+    """conf/observability.yaml's telemetry section; keys it lacks (or all, where it cannot be read) are MISSING."""
+    try:
+        group = yaml.safe_load(CONF.read_text()) or {}
+    except OSError:
+        group = {}
+    return from_plain(TelemetryConfig, group.get("telemetry") or {}, path="telemetry")
 
 
 PANELS = (

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from common.config import ModelConfig
 from launcher.plan import table
 from launcher.plan.formulas import model_flops_per_sample
 from launcher.plan.hardware import GPUS, gpu_spec
@@ -254,12 +255,12 @@ def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, 
     ), steps
 
 
-def _model_config(model: str) -> dict[str, Any]:
+def _model_config(model: str) -> ModelConfig:
     from launcher.config.compose import compose
 
     name = model if "/" in model else f"llama31/{model}"
     try:
-        return compose([f"training={name}"])["training"]["model"]
+        return compose([f"training={name}"]).training.model
     except Exception as err:  # Hydra's own error types; the message names the options
         raise ValueError(f"--model {model}: {str(err).splitlines()[0]}") from err
 
@@ -325,12 +326,12 @@ def _impossible(r: RunReport) -> bool:
 def mfu_warnings(reports: Sequence[RunReport]) -> list[str]:
     """One line per run whose MFU is above 100%, which no run reaches: a size or the peak is wrong."""
     return [
-        f"warning: {r.info.name}: MFU {100 * r.mfu:.1f}% cannot be right (above 100%): it divides by the "
-        f"{r.info.peak_label} peak, {r.info.peak_flops / 1e12:.0f} TFLOP/s per GPU, for "
+        f"warning: {r.info.name}: MFU {100 * mfu:.1f}% cannot be right (above 100%): it divides by the "
+        f"{r.info.peak_label} peak, {peak / 1e12:.0f} TFLOP/s per GPU, for "
         f"{r.info.num_gpus} GPUs, GBS {r.info.global_batch_size}, seq {r.info.seq_length}; check "
         f"{r.info.inputs or 'the sizes and the GPU type'}"
         for r in reports
-        if _impossible(r)
+        if (mfu := r.mfu) is not None and mfu > 1 and (peak := r.info.peak_flops)
     ]
 
 

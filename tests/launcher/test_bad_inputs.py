@@ -251,6 +251,18 @@ def half_written_plan(tmp: Path) -> tuple[list[str], str]:
     return ["-m", "launcher.report", str(run_dir)], f"{run_dir / 'plan.json'} is not valid JSON"
 
 
+def config_of_another_version(tmp: Path) -> tuple[list[str], str]:
+    run_dir = tmp / "run"
+    run_dir.mkdir()
+    plan = REPO / "tests" / "launcher" / "fixtures" / "telemetry_run" / "plan.json"
+    (run_dir / "plan.json").write_text(plan.read_text())
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "step_time_s": 1.0, "loss": 5.0}) + "\n")
+    (run_dir / "config.yaml").write_text("renamed_key: 1\n")
+    return ["-m", "launcher.report", str(run_dir)], (
+        f"{run_dir / 'config.yaml'}: renamed_key is not a config key: remove it (written by another version?"
+    )
+
+
 FILE_CASES: list[Callable[[Path], tuple[list[str], str]]] = [
     corrupt_safetensors,
     tokenizer_larger_than_the_model,
@@ -259,6 +271,7 @@ FILE_CASES: list[Callable[[Path], tuple[list[str], str]]] = [
     malformed_site_yaml,
     misspelt_key_in_site_yaml,
     half_written_plan,
+    config_of_another_version,
 ]
 
 

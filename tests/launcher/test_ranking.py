@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import re
 import pytest
-import yaml
 
+from common.run import load_run
 from launcher.autoconf import steptime
 from launcher.cli import prepare
 from launcher.config.compose import compose
@@ -66,10 +66,9 @@ def test_runs_are_ranked_fastest_first_beside_the_prediction(tmp_path, capsys):
     stdout, rows = _rank(dirs, capsys)
     assert [row[1] for row in rows] == order
     for row in rows:
-        cfg = yaml.safe_load((dirs[row[1]] / "config.yaml").read_text())
-        plan = json.loads((dirs[row[1]] / "plan.json").read_text())
+        run = load_run(dirs[row[1]])
         assert float(row[-2]) == pytest.approx(
-            steptime.predict(cfg, plan, steptime.default_constants()).total_s, abs=0.0005
+            steptime.predict(run.config, run.plan, steptime.default_constants()).total_s, abs=0.0005
         )
         assert row[-1] == row[0]  # predicted rank = measured rank
     assert "3 of 3 pairs alike, Spearman +1.00" in stdout

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.config.compose import compose
+from launcher.jobs.rundir import config_yaml
 from launcher.report import resilience
 
 T0 = 1_800_000_000.0
@@ -16,10 +18,13 @@ def write_events(run_dir: Path, events: list[dict]) -> None:
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
+def write_config(run_dir: Path, *overrides: str) -> None:
+    """config.yaml as python main.py <overrides> writes it."""
+    (run_dir / "config.yaml").write_text(config_yaml(compose(overrides)))
+
+
 def test_each_restart_with_how_why_and_what_it_cost(tmp_path):
-    (tmp_path / "config.yaml").write_text(
-        "resilience:\n  hang_timeout_s: 60\n  straggler_detection:\n    threshold: 0.7\n"
-    )
+    write_config(tmp_path, "resilience.hang_timeout_s=60")
     write_events(
         tmp_path,
         [
@@ -121,9 +126,7 @@ def test_each_restart_with_how_why_and_what_it_cost(tmp_path):
 
 
 def test_the_slow_gpu_is_named(tmp_path, capsys):
-    (tmp_path / "config.yaml").write_text(
-        "resilience:\n  hang_timeout_s: 600\n  straggler_detection:\n    threshold: 0.7\n"
-    )
+    write_config(tmp_path, "resilience.hang_timeout_s=600", "resilience.straggler_detection.threshold=0.7")
     records = [{"step": s, "loss": 2.0} for s in range(1, 201)]
     for step, slow in ((100, 0.95), (200, 0.52)):
         records[step - 1]["gpu_relative_perf"] = [

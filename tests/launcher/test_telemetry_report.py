@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.config.compose import compose
+from launcher.jobs.rundir import config_yaml
 from launcher.report import telemetry
 
 from launcher_helpers import REPO
@@ -96,7 +98,8 @@ def test_summary_and_flags_match_the_fixture_values():
 
 def test_thresholds_come_from_the_run_config_or_conf(run_dir):
     assert telemetry.thresholds(run_dir) == (0.8, 0.9)  # no config.yaml: conf/observability.yaml
-    (run_dir / "config.yaml").write_text("telemetry:\n  flag_utilization_below: 0.25\n  flag_sm_clock_below: 0.5\n")
+    cfg = compose(["telemetry.flag_utilization_below=0.25", "telemetry.flag_sm_clock_below=0.5"])
+    (run_dir / "config.yaml").write_text(config_yaml(cfg))
     assert telemetry.thresholds(run_dir) == (0.25, 0.5)
 
 

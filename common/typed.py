@@ -77,6 +77,11 @@ def _build(kind: Any, value: Any, variants: Variants, path: str) -> Any:
     return _scalar(kind, value, path)
 
 
+def _required(f: dataclasses.Field) -> bool:
+    """No default, or OmegaConf's mark of a value that must be given ("???"), which the schema's keys carry."""
+    return (f.default is MISSING and f.default_factory is MISSING) or f.default == "???"
+
+
 def _variant(kind: type, value: Any, variants: Variants, path: str) -> type:
     if kind not in variants:
         return kind
@@ -99,7 +104,7 @@ def _dataclass(kind: type, value: Any, variants: Variants, path: str) -> Any:
         key = _join(path, f.name)
         if f.name in value:
             args[f.name] = _build(hints[f.name], value[f.name], variants, key)
-        elif f.default is MISSING and f.default_factory is MISSING:
+        elif _required(f):
             raise TypedConfigError(f"{key} is missing")
     return kind(**args)
 

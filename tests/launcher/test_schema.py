@@ -77,6 +77,13 @@ def test_a_value_that_does_not_fit_the_schema_is_one_line_naming_its_key(key, va
     assert str(err.value).startswith(line), str(err.value)
 
 
+def test_a_config_missing_a_required_key_is_refused_by_name():
+    plain = compose_plain(["results_dir=/tmp/results"])
+    del plain["training"]["model"]["hidden_size"]
+    with pytest.raises(TypedConfigError, match=r"^training\.model\.hidden_size is missing$"):
+        load_config(plain)
+
+
 def test_every_schema_key_has_a_one_line_doc():
     for kind in [v for v in vars(schema).values() if isinstance(v, type) and dataclasses.is_dataclass(v)]:
         for f in dataclasses.fields(kind):

@@ -82,7 +82,7 @@ def _build(run_dir: str, cfg: dict[str, Any], plan: Plan, info, built: Callbacks
     chunks = build_model_chunks(config, cfg, plan)
     say(f"model: {count_parameters(chunks) / 1e6:.1f}M parameters on rank 0 ({plan.num_parameters / 1e9:.2f}B in all)")
     chunks = wrap_data_parallel(chunks, config, settings.ddp_config(cfg, plan))
-    optimizer = get_megatron_optimizer(settings.optimizer_config(cfg), chunks)
+    optimizer = get_megatron_optimizer(settings.optimizer_config(cfg, plan), chunks)
     scheduler = OptimizerParamScheduler(optimizer, **settings.scheduler_kwargs(cfg))
     # CUDA graphs (training.cuda_graphs) for training steps only: evaluation keeps the eager schedule.
     cuda_graphs = graphs.CudaGraphs.for_trainer(

@@ -153,14 +153,14 @@ def test_model_kwargs_use_padded_vocab_and_llama31_rope():
 
 def test_optimizer_and_schedule():
     cfg, plan = plan_for("training=llama31/405b", "cluster=bcm")
-    opt = settings.optimizer_config(cfg)
+    opt = settings.optimizer_config(cfg, plan)
     assert (opt.lr, opt.min_lr, opt.adam_eps, opt.weight_decay, opt.clip_grad) == (8e-5, 8e-7, 1e-5, 0.1, 1.0)
     assert (opt.adam_beta1, opt.adam_beta2) == (0.9, 0.95) and opt.use_distributed_optimizer
     sched = settings.scheduler_kwargs(cfg)
     assert sched["lr_warmup_steps"] == 8000 and sched["lr_decay_steps"] == 105963
     assert sched["lr_decay_style"] == "cosine" and sched["max_lr"] == 8e-5 and sched["min_lr"] == 8e-7
     tiny_cfg, _ = plan_for()
-    assert settings.scheduler_kwargs(tiny_cfg)["lr_decay_steps"] == tiny_cfg["training"]["train_steps"]
+    assert settings.scheduler_kwargs(tiny_cfg)["lr_decay_steps"] == tiny_cfg.training.train_steps
 
 
 def test_userbuffer_shape_is_one_cp_shard_of_a_microbatch():

@@ -1,7 +1,7 @@
 """The training recipe's pieces that need no GPU: config mapping, layer split, sampling, checkpoint
 bookkeeping, metrics and the Hugging Face weight mapping."""
 
-from dataclasses import astuple
+from dataclasses import astuple, replace
 import json
 import os
 from pathlib import Path
@@ -210,8 +210,8 @@ def test_sampler_splits_global_batches_over_dp_and_resumes_exactly():
 
 
 def test_blend_forms():
-    assert data.blend_of({"blend": [0.3, "/d/a", 0.7, "/d/b"]}) == (["/d/a", "/d/b"], [0.3, 0.7])
-    assert data.blend_of({"blend": ["/d/a", "/d/b"]}) == (["/d/a", "/d/b"], None)
+    assert data.blend_of([0.3, "/d/a", 0.7, "/d/b"]) == (["/d/a", "/d/b"], [0.3, 0.7])
+    assert data.blend_of(["/d/a", "/d/b"]) == (["/d/a", "/d/b"], None)
 
 
 def test_split_sizes():
@@ -456,7 +456,7 @@ def _random_hf_state(model):
 
 def test_hf_mapping_round_trips_and_packs_qkv_per_group():
     cfg, plan = plan_for()
-    model = dict(cfg["training"]["model"], vocab_size=1000, num_layers=2)
+    model = replace(cfg.training.model, vocab_size=1000, num_layers=2)
     hf_state = _random_hf_state(model)
     mc = mapping.hf_to_megatron(hf_state, model, padded_vocab_size=1024)
     assert mc["embedding.word_embeddings.weight"].shape[0] == 1024

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from common import hf_config
 from common.checkpoints import STATE_FILE, latest_checkpoint
-from common.config import Config
+from common.config import Config, ModelConfig
 from common.files import atomic_output, atomic_write
 from common.run import CONFIG_FILE, RunDirError, load_run_config
 from common.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
@@ -183,11 +183,11 @@ class HFTensors:
     """Hugging Face tensors one at a time from the checkpoint; the megatron tensor they come from is kept until
     its last Hugging Face tensor was taken (q, k, v from one linear_qkv read)."""
 
-    def __init__(self, ckpt: DistCheckpoint, model: Mapping[str, Any]):
+    def __init__(self, ckpt: DistCheckpoint, model: ModelConfig):
         self.ckpt, self.model = ckpt, model
         self.source: dict[str, tuple[str, int | None]] = {}
         for name, layer in mapping.global_names(model):
-            for piece in mapping.pieces(name, layer, model, model["vocab_size"]):
+            for piece in mapping.pieces(name, layer, model, model.vocab_size):
                 self.source[piece.hf_name] = (name, layer)
         self._cached: tuple[tuple[str, int | None], dict[str, Any]] | None = None
 
@@ -247,7 +247,7 @@ def export(
     checkpoint: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    run_config: Mapping[str, Any],
+    run_config: Config,
     dtype: str = "bfloat16",
     max_shard_bytes: int = 5 * 10**9,
     tokenizer: str | None = None,
@@ -255,7 +255,7 @@ def export(
     progress: bool = True,
 ) -> Path:
     """Write the Hugging Face model of `checkpoint` (a run's training.model in `run_config`) into `out`."""
-    model = run_config["training"]["model"]
+    model = run_config.training.model
     if dtype not in DTYPE_CODES:
         raise ExportError(f"--dtype {dtype}: use one of {', '.join(DTYPE_CODES)}")
     path = resolve_checkpoint(checkpoint)
@@ -311,9 +311,8 @@ def _prepare_out(out: Path, manifest: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- tokenizer
-def _tokenizer_source(run_config: Mapping[str, Any], override: str | None) -> Path:
-    tok = run_config["training"]["tokenizer"]
-    value = override or tok.get("path")
+def _tokenizer_source(run_config: Config, override: str | None) -> Path:
+    value = override or run_config.training.tokenizer.path
     if not value:
         raise ExportError("the run has no training.tokenizer.path; pass --tokenizer DIR or --no-tokenizer")
     if hf_config.is_hub_id(str(value)):
@@ -336,9 +335,7 @@ def _tokenizer_source(run_config: Mapping[str, Any], override: str | None) -> Pa
     return path
 
 
-def _copy_tokenizer(
-    run_config: Mapping[str, Any], override: str | None, out: Path
-) -> tuple[int | None, int | list[int] | None]:
+def _copy_tokenizer(run_config: Config, override: str | None, out: Path) -> tuple[int | None, int | list[int] | None]:
     """Copy the run's tokenizer files; returns (bos_token_id, eos_token_id) for config.json."""
     source = _tokenizer_source(run_config, override)
     if source.is_file():

@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 import sys
 import time
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace, merge, nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factory_merges
@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from common import hf_config
 from common.checkpoints import latest_checkpoint
+from common.config import Config, ModelConfig
 from common.files import atomic_write
 from common.hf_config import KEY, HFConfigError
 from common.safetensors_io import SafetensorsFileError, SafetensorsFiles
@@ -81,7 +82,7 @@ def read_region(
     src: SafetensorsDir,
     name: str,
     layer: int | None,
-    model: Mapping[str, Any],
+    model: ModelConfig,
     padded_vocab: int,
     start: list[int],
     size: list[int],
@@ -115,7 +116,7 @@ def read_region(
     return out
 
 
-def read_sharded_tensor(src: SafetensorsDir, sh_ten, model: Mapping[str, Any], padded_vocab: int):
+def read_sharded_tensor(src: SafetensorsDir, sh_ten, model: ModelConfig, padded_vocab: int):
     """The local data of one of megatron's ShardedTensors, from the Hugging Face files."""
     name, layer = mapping.global_key(sh_ten.key)
     start, size = list(sh_ten.global_offset), list(sh_ten.local_shape)
@@ -130,7 +131,7 @@ def read_sharded_tensor(src: SafetensorsDir, sh_ten, model: Mapping[str, Any], p
 
 
 def load_hf_weights(
-    directory: str, chunks, model: Mapping[str, Any], padded_vocab: int, say: Callable[[str], None], show_progress: bool
+    directory: str, chunks, model: ModelConfig, padded_vocab: int, say: Callable[[str], None], show_progress: bool
 ) -> None:
     """Fill this rank's model chunks from a Hugging Face directory: what dist_checkpointing.load does with a
     checkpoint of its own, with the Hugging Face files as the storage."""
@@ -237,20 +238,20 @@ def locate(value: str, run_dir: str, rank: int) -> str:
     return path
 
 
-def source_for_run(cfg: Mapping[str, Any], run_dir: str, rank: int) -> str | None:
+def source_for_run(cfg: Config, run_dir: str, rank: int) -> str | None:
     """The checked Hugging Face directory this run starts from, or None (not configured, or the run resumes from
     a checkpoint of its own). Runs on every rank before any GPU work; a problem ends the process with one line
     (printed by rank 0, or by the rank that alone has it)."""
-    ckpt = cfg["training"]["checkpoint"]
-    value = ckpt.get("init_from_hf")
-    if not value or (ckpt["load"] and latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
+    ckpt = cfg.training.checkpoint
+    value = ckpt.init_from_hf
+    if not value or (ckpt.load and latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
         return None
     try:
         path = locate(str(value), run_dir, rank)
     except SourceError as err:
         raise SystemExit(f"error: {err}") from None
     try:
-        hf_config.check_directory(path, cfg["training"]["model"], source=str(value))
+        hf_config.check_directory(path, cfg.training.model, source=str(value))
     except HFConfigError as err:
         raise SystemExit(f"error: {err}" if rank == 0 else 2) from None
     return path

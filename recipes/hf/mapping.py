@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 # The tensors' names and shapes: common/hf_config.py, where the plan reads them on the host too.
+from common.config import ModelConfig
 from common.hf_config import hf_layer_name, hf_shapes  # noqa: F401
 
 EMBEDDING = "embedding.word_embeddings.weight"
@@ -66,9 +67,9 @@ def layer_suffix(name: str) -> str | None:
     return name[len(LAYER_PREFIX) :] if name.startswith(LAYER_PREFIX) else None
 
 
-def pieces(name: str, layer: int | None, model: Mapping[str, Any], padded_vocab: int) -> list[Piece]:
+def pieces(name: str, layer: int | None, model: ModelConfig, padded_vocab: int) -> list[Piece]:
     """The rows of megatron tensor `name` (of `layer`, for per-layer tensors) in order, as Hugging Face rows."""
-    vocab, hidden = model["vocab_size"], model["hidden_size"]
+    vocab, hidden = model.vocab_size, model.hidden_size
     if name in (EMBEDDING, OUTPUT):
         hf_name = "model.embed_tokens.weight" if name == EMBEDDING else "lm_head.weight"
         padding = [Piece(hf_name, vocab - 1, padded_vocab - vocab, repeat=True)] if padded_vocab > vocab else []
@@ -80,7 +81,7 @@ def pieces(name: str, layer: int | None, model: Mapping[str, Any], padded_vocab:
         raise KeyError(f"{name} is not a Llama weight")
     sources = [hf_layer_name(layer, s) for s in _HF_LAYER[suffix]]
     if suffix == QKV:
-        heads, groups, d = model["num_attention_heads"], model["num_query_groups"], model["kv_channels"]
+        heads, groups, d = model.num_attention_heads, model.num_query_groups, model.kv_channels
         per_group = heads // groups
         q, k, v = sources
         out = []
@@ -88,24 +89,22 @@ def pieces(name: str, layer: int | None, model: Mapping[str, Any], padded_vocab:
             out += [Piece(q, g * per_group * d, per_group * d), Piece(k, g * d, d), Piece(v, g * d, d)]
         return out
     if suffix == FC1:
-        ffn = model["ffn_hidden_size"]
+        ffn = model.ffn_hidden_size
         return [Piece(sources[0], 0, ffn), Piece(sources[1], 0, ffn)]
     return [Piece(sources[0], 0, hidden)]  # norms, linear_proj and linear_fc2 have `hidden` rows
 
 
-def global_names(model: Mapping[str, Any]) -> Iterator[tuple[str, int | None]]:
+def global_names(model: ModelConfig) -> Iterator[tuple[str, int | None]]:
     """Every megatron tensor of the model as (name, layer), in Hugging Face order (embedding, layers, norm, head)."""
     yield EMBEDDING, None
-    for layer in range(model["num_layers"]):
+    for layer in range(model.num_layers):
         for suffix in LAYER_TENSORS:
             yield LAYER_PREFIX + suffix, layer
     yield FINAL_NORM, None
     yield OUTPUT, None
 
 
-def split_to_hf(
-    name: str, layer: int | None, tensor: torch.Tensor, model: Mapping[str, Any]
-) -> dict[str, torch.Tensor]:
+def split_to_hf(name: str, layer: int | None, tensor: torch.Tensor, model: ModelConfig) -> dict[str, torch.Tensor]:
     """One whole megatron tensor (one layer of it) -> the Hugging Face tensors it holds; padding rows dropped."""
     by_name: dict[str, list[torch.Tensor]] = {}
     row = 0
@@ -119,7 +118,7 @@ def split_to_hf(
 
 
 def join_from_hf(
-    name: str, layer: int | None, hf: Mapping[str, torch.Tensor], model: Mapping[str, Any], padded_vocab: int
+    name: str, layer: int | None, hf: Mapping[str, torch.Tensor], model: ModelConfig, padded_vocab: int
 ) -> torch.Tensor:
     """The whole megatron tensor (one layer of it) from in-memory Hugging Face tensors."""
     parts = []
@@ -135,7 +134,7 @@ def _state_key(name: str, layer: int | None) -> str:
     return name if layer is None else f"{LAYER_PREFIX}{layer}.{suffix}"
 
 
-def megatron_to_hf(state: Mapping[str, torch.Tensor], model: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def megatron_to_hf(state: Mapping[str, torch.Tensor], model: ModelConfig) -> dict[str, torch.Tensor]:
     """An unsharded GPTModel state dict (TP1, PP1) -> LlamaForCausalLM state dict."""
     out: dict[str, torch.Tensor] = {}
     for name, layer in global_names(model):
@@ -144,7 +143,7 @@ def megatron_to_hf(state: Mapping[str, torch.Tensor], model: Mapping[str, Any]) 
 
 
 def hf_to_megatron(
-    state: Mapping[str, torch.Tensor], model: Mapping[str, Any], padded_vocab_size: int
+    state: Mapping[str, torch.Tensor], model: ModelConfig, padded_vocab_size: int
 ) -> dict[str, torch.Tensor]:
     """LlamaForCausalLM state dict -> unsharded GPTModel state dict (vocabulary padding: copies of the last row)."""
     return {
@@ -153,29 +152,29 @@ def hf_to_megatron(
     }
 
 
-def hf_config_kwargs(model: Mapping[str, Any], max_position_embeddings: int | None = None) -> dict[str, Any]:
+def hf_config_kwargs(model: ModelConfig, max_position_embeddings: int | None = None) -> dict[str, Any]:
     """transformers.LlamaConfig arguments for a training.model config (the Llama 3.1 RoPE scaling included)."""
     rope = (
         {
             "rope_type": "llama3",
-            "factor": float(model["rope_scaling_factor"]),
+            "factor": float(model.rope_scaling_factor),
             "low_freq_factor": 1.0,
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192,
         }
-        if model["rope_scaling"]
+        if model.rope_scaling
         else None
     )
     kwargs = dict(
-        vocab_size=model["vocab_size"],
-        hidden_size=model["hidden_size"],
-        intermediate_size=model["ffn_hidden_size"],
-        num_hidden_layers=model["num_layers"],
-        num_attention_heads=model["num_attention_heads"],
-        num_key_value_heads=model["num_query_groups"],
-        head_dim=model["kv_channels"],
-        max_position_embeddings=max_position_embeddings or model.get("max_position_embeddings", 131072),
-        rms_norm_eps=model["norm_epsilon"],
+        vocab_size=model.vocab_size,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_hidden_size,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_key_value_heads=model.num_query_groups,
+        head_dim=model.kv_channels,
+        max_position_embeddings=max_position_embeddings or model.max_position_embeddings,
+        rms_norm_eps=model.norm_epsilon,
         tie_word_embeddings=False,
         attention_bias=False,
         mlp_bias=False,
@@ -184,8 +183,8 @@ def hf_config_kwargs(model: Mapping[str, Any], max_position_embeddings: int | No
     from transformers import LlamaConfig  # only tests and references use it; the training image need not have it
 
     if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:  # transformers >= 5
-        kwargs["rope_parameters"] = {**(rope or {"rope_type": "default"}), "rope_theta": float(model["rotary_base"])}
+        kwargs["rope_parameters"] = {**(rope or {"rope_type": "default"}), "rope_theta": float(model.rotary_base)}
     else:
-        kwargs["rope_theta"] = float(model["rotary_base"])
+        kwargs["rope_theta"] = float(model.rotary_base)
         kwargs["rope_scaling"] = rope
     return kwargs

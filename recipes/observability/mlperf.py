@@ -25,21 +25,22 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
-from common.plan import Plan
+from common.config import Config
 from common.evaluation import eval_samples
+from common.plan import Plan
 from recipes.runtime.distributed import any_rank
 
 SUCCESS, ABORTED = "success", "aborted"
 
 
-def precision_keys(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[str, str]]:
+def precision_keys(cfg: Config, plan: Plan) -> list[tuple[str, str]]:
     """The lowest numerical precision in the linear layers, attention and communication (rules 6.1 onwards)."""
     fp8 = bool(plan.fp8)
-    attention_fp8 = fp8 and bool(cfg["dtype"].get("fp8_dot_product_attention"))
+    attention_fp8 = fp8 and cfg.dtype.fp8_dot_product_attention
     return [
         ("lowest_numerical_precision_in_linear", "fp8" if fp8 else "bfloat16"),
         ("lowest_numerical_precision_in_attn", "fp8" if attention_fp8 else "bfloat16"),
@@ -48,23 +49,23 @@ def precision_keys(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[str, str]]:
     ]
 
 
-def run_keys(
-    cfg: Mapping[str, Any], plan: Plan, run_name: str, gpu_name: str, init_checkpoint_step: int
-) -> list[tuple[str, Any]]:
+def run_keys(cfg: Config, plan: Plan, run_name: str, gpu_name: str, init_checkpoint_step: int) -> list[tuple[str, Any]]:
     """Every key logged once before run_start, with the values this run trains with."""
-    ml, train = cfg["mlperf"], cfg["training"]
-    opt, sched = train["optimizer"], train["scheduler"]
-    horizon = sched["decay_steps"] or train["train_steps"]  # megatron's lr_decay_steps: warmup included
-    platform = ml.get("platform") or f"{plan.num_nodes}x{plan.gpus_per_node}x{gpu_name}"
+    ml, train = cfg.mlperf, cfg.training
+    if ml is None:
+        raise ValueError("run_keys: the run has no mlperf section")
+    opt, sched = train.optimizer, train.scheduler
+    horizon = sched.decay_steps or train.train_steps  # megatron's lr_decay_steps: warmup included
+    platform = ml.platform or f"{plan.num_nodes}x{plan.gpus_per_node}x{gpu_name}"
     return [
-        ("submission_benchmark", ml["benchmark"]),
-        ("submission_org", ml["org"]),
-        ("submission_division", ml["division"]),
-        ("submission_status", ml["status"]),
+        ("submission_benchmark", ml.benchmark),
+        ("submission_org", ml.org),
+        ("submission_division", ml.division),
+        ("submission_status", ml.status),
         ("submission_platform", platform),
         ("number_of_nodes", plan.num_nodes),
         ("accelerators_per_node", plan.gpus_per_node),
-        ("seed", cfg["seed"]),
+        ("seed", cfg.seed),
         ("global_batch_size", plan.global_batch_size),
         ("micro_batch_size", plan.micro_batch_size),
         ("gradient_accumulation_steps", plan.num_microbatches),
@@ -73,16 +74,16 @@ def run_keys(
         ("init_checkpoint_step", init_checkpoint_step),
         ("max_steps", horizon),
         ("opt_name", "adamw"),
-        ("opt_base_learning_rate", opt["lr"]),
-        ("opt_end_learning_rate", opt["min_lr"]),
-        ("opt_learning_rate_warmup_steps", sched["warmup_steps"]),
-        ("opt_learning_rate_decay_steps", horizon - sched["warmup_steps"]),
+        ("opt_base_learning_rate", opt.lr),
+        ("opt_end_learning_rate", opt.min_lr),
+        ("opt_learning_rate_warmup_steps", sched.warmup_steps),
+        ("opt_learning_rate_decay_steps", horizon - sched.warmup_steps),
         ("opt_learning_rate_decay_schedule", "cosine with linear warmup"),
-        ("opt_adamw_beta_1", opt["adam_beta1"]),
-        ("opt_adamw_beta_2", opt["adam_beta2"]),
-        ("opt_adamw_epsilon", opt["adam_eps"]),
-        ("opt_adamw_weight_decay", opt["weight_decay"]),
-        ("opt_gradient_clip_norm", opt["clip_grad"]),
+        ("opt_adamw_beta_1", opt.adam_beta1),
+        ("opt_adamw_beta_2", opt.adam_beta2),
+        ("opt_adamw_epsilon", opt.adam_eps),
+        ("opt_adamw_weight_decay", opt.weight_decay),
+        ("opt_gradient_clip_norm", opt.clip_grad),
         ("tensor_parallelism", plan.tp),
         ("pipeline_parallelism", plan.pp),
         ("context_parallelism", plan.cp),
@@ -128,7 +129,7 @@ class MLPerfLog:
     def __init__(
         self,
         mllogger=None,
-        cfg: Mapping[str, Any] | None = None,
+        cfg: Config | None = None,
         plan: Plan | None = None,
         run_dir: str = "",
         gpu_name: str = "",
@@ -141,7 +142,7 @@ class MLPerfLog:
     def open(
         cls,
         run_dir: str,
-        cfg: Mapping[str, Any],
+        cfg: Config,
         plan: Plan,
         logs_here: bool,
         cache_cleared: bool,
@@ -149,11 +150,11 @@ class MLPerfLog:
         clock: Callable[[], float] = time.time,
     ) -> "MLPerfLog":
         """Start the log (cache_clear, init_start) on the logging rank of an MLPerf run."""
-        if not cfg.get("mlperf") or not logs_here:
+        if cfg.mlperf is None or not logs_here:
             return cls()
         from mlperf_logging.mllog import mllog  # an optional package: only MLPerf runs need it
 
-        path = os.path.join(run_dir, cfg["mlperf"]["log_file"])
+        path = os.path.join(run_dir, cfg.mlperf.log_file)
         # stack offset 5: the file and line in each event's metadata are the trainer's call of its callbacks
         # (recipes/runtime/callbacks.py), which call the observer (recipes/observability/observers.py) that calls
         # this class.
@@ -178,7 +179,7 @@ class MLPerfLog:
             )
 
     def run_start(self, consumed_samples: int, init_checkpoint_step: int = 0) -> None:
-        if not self.enabled:
+        if not self.enabled or self.cfg is None or self.plan is None:
             return
         for key, value in run_keys(
             self.cfg, self.plan, os.path.basename(self.run_dir), self.gpu_name, init_checkpoint_step
@@ -208,11 +209,11 @@ class MLPerfLog:
             self._mllog = None
 
 
-def start(run_dir: str, cfg: Mapping[str, Any], plan: Plan, local_rank: int, logs_here: bool) -> MLPerfLog:
+def start(run_dir: str, cfg: Config, plan: Plan, local_rank: int, logs_here: bool) -> MLPerfLog:
     """On every rank, before the model is built: for an MLPerf run, drop the page cache once per node (when
     mlperf.drop_caches) and open the log on the logging rank. Other runs get a log that does nothing."""
-    ml = cfg.get("mlperf")
-    if not ml:
+    ml = cfg.mlperf
+    if ml is None:
         return MLPerfLog()
     try:  # on every rank, before any collective: a missing package stops every rank instead of hanging the rest
         import mlperf_logging.mllog  # noqa: F401
@@ -222,6 +223,6 @@ def start(run_dir: str, cfg: Mapping[str, Any], plan: Plan, local_rank: int, log
             "'mlperf-logging>=4.1.68' (its mllog and compliance checker need no more than pyyaml: "
             "--no-deps is enough)"
         ) from None
-    dropped = drop_page_cache() if ml["drop_caches"] and local_rank == 0 else True
-    cleared = bool(ml["drop_caches"]) and not any_rank(not dropped)
+    dropped = drop_page_cache() if ml.drop_caches and local_rank == 0 else True
+    cleared = ml.drop_caches and not any_rank(not dropped)
     return MLPerfLog.open(run_dir, cfg, plan, logs_here, cleared, gpu_name=torch.cuda.get_device_name())

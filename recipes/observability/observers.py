@@ -6,11 +6,12 @@ call is cheap and safe when the feature is off."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import torch
 
 from common.checkpoints import TrainState
+from common.config import Config
 from common.plan import Plan
 from recipes.observability import mlperf, profiling, telemetry, tracking
 from recipes.runtime.callbacks import Callback, Stop
@@ -24,11 +25,11 @@ def _print(message: str) -> None:
     print(f"[recipes] {message}", flush=True)
 
 
-def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
+def missing_packages(cfg: Config) -> list[str]:
     """Packages the enabled features need, one line each naming the fix. Checked on every rank (they share the
     environment), so all of them stop together, before anything is built."""
-    nvml = telemetry.missing_package(dict(cfg))
-    return tracking.missing_packages(cfg) + ([nvml] if nvml else [])
+    nvml = telemetry.missing_package(cfg.telemetry)
+    return tracking.missing_packages(cfg.logging) + ([nvml] if nvml else [])
 
 
 class Observers(Callback):
@@ -36,7 +37,7 @@ class Observers(Callback):
     training loop's events as one of its callbacks. Made from the rank's environment
     (recipes.runtime.ranks.RankInfo) before the process group and the model exist."""
 
-    def __init__(self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, info: Any):
+    def __init__(self, run_dir: str, cfg: Config, plan: Plan, info: Any):
         self.run_dir, self.cfg, self.plan = run_dir, cfg, plan
         rank, local_rank = info.rank, info.local_rank
         self.rank, self.local_rank = rank, local_rank
@@ -48,16 +49,15 @@ class Observers(Callback):
         self.sampler: telemetry.Sampler | None = None
         self.mllog = mlperf.MLPerfLog()  # logs nothing until init_starts opens an MLPerf run's log
         self._ranges: dict[str, contextlib.ExitStack] = {}
-        profile_cfg = cfg.get("profile")
+        profile_cfg = cfg.profile
         self.window = (
             profiling.ProfileWindow(run_dir, profile_cfg, rank, say=_print)
             if profiling.profiled_here(profile_cfg, rank)
             else None
         )
-        telemetry_cfg = cfg.get("telemetry") or {}
-        if telemetry_cfg.get("enabled") and local_rank == 0:
+        if cfg.telemetry.enabled and local_rank == 0:
             gpus = telemetry.job_gpu_ids(int(plan.gpus_per_node))
-            self.sampler = telemetry.start(run_dir, telemetry_cfg, gpus)
+            self.sampler = telemetry.start(run_dir, cfg.telemetry.interval_s, gpus)
 
     def init_starts(self) -> None:
         """The process group is up and the model is about to be built (MLPerf's init_start): an MLPerf run drops
@@ -101,7 +101,7 @@ class Observers(Callback):
     # ------------------------------------------------------------------ the loop's events
     def training_starts(self, state: TrainState) -> None:
         """Right before the first step: MLPerf's timed run starts, on every rank together."""
-        if self.cfg.get("mlperf"):
+        if self.cfg.mlperf:
             torch.distributed.barrier()
         self.mllog.run_start(state.consumed_samples, init_checkpoint_step=state.step)
 

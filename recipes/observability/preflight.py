@@ -26,6 +26,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import torch
 
+from common.config import Config
 from common.files import atomic_write
 from common.plan import Plan
 from common.run import RunDirError, load_run
@@ -55,33 +56,31 @@ class Measurement:
 
 
 # --------------------------------------------------------------------------- what to measure (no torch)
-def training_messages(cfg: Mapping[str, Any], plan: Plan) -> dict[str, int]:
+def training_messages(cfg: Config, plan: Plan) -> dict[str, int]:
     """Bytes of the collectives a training step repeats most: the gradient bucket reduced over DP x CP
     (megatron's DDP buckets: max(40M, 1M x DP) elements with overlapped reduction, else the whole gradient of a
     model-parallel rank) and, with TP, one layer's activation (seq / CP x MBS x hidden, bf16)."""
-    par = cfg["parallelism"]
+    par = cfg.parallelism
     messages: dict[str, int] = {}
     if plan.dp * plan.cp > 1:
         local_params = plan.num_parameters // (plan.tp * plan.pp)
-        elements = (
-            min(max(40_000_000, 1_000_000 * plan.dp), local_params) if par["overlap_grad_reduce"] else local_params
-        )
-        messages["gradient bucket"] = elements * (4 if par["grad_reduce_in_fp32"] else 2)
+        elements = min(max(40_000_000, 1_000_000 * plan.dp), local_params) if par.overlap_grad_reduce else local_params
+        messages["gradient bucket"] = elements * (4 if par.grad_reduce_in_fp32 else 2)
     if plan.tp > 1:
-        hidden = cfg["training"]["model"]["hidden_size"]
+        hidden = cfg.training.model.hidden_size
         messages["TP activation"] = plan.seq_length // plan.cp * plan.micro_batch_size * hidden * 2
     return messages
 
 
-def message_sizes(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[int, str]]:
+def message_sizes(cfg: Config, plan: Plan) -> list[tuple[int, str]]:
     """(bytes, label) ascending: preflight.sizes_mib, or powers of two from 1 MiB up to preflight.max_size_mib
     plus the training messages (capped there too); multiples of 4 bytes. The verdict reads the largest size:
     small messages are latency-bound, so a healthy link shows its bandwidth only on large ones, whatever the size
     of a small model's gradient buckets."""
-    pre = cfg["preflight"]
-    cap = int(pre["max_size_mib"] * MIB)
-    if pre.get("sizes_mib"):
-        chosen = {int(float(s) * MIB) // 4 * 4: "" for s in pre["sizes_mib"]}
+    pre = cfg.preflight
+    cap = int(pre.max_size_mib * MIB)
+    if pre.sizes_mib:
+        chosen = {int(float(s) * MIB) // 4 * 4: "" for s in pre.sizes_mib}
     else:
         messages = {min(b, cap) // 4 * 4: label for label, b in training_messages(cfg, plan).items()}
         chosen = {MIB * 2**k: "" for k in range(64) if MIB * 2**k <= cap}
@@ -89,13 +88,13 @@ def message_sizes(cfg: Mapping[str, Any], plan: Plan) -> list[tuple[int, str]]:
     return sorted((size, label) for size, label in chosen.items() if size > 0)
 
 
-def threshold(cfg: Mapping[str, Any], plan: Plan) -> tuple[float | None, str]:
+def threshold(cfg: Config, plan: Plan) -> tuple[float | None, str]:
     """(GB/s, where it comes from); None when neither preflight.min_busbw_gbps nor the GPU type's default is set."""
-    pre = cfg["preflight"]
-    if pre.get("min_busbw_gbps") is not None:
-        return float(pre["min_busbw_gbps"]), "preflight.min_busbw_gbps"
+    pre = cfg.preflight
+    if pre.min_busbw_gbps is not None:
+        return float(pre.min_busbw_gbps), "preflight.min_busbw_gbps"
     gpu_type = plan.gpu_type
-    by_type = pre.get("min_busbw_gbps_by_gpu_type") or {}
+    by_type = pre.min_busbw_gbps_by_gpu_type
     if gpu_type and by_type.get(gpu_type) is not None:
         return float(by_type[gpu_type]), f"the {gpu_type} default in preflight.min_busbw_gbps_by_gpu_type"
     return None, f"no threshold for GPU type {gpu_type or 'unknown'}: set preflight.min_busbw_gbps"
@@ -263,7 +262,7 @@ def diagnose(
 # --------------------------------------------------------------------------- the stage
 def run(
     run_dir: str,
-    cfg: Mapping[str, Any],
+    cfg: Config,
     plan: Plan,
     rank: int,
     local_rank: int,
@@ -272,7 +271,7 @@ def run(
     say: Callable[[str], None],
 ) -> int:
     """Every rank runs this; rank 0 prints and writes preflight.json. Returns the exit status."""
-    pre = cfg["preflight"]
+    pre = cfg.preflight
     limit, source = threshold(cfg, plan)
     report: dict[str, Any] = {
         "gpus": world_size,
@@ -289,7 +288,7 @@ def run(
                 json.dumps({**report, "passed": True, "verdict": line}, indent=2) + "\n",
             )
         return 0
-    coll = Collectives(device, local_rank, "fp32" if cfg["parallelism"]["grad_reduce_in_fp32"] else "bf16")
+    coll = Collectives(device, local_rank, "fp32" if cfg.parallelism.grad_reduce_in_fp32 else "bf16")
     dist = coll.dist
     names: list[Any] = [None] * world_size
     dist.all_gather_object(names, socket.gethostname().split(".")[0])
@@ -303,14 +302,14 @@ def run(
         backend = "NCCL " + (".".join(map(str, version)) if isinstance(version, tuple) else str(version))
     say(
         f"preflight: all-reduce over {world_size} GPUs ({len(blocks)} node{'s' if len(blocks) > 1 else ''} x "
-        f"{len(blocks[0])}), {backend}, {pre['warmup_iterations']} warm-up + {pre['iterations']} timed "
+        f"{len(blocks[0])}), {backend}, {pre.warmup_iterations} warm-up + {pre.iterations} timed "
         f"iterations per size; threshold: "
         + (f"{limit:g} GB/s bus bandwidth at the largest size ({source})" if limit is not None else source)
     )
     say(TABLE_HEADER)
     results = []
     for size, label in message_sizes(cfg, plan):
-        m = coll.time_all_reduce(size, None, world_size, int(pre["warmup_iterations"]), int(pre["iterations"]), label)
+        m = coll.time_all_reduce(size, None, world_size, pre.warmup_iterations, pre.iterations, label)
         results.append(m)
         say(format_row(m))
     largest = results[-1]
@@ -322,14 +321,12 @@ def run(
             f"preflight: below the threshold; measuring each node alone and pairs of nodes at "
             f"{size_text(largest.size_bytes)}"
         )
-        per_node, per_pair = diagnose(
-            coll, rank, blocks, largest.size_bytes, int(pre["warmup_iterations"]), int(pre["iterations"])
-        )
+        per_node, per_pair = diagnose(coll, rank, blocks, largest.size_bytes, pre.warmup_iterations, pre.iterations)
         for node, bw in sorted(per_node.items()):
             say(f"  node {node_names[node]}: {bw:.1f} GB/s")
         for (a, b), bw in sorted(per_pair.items()):
             say(f"  nodes {node_names[a]} + {node_names[b]}: {bw:.1f} GB/s")
-        nodes, links = locate_slow(per_node, per_pair, float(pre["slow_node_fraction"]))
+        nodes, links = locate_slow(per_node, per_pair, pre.slow_node_fraction)
         slow_nodes = [node_names[n] for n in nodes]
         slow_pairs = [f"{node_names[a]}-{node_names[b]}" for a, b in links]
         passed, line = verdict(largest, limit, source, slow_nodes, slow_pairs)

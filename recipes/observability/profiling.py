@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 import torch
+
+from common.config import ProfileConfig
 
 # megatron-core timer names -> range names.
 RANGE_NAMES = {"forward-compute": "forward", "backward-compute": "backward"}
 
 
-def window(profile_cfg: Mapping[str, Any]) -> tuple[int, int]:
+def window(profile_cfg: ProfileConfig) -> tuple[int, int]:
     """(first, last) profiled step, as numbered in the log."""
-    return int(profile_cfg["start_step"]), int(profile_cfg["end_step"]) - 1
+    return profile_cfg.start_step, profile_cfg.end_step - 1
 
 
-def profiled_here(profile_cfg: Mapping[str, Any] | None, rank: int) -> bool:
-    return bool(profile_cfg and profile_cfg.get("enabled")) and rank in [int(r) for r in profile_cfg["ranks"]]
+def profiled_here(profile_cfg: ProfileConfig, rank: int) -> bool:
+    return profile_cfg.enabled and rank in profile_cfg.ranks
 
 
 def trace_path(run_dir: str, rank: int, first: int, last: int) -> str:
@@ -92,7 +94,7 @@ class ProfileWindow:
     def __init__(
         self,
         run_dir: str,
-        profile_cfg: Mapping[str, Any],
+        profile_cfg: ProfileConfig,
         rank: int,
         say: Callable[[str], None] = print,
         backend: RangeBackend | None = None,
@@ -101,7 +103,7 @@ class ProfileWindow:
         self.cfg = profile_cfg
         self.rank = rank
         self.say = say
-        self.tool = profile_cfg["tool"]
+        self.tool = profile_cfg.tool
         self.first, self.last = window(profile_cfg)
         self.backend = backend or RangeBackend(self.tool)
         self._torch_profiler = None
@@ -143,8 +145,8 @@ class ProfileWindow:
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self._torch_profiler = torch.profiler.profile(
                 activities=activities,
-                record_shapes=bool(self.cfg.get("record_shapes")),
-                with_stack=bool(self.cfg.get("with_stack")),
+                record_shapes=self.cfg.record_shapes,
+                with_stack=self.cfg.with_stack,
             )
             self._torch_profiler.start()
         self.active = True

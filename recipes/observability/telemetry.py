@@ -19,6 +19,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from common.config import TelemetryConfig
+
 COLUMNS = [
     "time",
     "node",
@@ -63,8 +65,8 @@ def csv_path(run_dir: str, node: str) -> str:
     return os.path.join(run_dir, "telemetry", f"{node}.csv")
 
 
-def missing_package(cfg: dict) -> str | None:
-    if (cfg.get("telemetry") or {}).get("enabled") and importlib.util.find_spec("pynvml") is None:
+def missing_package(telemetry: TelemetryConfig) -> str | None:
+    if telemetry.enabled and importlib.util.find_spec("pynvml") is None:
         return (
             "telemetry.enabled=true needs NVML's Python bindings: pip install nvidia-ml-py, or set "
             "telemetry.enabled=false"
@@ -201,9 +203,10 @@ def _try(call: Callable[[], Any]) -> Any:
 
 
 def start(
-    run_dir: str, telemetry_cfg: dict, gpu_ids: Sequence[str], nvml: Any = None, node: str | None = None
+    run_dir: str, interval_s: float, gpu_ids: Sequence[str], nvml: Any = None, node: str | None = None
 ) -> Sampler:
+    """Sample the GPUs `gpu_ids` every `interval_s` seconds (telemetry.interval_s) into this node's CSV."""
     if nvml is None:
         import pynvml as nvml  # nvidia-ml-py, an optional package: only telemetry.enabled needs it
     node = node or node_name()
-    return Sampler(nvml, gpu_ids, csv_path(run_dir, node), node, float(telemetry_cfg["interval_s"])).start()
+    return Sampler(nvml, gpu_ids, csv_path(run_dir, node), node, interval_s).start()

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from common.config import Config, LoggingConfig
 from common.files import atomic_write
 from common.plan import Plan
 from common.typed import to_plain
@@ -61,16 +62,15 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def missing_packages(cfg: Mapping[str, Any]) -> list[str]:
+def missing_packages(logging: LoggingConfig) -> list[str]:
     """One line per tracking backend that is enabled but not importable, naming the fix."""
     problems = []
-    logging = cfg.get("logging") or {}
-    if logging.get("tensorboard") and importlib.util.find_spec("tensorboard") is None:
+    if logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         problems.append(
             "logging.tensorboard=true needs the tensorboard package: pip install tensorboard, or set "
             "logging.tensorboard=false"
         )
-    if (logging.get("wandb") or {}).get("enabled") and importlib.util.find_spec("wandb") is None:
+    if logging.wandb.enabled and importlib.util.find_spec("wandb") is None:
         problems.append(
             "logging.wandb.enabled=true needs the wandb package: pip install wandb, or set logging.wandb.enabled=false"
         )
@@ -151,22 +151,18 @@ def sync_command(run_dir: str) -> str | None:
 class Tracker:
     """Holds the open TensorBoard writer and W&B run of the rank that logs metrics (the last rank)."""
 
-    def __init__(
-        self, run_dir: str, cfg: Mapping[str, Any], plan: Plan, resume_step: int, say: Callable[[str], None] = print
-    ):
+    def __init__(self, run_dir: str, cfg: Config, plan: Plan, resume_step: int, say: Callable[[str], None] = print):
         self.run_dir = run_dir
         self.say = say
         self.tensorboard = None
         self.wandb_run = None
         self.wandb_mode: str | None = None
-        logging = cfg.get("logging") or {}
-        if logging.get("tensorboard"):
+        if cfg.logging.tensorboard:
             self._open_tensorboard(cfg, plan, resume_step)
-        wandb_cfg = logging.get("wandb") or {}
-        if wandb_cfg.get("enabled"):
-            self._open_wandb(cfg, plan, wandb_cfg, resume_step)
+        if cfg.logging.wandb.enabled:
+            self._open_wandb(cfg, plan, resume_step)
 
-    def _open_tensorboard(self, cfg, plan, resume_step: int) -> None:
+    def _open_tensorboard(self, cfg: Config, plan: Plan, resume_step: int) -> None:
         # tensorboard is optional (missing_packages names it when logging.tensorboard is on): imported only then.
         from torch.utils.tensorboard import SummaryWriter
 
@@ -178,10 +174,12 @@ class Tracker:
             self._write_hparams(cfg, plan)
         self.tensorboard.flush()  # the purge marker reaches the file even if no step follows
 
-    def _write_hparams(self, cfg, plan) -> None:
+    def _write_hparams(self, cfg: Config, plan: Plan) -> None:
         from torch.utils.tensorboard.summary import hparams  # optional, as in _open_tensorboard
 
-        params = flatten({"config": cfg, "plan": {k: v for k, v in plan.to_json_dict().items() if k != "env"}})
+        params = flatten(
+            {"config": to_plain(cfg), "plan": {k: v for k, v in plan.to_json_dict().items() if k != "env"}}
+        )
         # The session's metrics, so TensorBoard's HParams tab shows them next to the hyperparameters.
         metrics = {"train/loss": 0.0, "val/loss": 0.0, "perf/tokens_per_s_per_gpu": 0.0, "perf/mfu": 0.0}
         writer = self.tensorboard._get_file_writer()  # what add_hparams does, without its extra sub-run
@@ -190,15 +188,16 @@ class Tracker:
         self.tensorboard.add_text("config", "```\n" + yaml.safe_dump(to_plain(cfg), sort_keys=False) + "```", 0)
         self.tensorboard.add_text("plan", "```\n" + json.dumps(plan.to_json_dict(), indent=2) + "\n```", 0)
 
-    def _open_wandb(self, cfg, plan, wandb_cfg: Mapping[str, Any], resume_step: int) -> None:
+    def _open_wandb(self, cfg: Config, plan: Plan, resume_step: int) -> None:
         import wandb  # an optional package: only logging.wandb.enabled needs it
 
-        self.wandb_mode = wandb_mode(wandb_cfg.get("mode") or "auto")
+        wandb_cfg = cfg.logging.wandb
+        self.wandb_mode = wandb_mode(wandb_cfg.mode or "auto")
         run_id = wandb_run_id(self.run_dir, lambda: secrets.token_hex(6))
-        settings = dict(
-            project=wandb_cfg.get("project"),
-            entity=wandb_cfg.get("entity"),
-            name=wandb_cfg.get("name") or cfg.get("run_name"),
+        settings: dict[str, Any] = dict(
+            project=wandb_cfg.project,
+            entity=wandb_cfg.entity,
+            name=wandb_cfg.name or cfg.run_name,
             id=run_id,
             resume="allow",
             dir=self.run_dir,

@@ -9,22 +9,23 @@ import errno
 import os
 import signal
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from common import run_events
+from common.config import FaultConfig
 
 
 class FaultInjector:
     def __init__(
         self,
         run_dir: str,
-        fault: Mapping[str, Any],
+        fault: FaultConfig,
         rank: int,
         events: list[dict[str, Any]],
         say: Callable[[str], None] = print,
     ):
         self.run_dir, self.say = run_dir, say
-        self.kind, self.step, self.during = fault.get("kind"), fault.get("step"), fault.get("during", "step")
+        self.kind, self.step, self.during = fault.kind, fault.step, fault.during
         done = any(
             e["event"] == "fault"
             and e.get("kind") == self.kind
@@ -32,7 +33,7 @@ class FaultInjector:
             and e.get("during", "step") == self.during
             for e in events
         )
-        self.armed = bool(self.kind) and rank == fault.get("rank") and not done
+        self.armed = bool(self.kind) and rank == fault.rank and not done
         self.rank = rank
 
     def at(self, step: int, during: str) -> None:
@@ -60,4 +61,4 @@ class FaultInjector:
             "crash": "crashes (os._exit(1))",
             "kill": "is killed (SIGKILL)",
             "enospc": "finds its disk full (ENOSPC)",
-        }[self.kind]
+        }[str(self.kind)]

@@ -12,6 +12,7 @@ import time
 from typing import Any, Mapping
 
 from common import run_events
+from common.config import ResilienceConfig
 from common.checkpoints import TrainState
 from recipes.resilience import straggler as straggler_reports
 from recipes.resilience.faults import FaultInjector
@@ -48,15 +49,15 @@ class RunGuard(Callback):
     sections, the injected fault at its step or save, the straggler timing and reports, and the run's events (the
     last rank records them: it has the metrics)."""
 
-    def __init__(self, run_dir: str, cfg: Mapping[str, Any], rank: int, world_size: int, local_rank: int = 0):
+    def __init__(self, run_dir: str, resilience: ResilienceConfig, rank: int, world_size: int, local_rank: int = 0):
         self.process_start = time.time()
         self.run_dir, self.rank, self.local_rank = run_dir, rank, local_rank
-        self.cfg = cfg.get("resilience") or {}
+        self.cfg = resilience
         self.records = rank == world_size - 1  # the logging rank: it has the metrics
         events = run_events.read(run_dir)
         # First thing: a rank that hangs while it builds the model is a hang too.
         self.monitor = HangMonitor.connect()
-        self.faults = FaultInjector(run_dir, self.cfg.get("inject_fault") or {}, rank, events, _say_from_any_rank)
+        self.faults = FaultInjector(run_dir, resilience.inject_fault, rank, events, _say_from_any_rank)
         self.straggler: straggler_reports.StragglerReports | None = None
         self._catch_up: tuple[int, float] | None = None
         self._step_section = contextlib.ExitStack()
@@ -65,9 +66,9 @@ class RunGuard(Callback):
     # ------------------------------------------------------------------ the run's events
     def training_starts(self, state: TrainState) -> None:
         """The state is loaded (state.step: its step); heard before the metrics file drops later steps."""
-        if (self.cfg.get("straggler_detection") or {}).get("enabled"):
+        if self.cfg.straggler_detection.enabled:
             self.straggler = straggler_reports.StragglerReports(
-                self.cfg["straggler_detection"], self.rank, self.local_rank
+                self.cfg.straggler_detection, self.rank, self.local_rank
             )
         if not self.records:
             return

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import torch
+
+from common.config import StragglerConfig
 
 try:
     from nvidia_resiliency_ext.attribution.straggler import Detector
@@ -26,10 +28,10 @@ MISSING = (
 class StragglerReports:
     """The Detector on this rank (it is a process-wide singleton in nvidia-resiliency-ext)."""
 
-    def __init__(self, cfg: Mapping[str, Any], rank: int, local_rank: int):
+    def __init__(self, cfg: StragglerConfig, rank: int, local_rank: int):
         if Detector is None:
             raise SystemExit(MISSING)
-        self.interval, self.threshold = int(cfg["interval_steps"]), float(cfg["threshold"])
+        self.interval, self.threshold = cfg.interval_steps, cfg.threshold
         self.rank, self.local_rank, self.node = rank, local_rank, socket.gethostname()
         # Relative scores only (each rank against the fastest), each rank's own: the gathering is ours.
         Detector.initialize(

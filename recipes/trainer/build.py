@@ -6,13 +6,13 @@ them as its callbacks. The training entry (recipes/train.py) calls `run` once th
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from common.checkpoints import TrainState
+from common.config import Config
 from common.plan import Plan
 from common.run import RunDirError, load_run
 from recipes.hf import importer
@@ -54,9 +54,9 @@ def build_trainer(run_dir: str) -> Trainer:
         raise
 
 
-def _build(run_dir: str, cfg: dict[str, Any], plan: Plan, info, built: Callbacks) -> Trainer:
+def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Trainer:
     # Hang detection (under ft_launcher), the injected fault, straggler reports, the run's events.
-    guard = RunGuard(run_dir, cfg, info.rank, info.world_size, info.local_rank)
+    guard = RunGuard(run_dir, cfg.resilience, info.rank, info.world_size, info.local_rank)
     built.append(guard)
     # Hugging Face weights to start from: located (a hub id downloaded once, by rank 0) and checked against
     # training.model on every rank before CUDA or NCCL start.
@@ -65,7 +65,7 @@ def _build(run_dir: str, cfg: dict[str, Any], plan: Plan, info, built: Callbacks
     # Tracking, profiling, GPU telemetry, MLPerf logging; a missing package stops every rank here.
     observers = Observers(run_dir, cfg, plan, info)
     built.append(observers)
-    info = distributed.initialize(plan, cfg["seed"])
+    info = distributed.initialize(plan, cfg.seed)
     say = _rank_zero_says(info.rank)
     if deterministic:
         fixed = " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items())
@@ -82,20 +82,20 @@ def _build(run_dir: str, cfg: dict[str, Any], plan: Plan, info, built: Callbacks
     chunks = build_model_chunks(config, cfg, plan)
     say(f"model: {count_parameters(chunks) / 1e6:.1f}M parameters on rank 0 ({plan.num_parameters / 1e9:.2f}B in all)")
     chunks = wrap_data_parallel(chunks, config, settings.ddp_config(cfg, plan))
-    optimizer = get_megatron_optimizer(settings.optimizer_config(cfg), chunks)
+    optimizer = get_megatron_optimizer(settings.optimizer_config(cfg, plan), chunks)
     scheduler = OptimizerParamScheduler(optimizer, **settings.scheduler_kwargs(cfg))
     # CUDA graphs (training.cuda_graphs) for training steps only: evaluation keeps the eager schedule.
     cuda_graphs = graphs.CudaGraphs.for_trainer(
-        plan, config, chunks, optimizer, overlaps_param_gather(cfg["parallelism"]), say
+        plan, config, chunks, optimizer, overlaps_param_gather(cfg.parallelism), say
     )
     built.append(cuda_graphs)
     schedule = get_forward_backward_func()
 
-    ckpt_cfg = cfg["training"]["checkpoint"]
+    ckpt_cfg = cfg.training.checkpoint
     checkpointer = checkpoint.Checkpointer(
         os.path.join(run_dir, "checkpoints"),
-        ckpt_cfg["keep_last"],
-        ckpt_cfg["async_save"],
+        ckpt_cfg.keep_last,
+        ckpt_cfg.async_save,
         cadence.SavePolicy.from_config(ckpt_cfg),
         chunks,
         optimizer,
@@ -125,29 +125,29 @@ def _build(run_dir: str, cfg: dict[str, Any], plan: Plan, info, built: Callbacks
         checkpointer,
         built,
         plan=plan,
-        train=cfg["training"],
+        train=cfg.training,
         state=state,
         is_last_rank=is_last_rank,
         say=say,
     )
 
 
-def _initial_state(cfg, plan: Plan, checkpointer, chunks, optimizer, hf_weights, say, rank: int) -> TrainState:
+def _initial_state(cfg: Config, plan: Plan, checkpointer, chunks, optimizer, hf_weights, say, rank: int) -> TrainState:
     """Resume from this run's newest checkpoint, else start at step 0, optionally from another run's weights or
     Hugging Face weights."""
-    ckpt_cfg = cfg["training"]["checkpoint"]
-    state = checkpointer.load_latest(say) if ckpt_cfg["load"] else None
+    ckpt_cfg = cfg.training.checkpoint
+    state = checkpointer.load_latest(say) if ckpt_cfg.load else None
     if state is not None:
         if state.step:
             say(f"resumed at step {state.step} ({state.consumed_samples} samples consumed)")
         return state
-    if ckpt_cfg.get("init_from"):
-        checkpoint.load_model_weights(ckpt_cfg["init_from"], chunks, say)
+    if ckpt_cfg.init_from:
+        checkpoint.load_model_weights(ckpt_cfg.init_from, chunks, say)
     elif hf_weights:
         importer.load_hf_weights(
-            hf_weights, chunks, cfg["training"]["model"], plan.padded_vocab_size, say, show_progress=rank == 0
+            hf_weights, chunks, cfg.training.model, plan.padded_vocab_size, say, show_progress=rank == 0
         )
-    if ckpt_cfg.get("init_from") or hf_weights:
+    if ckpt_cfg.init_from or hf_weights:
         # The optimizer's fp32 master weights were copied from the random init: copy them again.
         optimizer.reload_model_params()
     return TrainState(step=0, consumed_samples=0)

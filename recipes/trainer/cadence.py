@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 import gc
 import math
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from common.checkpoints import TrainState
+from common.config import CheckpointConfig, TrainingConfig
 from recipes.runtime.callbacks import Callback, Stop
 
 
@@ -61,12 +62,8 @@ class SavePolicy:
     initial: bool
 
     @classmethod
-    def from_config(cls, checkpoint: Mapping[str, Any]) -> "SavePolicy":
-        return cls(
-            interval=checkpoint["interval"],
-            at_end=bool(checkpoint["save_at_end"]),
-            initial=bool(checkpoint.get("save_initial")),
-        )
+    def from_config(cls, checkpoint: CheckpointConfig) -> "SavePolicy":
+        return cls(interval=checkpoint.interval, at_end=checkpoint.save_at_end, initial=checkpoint.save_initial)
 
     def saves_before_training(self, step: int) -> bool:
         return self.initial and step == 0
@@ -85,8 +82,8 @@ class EvalPolicy:
     target: float | None
 
     @classmethod
-    def from_config(cls, train: Mapping[str, Any]) -> "EvalPolicy":
-        return cls(interval=train["val_interval"], last_step=train["train_steps"], target=train.get("target_val_loss"))
+    def from_config(cls, train: TrainingConfig) -> "EvalPolicy":
+        return cls(interval=train.val_interval, last_step=train.train_steps, target=train.target_val_loss)
 
     def due(self, step: int) -> bool:
         return bool(self.interval) and (step % self.interval == 0 or step == self.last_step)

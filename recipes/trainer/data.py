@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from megatron.core import parallel_state as ps
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
@@ -16,6 +16,7 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 import numpy as np
 import torch
 
+from common.config import Config
 from common.evaluation import eval_samples
 from common.plan import Plan
 from data_prep.tokenizer import load_tokenizer
@@ -38,9 +39,8 @@ class MockTokenizer:
         return {"class": "MockTokenizer", "vocab_size": self.vocab_size, "eod": self.eod}
 
 
-def blend_of(data_cfg: Mapping[str, Any]) -> tuple[list[str], list[float] | None]:
+def blend_of(blend: list[Any]) -> tuple[list[str], list[float] | None]:
     """training.data.blend as megatron's (prefixes, weights): [w, p, w, p, ...] or [p, p, ...]."""
-    blend = list(data_cfg["blend"])
     if all(isinstance(item, str) for item in blend):
         return blend, None
     return [str(p) for p in blend[1::2]], [float(w) for w in blend[::2]]
@@ -96,31 +96,31 @@ class InOrderSequences(torch.utils.data.Dataset):
         }
 
 
-def build_tokenizer(cfg: Mapping[str, Any]):
+def build_tokenizer(cfg: Config):
     """The configured tokenizer (the one data preparation used), or a stand-in for mock data."""
-    train = cfg["training"]
-    if train["data"]["mock"]:
-        vocab = train["model"]["vocab_size"]
+    train = cfg.training
+    vocab = train.model.vocab_size
+    if train.data.mock:
         return MockTokenizer(vocab_size=vocab, eod=min(128001, vocab - 1))
-    tokenizer = load_tokenizer(train["tokenizer"]["type"], train["tokenizer"]["path"], key="training.tokenizer")
-    if tokenizer.vocab_size > train["model"]["vocab_size"]:
+    tokenizer = load_tokenizer(train.tokenizer.type, train.tokenizer.path, key="training.tokenizer")
+    if tokenizer.vocab_size > vocab:
         raise SystemExit(
             f"training.tokenizer has {tokenizer.vocab_size} tokens but training.model.vocab_size is "
-            f"{train['model']['vocab_size']}; raise the model's vocab_size"
+            f"{vocab}; raise the model's vocab_size"
         )
     return tokenizer
 
 
-def build_datasets(cfg: Mapping[str, Any], plan: Plan, tokenizer, build_here: bool, cache_dir: str):
+def build_datasets(cfg: Config, plan: Plan, tokenizer, build_here: bool, cache_dir: str):
     """Train and validation datasets (None on ranks that do not read data). The validation set is the `split`
     share of the blend, or training.data.valid_blend read in order."""
-    train = cfg["training"]
-    data = train["data"]
+    train = cfg.training
+    data = train.data
     config = GPTDatasetConfig(
-        random_seed=cfg["seed"],
+        random_seed=cfg.seed,
         sequence_length=plan.seq_length,
-        blend=None if data["mock"] else blend_of(data),
-        split=data["split"],
+        blend=None if data.mock or data.blend is None else blend_of(data.blend),
+        split=data.split,
         path_to_cache=cache_dir,
         tokenizer=tokenizer,
         reset_position_ids=False,
@@ -130,14 +130,12 @@ def build_datasets(cfg: Mapping[str, Any], plan: Plan, tokenizer, build_here: bo
         mmap_bin_files=True,
     )
     val_samples = eval_samples(train, plan.global_batch_size)
-    separate = bool(data.get("valid_blend")) and not data["mock"]
-    sizes = split_sizes(
-        train["train_steps"], plan.global_batch_size, train["val_interval"], 0 if separate else val_samples
-    )
-    cls = MockGPTDataset if data["mock"] else GPTDataset
+    separate = bool(data.valid_blend) and not data.mock
+    sizes = split_sizes(train.train_steps, plan.global_batch_size, train.val_interval, 0 if separate else val_samples)
+    cls = MockGPTDataset if data.mock else GPTDataset
     train_ds, valid_ds, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: build_here, config).build()
-    if separate and build_here and train["val_interval"] > 0:
-        valid_ds = InOrderSequences(list(data["valid_blend"]), plan.seq_length, val_samples)
+    if separate and build_here and train.val_interval > 0:
+        valid_ds = InOrderSequences(list(data.valid_blend or []), plan.seq_length, val_samples)
     return train_ds, valid_ds
 
 

@@ -7,9 +7,10 @@ run's from its run directory."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from common.checkpoints import TrainState, latest_checkpoint
+from common.config import TrainingConfig
 from common.plan import Plan
 from recipes.runtime.callbacks import DIVERGED, ERROR, FINISHED, SIGNAL, TARGET, Callbacks, Stop
 from recipes.runtime.distributed import any_rank
@@ -35,7 +36,7 @@ class Trainer:
         callbacks: Callbacks,
         *,
         plan: Plan,
-        train: Mapping[str, Any],
+        train: TrainingConfig,
         state: TrainState,
         is_last_rank: bool = True,
         agree: Callable[[bool], bool] = any_rank,
@@ -73,7 +74,7 @@ class Trainer:
         return stop.exit_code
 
     def _train(self) -> Stop:
-        state, train_steps = self.state, self.train_cfg["train_steps"]
+        state, train_steps = self.state, self.train_cfg.train_steps
         stop_signal = self.stop_signal()
         if self.checkpointer.due_before_training(state.step):
             self.save()
@@ -186,7 +187,7 @@ class Trainer:
         """The progress line and the step's record for the callbacks (last rank); every rank joins the
         peak-memory reduction of a logged step."""
         state = self.state
-        if not cadence.logs_step(state.step, self.train_cfg["log_interval"], evaluated):
+        if not cadence.logs_step(state.step, self.train_cfg.log_interval, evaluated):
             return
         peak_memory = self.steps.peak_memory_gib()
         if not self.is_last_rank:
@@ -203,5 +204,5 @@ class Trainer:
             peak_memory_gib=peak_memory,
             **fields,
         )
-        print(metrics.progress_line(record, self.train_cfg["train_steps"]), flush=True)
+        print(metrics.progress_line(record, self.train_cfg.train_steps), flush=True)
         self.callbacks.logged(record)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.enums import ModelType
@@ -13,11 +11,12 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transfor
 from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 import torch
 
+from common.config import Config
 from common.plan import Plan
 from recipes.trainer import settings
 
 
-def build_model_chunks(config, cfg: Mapping[str, Any], plan: Plan) -> list[torch.nn.Module]:
+def build_model_chunks(config, cfg: Config, plan: Plan) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage held by this rank, on the current GPU."""
     spec = get_gpt_layer_with_transformer_engine_spec(**settings.layer_spec_kwargs(config))
     kwargs = settings.gpt_model_kwargs(cfg, plan)
@@ -60,7 +59,7 @@ def wrap_data_parallel(chunks: list[torch.nn.Module], config, ddp_config) -> lis
     return wrapped
 
 
-def init_userbuffers(cfg: Mapping[str, Any], plan: Plan) -> None:
+def init_userbuffers(cfg: Config, plan: Plan) -> None:
     """Transformer Engine userbuffers for TP communication overlap; must run after model-parallel init and
     before the first forward."""
     # Transformer Engine is imported where it is used directly, not with this module: a rank without it

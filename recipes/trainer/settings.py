@@ -1,9 +1,15 @@
 """The resolved config and plan, mapped onto megatron-core's config objects. Every size comes from the plan;
-this module only translates names."""
+this module only translates names.
+
+megatron-core's TransformerConfig, DistributedDataParallelConfig and OptimizerConfig are each built from one
+table: megatron's field name -> where its value comes from (a function of the run, `Sources`). A value that
+needs more than reading one key is a small named function below the tables; a test checks that every name in the
+tables is a field of megatron-core's dataclass (tests/recipes/test_perf_settings_cpu.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, MutableMapping
 
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
@@ -12,6 +18,7 @@ from megatron.core.transformer.enums import AttnBackend
 import torch
 import torch.nn.functional as F
 
+from common.config import Config, CrossEntropyFusion, ModelConfig, ParallelismConfig
 from common.plan import Plan
 
 # Bitwise-reproducible runs: deterministic attention backward in Transformer Engine, a fixed cuBLAS workspace
@@ -23,15 +30,43 @@ DETERMINISTIC_ENV = {
 }
 
 
-def apply_determinism(cfg: Mapping[str, Any], environ: dict) -> bool:
+def apply_determinism(cfg: Config, environ: MutableMapping[str, str]) -> bool:
     """Export DETERMINISTIC_ENV when training.deterministic is set (same seed and data -> same losses, at some
     cost in speed). Returns whether it is on."""
-    if not cfg["training"].get("deterministic"):
+    if not cfg.training.deterministic:
         return False
     environ.update(DETERMINISTIC_ENV)
     return True
 
 
+@dataclass(frozen=True)
+class Sources:
+    """What megatron-core's fields are derived from: the run's config and plan, and whether weight gradients
+    accumulate inside the GEMMs (the trainer's build does; the CPU tests' models cannot)."""
+
+    cfg: Config
+    plan: Plan
+    grad_accum_fusion: bool = True
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.cfg.training.model
+
+    @property
+    def par(self) -> ParallelismConfig:
+        return self.cfg.parallelism
+
+
+# A megatron-core field's value, from the run.
+Source = Callable[[Sources], Any]
+
+
+def fixed(value: Any) -> Source:
+    """A field every run sets the same way."""
+    return lambda _: value
+
+
+# --------------------------------------------------------------------------- values that need a decision
 # training.cuda_graphs -> TransformerConfig.cuda_graph_impl. Per-layer graphs are Transformer Engine's
 # (make_graphed_callables through megatron-core's TECudaGraphHelper): they run only in training mode, so evaluation
 # stays eager, and they are captured when the trainer says so. megatron-core's own per-layer graphs ("local") are
@@ -41,57 +76,180 @@ CUDA_GRAPH_IMPL = {"none": "none", "per_layer": "transformer_engine", "full_iter
 CROSS_ENTROPY = {"native": (True, "native"), "te": (True, "te"), "none": (False, "native")}
 # dtype.fp4 -> (TransformerConfig.fp4, fp4_recipe): NVFP4 is E2M1 values with FP8 block scales.
 FP4 = {"nvfp4": ("e2m1", "nvfp4")}
+NO_FP4 = (None, "nvfp4")
 
 
-def cross_entropy_fusion(cfg: Mapping[str, Any]) -> str:
+def cross_entropy_fusion(cfg: Config) -> str:
     """training.model.cross_entropy_fusion, except that deterministic runs never take the native fusion: its
     torch.compile'd kernels give the loss gradient a rounding that differs from one process to the next (the
     first difference between two otherwise identical runs is the gradient of the logits), so a resumed or
     repeated run would not reproduce the losses. Transformer Engine's fused kernel has one fixed reduction order."""
-    train = cfg["training"]
-    choice = train["model"].get("cross_entropy_fusion") or "native"
-    return "te" if choice == "native" and train.get("deterministic") else choice
+    choice = cfg.training.model.cross_entropy_fusion or CrossEntropyFusion.native
+    return "te" if choice == "native" and cfg.training.deterministic else choice
 
 
-def precision_kwargs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
-    """TransformerConfig's low-precision fields: FP8 (its recipe, FP8 weights, FP8 attention and output layer),
-    FP4, and the Transformer Engine kernels that write the FP8 copies themselves."""
-    dtype = cfg["dtype"]
-    fp8 = plan.fp8
-    fp4, fp4_recipe = FP4.get(dtype.get("fp4") or "", (None, "nvfp4"))
-    te_activation = bool(dtype.get("te_activation_func"))
-    return dict(
-        fp8=fp8,
-        fp8_recipe=dtype["fp8_recipe"] if fp8 else "delayed",
-        fp8_param=bool(plan.fp8_param_gather),
-        fp8_margin=dtype["fp8_margin"],
-        fp8_amax_history_len=dtype["fp8_amax_history_len"],
-        fp8_amax_compute_algo=dtype["fp8_amax_compute_algo"],
-        fp8_dot_product_attention=bool(dtype["fp8_dot_product_attention"]) and bool(fp8),
-        fp8_output_proj=bool(dtype.get("fp8_output_layer")) and bool(fp8),
-        fp4=fp4,
-        fp4_recipe=fp4_recipe,
-        use_transformer_engine_op_fuser=bool(dtype.get("te_op_fuser")),
-        use_te_activation_func=te_activation,
-        # megatron-core's fused bias-SwiGLU and Transformer Engine's activation are exclusive.
-        bias_activation_fusion=not te_activation,
-    )
+def _cross_entropy(run: Sources) -> tuple[bool, str]:
+    return CROSS_ENTROPY[cross_entropy_fusion(run.cfg)]
 
 
-def cuda_graph_kwargs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
-    train = cfg["training"]
-    graphs = plan.cuda_graphs != "none"
-    return dict(
-        cuda_graph_impl=CUDA_GRAPH_IMPL[plan.cuda_graphs],
-        # Empty: the whole decoder layer (megatron-core's "full" scope, deprecated under that name).
-        cuda_graph_modules=[],
-        cuda_graph_warmup_steps=int(train["cuda_graph_warmup_steps"]),
-        # Graph-safe RNG states (Megatron-LM turns the Transformer Engine tracker on with CUDA graphs).
-        use_te_rng_tracker=graphs,
-    )
+def _fp4(run: Sources) -> tuple[str | None, str]:
+    return FP4.get(run.cfg.dtype.fp4 or "", NO_FP4)
 
 
-def layer_spec_kwargs(config) -> dict[str, Any]:
+def _fp8_recipe(run: Sources) -> Any:
+    """dtype.fp8_recipe where the plan trains in FP8; megatron's default otherwise."""
+    return run.cfg.dtype.fp8_recipe if run.plan.fp8 else "delayed"
+
+
+def _in_fp8(flag: bool, run: Sources) -> bool:
+    """A dtype flag that only means something in FP8 runs."""
+    return bool(flag) and bool(run.plan.fp8)
+
+
+def _p2p_overlap(run: Sources) -> bool:
+    """Only the interleaved schedule overlaps its pipeline sends and receives with compute."""
+    return bool(run.par.overlap_p2p_comm) and run.plan.vp is not None
+
+
+def _defers_embedding_wgrad(run: Sources) -> bool:
+    """Deferring the embedding's weight gradients needs the fused accumulation."""
+    return bool(run.par.defer_embedding_wgrad_compute) and run.grad_accum_fusion
+
+
+def _uses_te_activation(run: Sources) -> bool:
+    return bool(run.cfg.dtype.te_activation_func)
+
+
+# --------------------------------------------------------------------------- the tables
+TRANSFORMER_FIELDS: dict[str, Source] = {
+    # Architecture.
+    "num_layers": lambda run: run.model.num_layers,
+    "hidden_size": lambda run: run.model.hidden_size,
+    "ffn_hidden_size": lambda run: run.model.ffn_hidden_size,
+    "num_attention_heads": lambda run: run.model.num_attention_heads,
+    "num_query_groups": lambda run: run.model.num_query_groups,
+    "kv_channels": lambda run: run.model.kv_channels,
+    "normalization": fixed("RMSNorm"),
+    "layernorm_epsilon": lambda run: run.model.norm_epsilon,
+    "gated_linear_unit": fixed(True),
+    "activation_func": fixed(F.silu),
+    "add_bias_linear": fixed(False),
+    "add_qkv_bias": fixed(False),
+    "hidden_dropout": fixed(0.0),
+    "attention_dropout": fixed(0.0),
+    "init_method_std": lambda run: run.model.init_method_std,
+    "attention_backend": lambda run: AttnBackend[run.model.attention_backend],
+    # Precision: bf16 weights and activations, fp32 master weights in the optimizer.
+    "bf16": fixed(True),
+    "params_dtype": fixed(torch.bfloat16),
+    "pipeline_dtype": fixed(torch.bfloat16),
+    "autocast_dtype": fixed(torch.bfloat16),
+    # Low precision: FP8 (its recipe, FP8 weights, FP8 attention and output layer), FP4, and the Transformer
+    # Engine kernels that write the FP8 copies themselves.
+    "fp8": lambda run: run.plan.fp8,
+    "fp8_recipe": _fp8_recipe,
+    "fp8_param": lambda run: bool(run.plan.fp8_param_gather),
+    "fp8_margin": lambda run: run.cfg.dtype.fp8_margin,
+    "fp8_amax_history_len": lambda run: run.cfg.dtype.fp8_amax_history_len,
+    "fp8_amax_compute_algo": lambda run: run.cfg.dtype.fp8_amax_compute_algo,
+    "fp8_dot_product_attention": lambda run: _in_fp8(run.cfg.dtype.fp8_dot_product_attention, run),
+    "fp8_output_proj": lambda run: _in_fp8(run.cfg.dtype.fp8_output_layer, run),
+    "fp4": lambda run: _fp4(run)[0],
+    "fp4_recipe": lambda run: _fp4(run)[1],
+    "use_transformer_engine_op_fuser": lambda run: bool(run.cfg.dtype.te_op_fuser),
+    "use_te_activation_func": _uses_te_activation,
+    # megatron-core's fused bias-SwiGLU and Transformer Engine's activation are exclusive.
+    "bias_activation_fusion": lambda run: not _uses_te_activation(run),
+    # Parallelism (sizes from the plan).
+    "tensor_model_parallel_size": lambda run: run.plan.tp,
+    "pipeline_model_parallel_size": lambda run: run.plan.pp,
+    "virtual_pipeline_model_parallel_size": lambda run: run.plan.vp,
+    "context_parallel_size": lambda run: run.plan.cp,
+    "sequence_parallel": lambda run: run.plan.sequence_parallel,
+    "cp_comm_type": lambda run: run.par.cp_comm_type if run.plan.cp > 1 else None,
+    "account_for_embedding_in_pipeline_split": lambda run: bool(run.plan.asymmetric_pipeline),
+    "account_for_loss_in_pipeline_split": lambda run: bool(run.plan.asymmetric_pipeline),
+    "tp_comm_overlap": lambda run: bool(run.plan.tp_comm_overlap),
+    "overlap_p2p_comm": _p2p_overlap,
+    "batch_p2p_comm": lambda run: not _p2p_overlap(run),
+    "deallocate_pipeline_outputs": fixed(True),
+    "defer_embedding_wgrad_compute": _defers_embedding_wgrad,
+    "wgrad_deferral_limit": lambda run: run.par.wgrad_deferral_limit if _defers_embedding_wgrad(run) else 0,
+    "gradient_accumulation_fusion": lambda run: run.grad_accum_fusion,
+    # Fused kernels (the activation's with the precision).
+    "bias_dropout_fusion": fixed(True),
+    "masked_softmax_fusion": fixed(True),
+    "persist_layer_norm": fixed(True),
+    "apply_rope_fusion": fixed(True),
+    "cross_entropy_loss_fusion": lambda run: _cross_entropy(run)[0],
+    "cross_entropy_fusion_impl": lambda run: _cross_entropy(run)[1],
+    # CUDA graphs.
+    "cuda_graph_impl": lambda run: CUDA_GRAPH_IMPL[run.plan.cuda_graphs],
+    # Empty: the whole decoder layer (megatron-core's "full" scope, deprecated under that name).
+    "cuda_graph_modules": lambda _: [],
+    "cuda_graph_warmup_steps": lambda run: int(run.cfg.training.cuda_graph_warmup_steps),
+    # Graph-safe RNG states (Megatron-LM turns the Transformer Engine tracker on with CUDA graphs).
+    "use_te_rng_tracker": lambda run: run.plan.cuda_graphs != "none",
+    # Loss: mean over every token of the global batch, whatever its microbatch or rank.
+    "calculate_per_token_loss": fixed(True),
+    "deterministic_mode": lambda run: bool(run.cfg.training.deterministic),
+    # Activation recomputation.
+    "recompute_granularity": lambda run: run.par.recompute_granularity,
+    "recompute_method": lambda run: run.par.recompute_method,
+    "recompute_num_layers": lambda run: run.par.recompute_num_layers,
+}
+
+DDP_FIELDS: dict[str, Source] = {
+    "grad_reduce_in_fp32": lambda run: bool(run.par.grad_reduce_in_fp32),
+    "overlap_grad_reduce": lambda run: bool(run.par.overlap_grad_reduce),
+    "overlap_param_gather": lambda run: bool(run.par.overlap_param_gather),
+    # Aligned all-gathers only matter across pipeline stages.
+    "align_param_gather": lambda run: bool(run.par.align_param_gather) and run.plan.pp > 1,
+    "use_distributed_optimizer": lambda run: bool(run.par.use_distributed_optimizer),
+    "fp8_param_gather": lambda run: bool(run.plan.fp8_param_gather),
+    "check_for_nan_in_grad": fixed(False),  # the trainer checks the global grad norm every step
+    "average_in_collective": fixed(False),  # per-token loss: grads are summed, then divided by the token count
+}
+
+OPTIMIZER_FIELDS: dict[str, Source] = {
+    "optimizer": fixed("adam"),
+    "lr": lambda run: run.cfg.training.optimizer.lr,
+    "min_lr": lambda run: run.cfg.training.optimizer.min_lr,
+    "weight_decay": lambda run: run.cfg.training.optimizer.weight_decay,
+    "adam_beta1": lambda run: run.cfg.training.optimizer.adam_beta1,
+    "adam_beta2": lambda run: run.cfg.training.optimizer.adam_beta2,
+    "adam_eps": lambda run: run.cfg.training.optimizer.adam_eps,
+    "clip_grad": lambda run: run.cfg.training.optimizer.clip_grad,
+    "bf16": fixed(True),
+    "params_dtype": fixed(torch.bfloat16),
+    "use_distributed_optimizer": lambda run: bool(run.par.use_distributed_optimizer),
+    "overlap_param_gather": lambda run: bool(run.par.overlap_param_gather),
+}
+
+
+def fill(table: dict[str, Source], run: Sources) -> dict[str, Any]:
+    """A table's fields with their values for this run."""
+    return {name: source(run) for name, source in table.items()}
+
+
+# --------------------------------------------------------------------------- megatron-core's config objects
+def transformer_config_kwargs(cfg: Config, plan: Plan, *, grad_accum_fusion: bool) -> dict[str, Any]:
+    return fill(TRANSFORMER_FIELDS, Sources(cfg, plan, grad_accum_fusion))
+
+
+def transformer_config(cfg: Config, plan: Plan, *, grad_accum_fusion: bool) -> TransformerConfig:
+    return TransformerConfig(**transformer_config_kwargs(cfg, plan, grad_accum_fusion=grad_accum_fusion))
+
+
+def ddp_config(cfg: Config, plan: Plan) -> DistributedDataParallelConfig:
+    return DistributedDataParallelConfig(**fill(DDP_FIELDS, Sources(cfg, plan)))
+
+
+def optimizer_config(cfg: Config, plan: Plan) -> OptimizerConfig:
+    return OptimizerConfig(**fill(OPTIMIZER_FIELDS, Sources(cfg, plan)))
+
+
+def layer_spec_kwargs(config: TransformerConfig) -> dict[str, Any]:
     """Arguments of get_gpt_layer_with_transformer_engine_spec that follow the TransformerConfig."""
     return dict(
         use_te_op_fuser=bool(config.use_transformer_engine_op_fuser),
@@ -99,150 +257,48 @@ def layer_spec_kwargs(config) -> dict[str, Any]:
     )
 
 
-def transformer_config_kwargs(cfg: Mapping[str, Any], plan: Plan, *, grad_accum_fusion: bool) -> dict[str, Any]:
-    model = cfg["training"]["model"]
-    par = cfg["parallelism"]
-    vp = plan.vp
-    deferral = bool(par["defer_embedding_wgrad_compute"]) and grad_accum_fusion
-    p2p_overlap = bool(par["overlap_p2p_comm"]) and vp is not None  # only the interleaved schedule overlaps
-    ce_fusion, ce_impl = CROSS_ENTROPY[cross_entropy_fusion(cfg)]
-    return dict(
-        # Architecture.
-        num_layers=model["num_layers"],
-        hidden_size=model["hidden_size"],
-        ffn_hidden_size=model["ffn_hidden_size"],
-        num_attention_heads=model["num_attention_heads"],
-        num_query_groups=model["num_query_groups"],
-        kv_channels=model["kv_channels"],
-        normalization="RMSNorm",
-        layernorm_epsilon=model["norm_epsilon"],
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        init_method_std=model["init_method_std"],
-        attention_backend=AttnBackend[model["attention_backend"]],
-        # Precision: bf16 weights and activations, fp32 master weights in the optimizer.
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16,
-        autocast_dtype=torch.bfloat16,
-        **precision_kwargs(cfg, plan),
-        # Parallelism (sizes from the plan).
-        tensor_model_parallel_size=plan.tp,
-        pipeline_model_parallel_size=plan.pp,
-        virtual_pipeline_model_parallel_size=vp,
-        context_parallel_size=plan.cp,
-        sequence_parallel=plan.sequence_parallel,
-        cp_comm_type=par["cp_comm_type"] if plan.cp > 1 else None,
-        account_for_embedding_in_pipeline_split=bool(plan.asymmetric_pipeline),
-        account_for_loss_in_pipeline_split=bool(plan.asymmetric_pipeline),
-        tp_comm_overlap=bool(plan.tp_comm_overlap),
-        overlap_p2p_comm=p2p_overlap,
-        batch_p2p_comm=not p2p_overlap,
-        deallocate_pipeline_outputs=True,
-        defer_embedding_wgrad_compute=deferral,
-        wgrad_deferral_limit=par["wgrad_deferral_limit"] if deferral else 0,
-        gradient_accumulation_fusion=grad_accum_fusion,
-        # Fused kernels (the activation's in precision_kwargs).
-        bias_dropout_fusion=True,
-        masked_softmax_fusion=True,
-        persist_layer_norm=True,
-        apply_rope_fusion=True,
-        cross_entropy_loss_fusion=ce_fusion,
-        cross_entropy_fusion_impl=ce_impl,
-        **cuda_graph_kwargs(cfg, plan),
-        # Loss: mean over every token of the global batch, whatever its microbatch or rank.
-        calculate_per_token_loss=True,
-        deterministic_mode=bool(cfg["training"].get("deterministic")),
-        # Activation recomputation.
-        recompute_granularity=par["recompute_granularity"],
-        recompute_method=par["recompute_method"],
-        recompute_num_layers=par["recompute_num_layers"],
-    )
-
-
-def transformer_config(cfg: Mapping[str, Any], plan: Plan, *, grad_accum_fusion: bool):
-    return TransformerConfig(**transformer_config_kwargs(cfg, plan, grad_accum_fusion=grad_accum_fusion))
-
-
-def ddp_config(cfg: Mapping[str, Any], plan: Plan):
-    par = cfg["parallelism"]
-    return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=bool(par["grad_reduce_in_fp32"]),
-        overlap_grad_reduce=bool(par["overlap_grad_reduce"]),
-        overlap_param_gather=bool(par["overlap_param_gather"]),
-        align_param_gather=bool(par["align_param_gather"]) and plan.pp > 1,
-        use_distributed_optimizer=bool(par["use_distributed_optimizer"]),
-        fp8_param_gather=bool(plan.fp8_param_gather),
-        check_for_nan_in_grad=False,  # the trainer checks the global grad norm every step
-        average_in_collective=False,  # per-token loss: grads are summed, then divided by the token count
-    )
-
-
-def optimizer_config(cfg: Mapping[str, Any]):
-    opt = cfg["training"]["optimizer"]
-    par = cfg["parallelism"]
-    return OptimizerConfig(
-        optimizer="adam",
-        lr=opt["lr"],
-        min_lr=opt["min_lr"],
-        weight_decay=opt["weight_decay"],
-        adam_beta1=opt["adam_beta1"],
-        adam_beta2=opt["adam_beta2"],
-        adam_eps=opt["adam_eps"],
-        clip_grad=opt["clip_grad"],
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        use_distributed_optimizer=bool(par["use_distributed_optimizer"]),
-        overlap_param_gather=bool(par["overlap_param_gather"]),
-    )
-
-
-def scheduler_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def scheduler_kwargs(cfg: Config) -> dict[str, Any]:
     """Arguments of megatron's OptimizerParamScheduler, in optimizer steps."""
-    train = cfg["training"]
-    opt, sched = train["optimizer"], train["scheduler"]
+    train = cfg.training
+    opt, sched = train.optimizer, train.scheduler
     return dict(
         init_lr=0.0,
-        max_lr=opt["lr"],
-        min_lr=opt["min_lr"],
-        lr_warmup_steps=sched["warmup_steps"],
-        lr_decay_steps=sched["decay_steps"] or train["train_steps"],
+        max_lr=opt.lr,
+        min_lr=opt.min_lr,
+        lr_warmup_steps=sched.warmup_steps,
+        lr_decay_steps=sched.decay_steps or train.train_steps,
         lr_decay_style="cosine",
-        start_wd=opt["weight_decay"],
-        end_wd=opt["weight_decay"],
-        wd_incr_steps=train["train_steps"],
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=train.train_steps,
         wd_incr_style="constant",
         use_checkpoint_opt_param_scheduler=True,
         override_opt_param_scheduler=False,
     )
 
 
-def gpt_model_kwargs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
-    model = cfg["training"]["model"]
+def gpt_model_kwargs(cfg: Config, plan: Plan) -> dict[str, Any]:
+    model = cfg.training.model
     return dict(
         vocab_size=plan.padded_vocab_size,
         max_sequence_length=plan.seq_length,
         position_embedding_type="rope",
         rotary_percent=1.0,
-        rotary_base=model["rotary_base"],
+        rotary_base=model.rotary_base,
         # Llama 3.1 frequency scaling (mcore fixes low/high factors 1/4 and original length 8192).
-        rope_scaling=bool(model["rope_scaling"]),
-        rope_scaling_factor=float(model["rope_scaling_factor"]),
+        rope_scaling=bool(model.rope_scaling),
+        rope_scaling_factor=float(model.rope_scaling_factor),
         share_embeddings_and_output_weights=False,
         parallel_output=True,
     )
 
 
-def userbuffer_settings(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+def userbuffer_settings(cfg: Config, plan: Plan) -> dict[str, Any]:
     """Arguments of transformer_engine's initialize_ub: the buffer is one microbatch of this rank's CP shard
     (sequence and batch flattened) by hidden size."""
     return dict(
-        shape=[plan.seq_length * plan.micro_batch_size // plan.cp, cfg["training"]["model"]["hidden_size"]],
+        shape=[plan.seq_length * plan.micro_batch_size // plan.cp, cfg.training.model.hidden_size],
         tp_size=plan.tp,
         fp8=bool(plan.fp8),
-        ub_cfgs=cfg["parallelism"].get("tp_comm_overlap_cfg"),
+        ub_cfgs=cfg.parallelism.tp_comm_overlap_cfg,
     )

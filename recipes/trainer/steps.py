@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 from functools import partial
-from typing import Any, Callable, ContextManager, Mapping
+from typing import Any, Callable, ContextManager
 
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 import torch
 
+from common.config import Config, ParallelismConfig
 from common.evaluation import eval_microbatches, eval_samples
 from common.plan import Plan
 from recipes.runtime.callbacks import Callback, Stop
@@ -49,9 +50,9 @@ def reduce_loss(losses_reduced) -> float | None:
     return (total[0] / total[1].clamp(min=1)).item()
 
 
-def overlaps_param_gather(par: Mapping[str, Any]) -> bool:
+def overlaps_param_gather(par: ParallelismConfig) -> bool:
     """The distributed optimizer's parameter all-gather runs behind the next forward (parallelism keys)."""
-    return bool(par["overlap_param_gather"] and par["use_distributed_optimizer"])
+    return bool(par.overlap_param_gather and par.use_distributed_optimizer)
 
 
 def stages_needing_data(chunks: list) -> list[bool]:
@@ -76,7 +77,7 @@ class Steps(Callback):
         scheduler,
         config,
         plan: Plan,
-        cfg: Mapping[str, Any],
+        cfg: Config,
         schedule: Callable,
         training_schedule: Callable,
         datasets: tuple[Any, Any],
@@ -84,10 +85,10 @@ class Steps(Callback):
         ranges: Callable[[str], ContextManager[None]],
     ):
         self.chunks, self.optimizer, self.scheduler, self.config = chunks, optimizer, scheduler, config
-        self.plan, self.train_cfg = plan, cfg["training"]
+        self.plan, self.train_cfg = plan, cfg.training
         self.schedule, self.training_schedule = schedule, training_schedule
         self.ranges = ranges
-        self._configure_overlap(cfg["parallelism"])
+        self._configure_overlap(cfg.parallelism)
         self.needs_data = stages_needing_data(chunks)
         self.reads = reads_data(chunks)
         self.dp_rank = ps.get_data_parallel_rank()
@@ -96,7 +97,7 @@ class Steps(Callback):
         self.train_iters = self._iterators(train_ds if self.reads else None, consumed_samples)
 
     # ------------------------------------------------------------------ overlapped communication
-    def _configure_overlap(self, par: Mapping[str, Any]) -> None:
+    def _configure_overlap(self, par: ParallelismConfig) -> None:
         """Hooks the pipeline schedules call so gradient reduce-scatters and parameter all-gathers overlap
         compute (what Megatron-LM's training loop sets up)."""
         config = self.config
@@ -107,11 +108,11 @@ class Steps(Callback):
             return fns[0] if one else fns
 
         config.grad_scale_func = self.optimizer.scale_loss
-        if par["overlap_grad_reduce"]:
+        if par.overlap_grad_reduce:
             config.no_sync_func = per_chunk("no_sync")
             config.grad_sync_func = per_chunk("start_grad_sync")
         self._param_sync_func = None
-        if par["overlap_param_gather"] and par["align_param_gather"] and self.plan.pp > 1:
+        if par.overlap_param_gather and par.align_param_gather and self.plan.pp > 1:
             self._param_sync_func = per_chunk("start_param_sync")
         config.param_sync_func = None  # enabled after the first step, with the forward pre-hooks
         config.finalize_model_grads_func = finalize_model_grads
@@ -155,7 +156,7 @@ class Steps(Callback):
                 self.plan.micro_batch_size,
                 self.dp_rank,
                 self.dp_size,
-                self.train_cfg["data"]["num_workers"],
+                self.train_cfg.data.num_workers,
             )
         # One source serves the single chunk on this rank that reads data (first or last pipeline stage).
         source = data.MicrobatchSource(loader, shape) if any(self.needs_data) else None

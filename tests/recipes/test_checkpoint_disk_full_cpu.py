@@ -14,6 +14,7 @@ import torch
 
 from common import checkpoints
 from common.checkpoints import TrainState
+from common.config import FaultConfig, FaultKind, FaultPoint
 from recipes.resilience.faults import FaultInjector
 from recipes.trainer import checkpoint
 from recipes.trainer.cadence import SavePolicy
@@ -90,7 +91,8 @@ def test_an_injected_enospc_while_saving_stops_the_run_and_keeps_the_previous_ch
     root = tmp_path / "run" / "checkpoints"
     saver = checkpointer(root, writer, monkeypatch)
     saver.save_step(TrainState(step=10, consumed_samples=80))
-    fault = FaultInjector(str(tmp_path / "run"), {"kind": "enospc", "rank": 0, "step": 20, "during": "save"}, 0, [])
+    enospc = FaultConfig(kind=FaultKind.enospc, rank=0, step=20, during=FaultPoint.save)
+    fault = FaultInjector(str(tmp_path / "run"), enospc, 0, [])
     with pytest.raises(SystemExit) as err:
         saver.save_step(TrainState(step=20, consumed_samples=160), in_flight=lambda step: fault.at(step, "save"))
     check_stopped(err, root, 20)

@@ -71,10 +71,10 @@ def work(tmp_path_factory) -> dict:
     tokenizer.mkdir()
     write_tokenizer(tokenizer)
     cfg = compose(COMMON + ["cluster.gpus_per_node=1"])
-    model_cfg = cfg["training"]["model"]
+    model_cfg = cfg.training.model
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
-    h = model_cfg["hidden_size"]
+    h = model_cfg.hidden_size
     with torch.no_grad():
         embedding = torch.randn(VOCAB, h)
         model.model.embed_tokens.weight.copy_(embedding)

@@ -50,8 +50,8 @@ def test_megatron_llama_matches_transformers(single_rank):
         ]
     )
     plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",)))
-    model_cfg = cfg["training"]["model"]
-    assert model_cfg["rope_scaling"]
+    model_cfg = cfg.training.model
+    assert model_cfg.rope_scaling
     config = settings.transformer_config(cfg, plan, grad_accum_fusion=False)
     megatron_model = model_lib.build_model_chunks(config, cfg, plan)[0].eval()
 
@@ -64,10 +64,10 @@ def test_megatron_llama_matches_transformers(single_rank):
     hf_bf16.load_state_dict(hf_state, strict=False)
 
     torch.manual_seed(0)
-    tokens = torch.randint(0, model_cfg["vocab_size"], (2, 1024), device="cuda")
+    tokens = torch.randint(0, model_cfg.vocab_size, (2, 1024), device="cuda")
     positions = torch.arange(1024, device="cuda").unsqueeze(0).expand(2, -1)
     with torch.no_grad():
-        ours = megatron_model(tokens, positions, None)[..., : model_cfg["vocab_size"]].float()
+        ours = megatron_model(tokens, positions, None)[..., : model_cfg.vocab_size].float()
         ref = reference(tokens).logits.float()
         ref_bf16 = hf_bf16(tokens).logits.float()
 
@@ -83,7 +83,7 @@ def test_megatron_llama_matches_transformers(single_rank):
     assert ours_err < 3 * bf16_err + 1e-3  # within bf16 noise: no worse than the reference's own bf16 error
     # The round trip back into megatron's layout restores the same tensors.
     back = mapping.hf_to_megatron(hf_state, model_cfg, plan.padded_vocab_size)
-    vocab = model_cfg["vocab_size"]
+    vocab = model_cfg.vocab_size
     for key, value in back.items():
         rows = slice(0, vocab) if key in ("embedding.word_embeddings.weight", "output_layer.weight") else slice(None)
         assert torch.equal(value[rows], state[key][rows]), key

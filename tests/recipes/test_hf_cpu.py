@@ -3,6 +3,7 @@ scaling, a vocabulary that is not a multiple of 128, several safetensors shards)
 models in several layouts (ranks as gloo processes), checked against transformers' logits, saved with
 dist_checkpointing as training saves, exported back and compared tensor by tensor; errors for broken inputs."""
 
+import dataclasses
 import json
 import math
 import os
@@ -21,6 +22,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
+from common.run import load_run_config  # noqa: E402
 from common.typed import to_plain  # noqa: E402
 from common import hf_config  # noqa: E402
 from common.plan import Plan  # noqa: E402
@@ -88,7 +90,7 @@ def source(tmp_path_factory) -> dict:
 
     directory = tmp_path_factory.mktemp("hf_source")
     cfg, _ = configured("tp1")
-    model_cfg = cfg["training"]["model"]
+    model_cfg = cfg.training.model
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
     with torch.no_grad():  # large enough weights that every mix-up shows; norms not all ones
@@ -103,7 +105,7 @@ def source(tmp_path_factory) -> dict:
     write_tokenizer(tokenizer)
     shards = sorted(p.name for p in directory.glob("*.safetensors"))
     assert len(shards) >= 3 and (directory / safetensors_io.INDEX_FILE).is_file(), shards
-    tokens = torch.randint(0, model_cfg["vocab_size"], (2, 32), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, model_cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(1))
     # Loaded back, not the model above: .to(bfloat16) also rounded its RoPE frequency buffer.
     reference = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
     with torch.no_grad():
@@ -121,7 +123,7 @@ def import_and_forward(rank: int, cfg: dict, plan: Plan, hf_dir: str, tokens):
 
     chunks = cpu_megatron.build_chunks(cfg, plan)
     importer.load_hf_weights(
-        hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None, show_progress=False
+        hf_dir, chunks, cfg.training.model, plan.padded_vocab_size, lambda m: None, show_progress=False
     )
     logits = cpu_megatron.tp_logits(chunks[0], tokens)
     embedding = chunks[0].embedding.word_embeddings.weight.detach().clone()
@@ -133,7 +135,7 @@ def import_and_forward(rank: int, cfg: dict, plan: Plan, hf_dir: str, tokens):
 def test_import_gives_transformers_logits(layout, source):
     cfg, plan = configured(layout, *with_tokenizer(source))
     results = cpu_megatron.run_ranks(import_and_forward, plan.num_gpus, cfg, plan, str(source["dir"]), source["tokens"])
-    logits = results[0][1][..., : source["model"]["vocab_size"]]
+    logits = results[0][1][..., : source["model"].vocab_size]
     ref = source["logits"]
     diff = (logits - ref).abs().max().item()
     print(
@@ -143,7 +145,7 @@ def test_import_gives_transformers_logits(layout, source):
     assert diff < 1e-3 * ref.abs().max().item()
 
     # Vocabulary padding rows are copies of the last vocabulary row, in both the embedding and the output layer.
-    vocab, padded = source["model"]["vocab_size"], plan.padded_vocab_size
+    vocab, padded = source["model"].vocab_size, plan.padded_vocab_size
     assert padded > vocab
     for position, name in ((2, "model.embed_tokens.weight"), (3, "lm_head.weight")):
         full = torch.cat([r[position] for r in sorted(results, key=lambda r: r[0])])
@@ -157,7 +159,7 @@ def test_import_gives_transformers_logits(layout, source):
 def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan)
     importer.load_hf_weights(
-        hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None, show_progress=False
+        hf_dir, chunks, cfg.training.model, plan.padded_vocab_size, lambda m: None, show_progress=False
     )
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
@@ -253,7 +255,7 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
         path.unlink()
     stamp = shards[0].stat().st_mtime_ns
     checkpoint = checkpoint_to_hf.resolve_checkpoint(pp_checkpoint)
-    model = yaml.safe_load((pp_checkpoint.parents[1] / "config.yaml").read_text())["training"]["model"]
+    model = load_run_config(pp_checkpoint.parents[1]).training.model
     manifest = {
         "checkpoint": str(checkpoint),
         "dtype": "bfloat16",
@@ -326,7 +328,7 @@ def test_import_errors_name_the_file_and_the_fix(source, tmp_path):
     with pytest.raises(importer.SourceError, match="no model.safetensors.index.json"):
         importer.SafetensorsDir(copy)
 
-    smaller = dict(source["model"], num_layers=7)
+    smaller = dataclasses.replace(source["model"], num_layers=7)
     with pytest.raises(importer.SourceError, match=r"no tensor model\.layers\.6\."):
         importer.SafetensorsDir(source["dir"]).check(mapping.hf_shapes(smaller))
 
@@ -334,7 +336,7 @@ def test_import_errors_name_the_file_and_the_fix(source, tmp_path):
 def test_config_mismatch_names_the_keys(source):
     config = hf_config.read_config(source["dir"])
     hf_config.check(config, source["model"], "src")  # the saved model fits its own config
-    wrong = dict(source["model"], num_query_groups=4, rotary_base=10000)
+    wrong = dataclasses.replace(source["model"], num_query_groups=4, rotary_base=10000)
     with pytest.raises(hf_config.HFConfigError) as err:
         hf_config.check(config, wrong, "src")
     message = str(err.value)
@@ -348,7 +350,7 @@ def fake_llama_dir(directory: Path, **changes) -> Path:
     """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes, and a model.safetensors whose header
     holds every tensor of that model: a sparse file of the full size (the plan reads headers and sizes only)."""
     directory.mkdir(parents=True, exist_ok=True)
-    model = compose(["training=llama31/8b"])["training"]["model"]
+    model = compose(["training=llama31/8b"]).training.model
     config = hf_config.llama_config(model, torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001)
     config.update(changes)
     (directory / "config.json").write_text(json.dumps(config))
@@ -520,12 +522,7 @@ def test_rank_zero_downloads_a_hub_id_and_the_others_read_where(tmp_path, monkey
     assert importer.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=0) == str(snapshot)
     assert importer.locate("meta-llama/Llama-3.1-8B", str(run_dir), rank=5) == str(snapshot)
     assert downloads == ["meta-llama/Llama-3.1-8B"]  # once, by rank 0
-    cfg = {
-        "training": {
-            "model": compose(["training=llama31/8b"])["training"]["model"],
-            "checkpoint": {"init_from_hf": "meta-llama/Llama-3.1-8B", "load": True},
-        }
-    }
+    cfg = compose(["training=llama31/8b", "training.checkpoint.init_from_hf=meta-llama/Llama-3.1-8B"])
     assert importer.source_for_run(cfg, str(run_dir), rank=3) == str(snapshot)
     # A rank that cannot see rank 0's download says so, with the fix.
     (run_dir / ".init_from_hf.json").write_text(json.dumps({"source": "org/other", "path": "/not/shared"}))

@@ -107,7 +107,7 @@ def import_on_meta(rank: int, cfg: dict, plan: Plan, hf_dir: str) -> tuple[int, 
     before = peak_rss_bytes()
     local = sum(p.numel() * p.element_size() for c in chunks for p in c.parameters())
     importer.load_hf_weights(
-        hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None, show_progress=False
+        hf_dir, chunks, cfg.training.model, plan.padded_vocab_size, lambda m: None, show_progress=False
     )
     return before, peak_rss_bytes(), local
 
@@ -115,7 +115,7 @@ def import_on_meta(rank: int, cfg: dict, plan: Plan, hf_dir: str) -> tuple[int, 
 def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str) -> str:
     chunks = cpu_megatron.build_chunks(cfg, plan, dtype=torch.bfloat16)
     importer.load_hf_weights(
-        hf_dir, chunks, cfg["training"]["model"], plan.padded_vocab_size, lambda m: None, show_progress=False
+        hf_dir, chunks, cfg.training.model, plan.padded_vocab_size, lambda m: None, show_progress=False
     )
     return cpu_megatron.save_checkpoint(rank, chunks, run_dir)
 
@@ -125,7 +125,7 @@ def source(tmp_path_factory):
     """The random model, removed after the module: pytest keeps the last three runs' temporary directories, and
     three copies of these gigabytes would fill a CI disk."""
     cfg, plan = configured()
-    model = cfg["training"]["model"]
+    model = cfg.training.model
     directory = tmp_path_factory.mktemp("source")
     shapes = mapping.hf_shapes(model)
     tensor_bytes = [2 * math.prod(s) for s in shapes.values()]

@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -56,9 +57,12 @@ def test_the_checkpointer_saves_every_interval_at_the_end_and_on_a_signal():
     assert saved_steps(SavePolicy(interval=0, at_end=False, initial=False), 100) == []
     # A signal at step 42: the periodic save before it, then one at 42, and the run stops there.
     assert saved_steps(SavePolicy(interval=30, at_end=False, initial=False), 100, signal_at=42) == [30, 42]
-    policy = SavePolicy.from_config({"interval": 10, "save_at_end": False, "save_initial": True})
+    checkpoint = compose(
+        ["training.checkpoint.interval=10", "training.checkpoint.save_at_end=false"]
+    ).training.checkpoint
+    policy = SavePolicy.from_config(replace(checkpoint, save_initial=True))
     assert policy.saves_before_training(0) and not policy.saves_before_training(10)
-    assert not SavePolicy.from_config({"interval": 10, "save_at_end": True}).saves_before_training(0)
+    assert not SavePolicy.from_config(replace(checkpoint, save_initial=False)).saves_before_training(0)
 
 
 def test_a_step_ends_the_run_when_it_is_the_last_the_target_is_reached_or_every_rank_saw_a_signal():
@@ -74,7 +78,9 @@ def test_evaluation_every_val_interval_and_after_the_last_step():
     assert [s for s in range(1, 101) if EvalPolicy(30, 100, None).due(s)] == [30, 60, 90, 100]
     assert [s for s in range(1, 41) if EvalPolicy(10, 40, None).due(s)] == [10, 20, 30, 40]
     assert not any(EvalPolicy(0, 100, None).due(s) for s in range(1, 101))
-    policy = EvalPolicy.from_config({"val_interval": 10, "train_steps": 40, "target_val_loss": 3.3})
+    policy = EvalPolicy.from_config(
+        compose(["training.val_interval=10", "training.train_steps=40", "training.target_val_loss=3.3"]).training
+    )
     assert policy.watches_target and policy.reached(3.3) and policy.reached(2.0)
     assert not policy.reached(3.31) and not policy.reached(None)  # ranks without the loss, steps without one
     assert not EvalPolicy(0, 40, 3.3).watches_target and not EvalPolicy(0, 40, 3.3).reached(1.0)
@@ -227,7 +233,7 @@ def fake_trainer(tmp_path, events, overrides, callbacks=(), **steps) -> tuple[lo
     also the global batch size."""
     cfg = compose(overrides)
     plan = build_plan(cfg)
-    train = cfg["training"]
+    train = cfg.training
     clock = iter(range(1, 10**7))
 
     def agree(flag):
@@ -236,7 +242,7 @@ def fake_trainer(tmp_path, events, overrides, callbacks=(), **steps) -> tuple[lo
 
     trainer = loop.Trainer(
         FakeSteps(events, **steps),
-        FakeCheckpointer(SavePolicy.from_config(train["checkpoint"]), events, str(tmp_path / "checkpoints")),
+        FakeCheckpointer(SavePolicy.from_config(train.checkpoint), events, str(tmp_path / "checkpoints")),
         Callbacks([Recorder(events), *callbacks]),
         plan=plan,
         train=train,
@@ -457,7 +463,7 @@ def test_the_run_events_and_the_metrics_file_say_how_each_run_ended(tmp_path, mo
         run_dir = tmp_path / name
         run_dir.mkdir()
         events: list[str] = []
-        guard = RunGuard(str(run_dir), compose(SHORT), rank=0, world_size=1)
+        guard = RunGuard(str(run_dir), compose(SHORT).resilience, rank=0, world_size=1)
         metrics_file = MetricsFile(str(run_dir / "metrics.jsonl"))
         trainer, _ = fake_trainer(
             run_dir, events, SHORT, callbacks=[guard, metrics_file], val_losses=[5.0] * 3, **steps
@@ -502,7 +508,7 @@ def test_an_mlperf_run_through_the_observers_passes_the_compliance_checker(tmp_p
         "training.log_interval=100",
     ]
     cfg = compose(overrides)
-    target = cfg["training"]["target_val_loss"]
+    target = cfg.training.target_val_loss
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     observers = Observers(str(run_dir), cfg, build_plan(cfg), RankInfo(0, 0, 1, "127.0.0.1", 0))
@@ -518,10 +524,10 @@ def test_an_mlperf_run_through_the_observers_passes_the_compliance_checker(tmp_p
         val_losses=[target + 3.0, target + 1.0, target + 0.1, target - 0.05],
     )
     assert trainer.train() == 0
-    log = run_dir / cfg["mlperf"]["log_file"]
+    log = run_dir / cfg.mlperf.log_file
     events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
     keys = [e["key"] for e in events]
-    every = cfg["training"]["val_interval"] * gbs
+    every = cfg.training.val_interval * gbs
     assert [e["metadata"]["samples_count"] for e in events if e["key"] == "eval_accuracy"] == [
         every,
         2 * every,

@@ -42,8 +42,8 @@ def drive_run(run_dir: Path, cfg: dict, plan: Plan, accuracies: list[float], *, 
     log = MLPerfLog.open(
         str(run_dir), cfg, plan, logs_here, cache_cleared=False, gpu_name="NVIDIA H100 80GB HBM3", clock=Clock()
     )
-    every = cfg["training"]["val_interval"] * plan.global_batch_size
-    target = cfg["training"]["target_val_loss"]
+    every = cfg.training.val_interval * plan.global_batch_size
+    target = cfg.training.target_val_loss
     log.run_start(0)
     reached, samples = False, 0
     for k, accuracy in enumerate(accuracies, start=1):
@@ -55,7 +55,7 @@ def drive_run(run_dir: Path, cfg: dict, plan: Plan, accuracies: list[float], *, 
         if last:
             break
     log.run_stop(reached, samples)
-    return run_dir / cfg["mlperf"]["log_file"]
+    return run_dir / cfg.mlperf.log_file
 
 
 def events(path: Path) -> list[dict]:
@@ -74,7 +74,7 @@ def events(path: Path) -> list[dict]:
 )
 def test_a_converged_run_passes_the_compliance_checker(tmp_path, benchmark, ruleset):
     cfg, plan = mlperf_run(benchmark)
-    target = cfg["training"]["target_val_loss"]
+    target = cfg.training.target_val_loss
     log = drive_run(tmp_path / "run", cfg, plan, [target + 3.0, target + 1.0, target + 0.1, target - 0.05])
     assert compliance_problems(log, benchmark, ruleset) == []
     keys = [e["key"] for e in events(log)]

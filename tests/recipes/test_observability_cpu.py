@@ -138,7 +138,7 @@ def test_tensorboard_records_config_and_plan_as_hyperparameters(tmp_path):
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert hparams["config.training.train_steps"].number_value == 77
     assert hparams["plan.global_batch_size"].number_value == plan.global_batch_size
-    assert hparams["config.parallelism.name"].string_value == cfg["parallelism"]["name"]
+    assert hparams["config.parallelism.name"].string_value == cfg.parallelism.name
     assert {"config/text_summary", "plan/text_summary"} <= set(acc.Tags()["tensors"])
 
 
@@ -188,7 +188,7 @@ for resume_step, last in ((0, 5), (5, 8)):  # a run, then its resume from step 5
         tracker.log(metrics.step_metrics(plan, step=step, loss=10.0 - step, lr=1e-3, grad_norm=0.5, step_time_s=0.25,
                                          consumed_samples=8 * step, val_loss=3.0 if step == 8 else None))
     tracker.close()
-print(json.dumps({{"said": said, "train_steps": cfg["training"]["train_steps"], "gbs": plan.global_batch_size}}))
+print(json.dumps({{"said": said, "train_steps": cfg.training.train_steps, "gbs": plan.global_batch_size}}))
 """
 
 
@@ -277,7 +277,7 @@ def test_megatron_timer_calls_become_named_ranges():
 
 def test_torch_profiler_window_writes_a_trace_with_the_named_ranges(tmp_path):
     cfg, _ = plan_for("profile.enabled=true", "profile.start_step=2", "profile.end_step=4")
-    window = profiling.ProfileWindow(str(tmp_path), cfg["profile"], rank=0, say=lambda m: None)
+    window = profiling.ProfileWindow(str(tmp_path), cfg.profile, rank=0, say=lambda m: None)
     timers = window.timers()
     model = torch.nn.Linear(64, 64)
     for step in range(1, 6):
@@ -301,7 +301,7 @@ def test_torch_profiler_window_writes_a_trace_with_the_named_ranges(tmp_path):
 
 def test_a_run_that_stops_inside_the_window_still_writes_its_trace(tmp_path):
     cfg, _ = plan_for("profile.enabled=true", "profile.start_step=1", "profile.end_step=4")
-    window = profiling.ProfileWindow(str(tmp_path), cfg["profile"], rank=3, say=lambda m: None)
+    window = profiling.ProfileWindow(str(tmp_path), cfg.profile, rank=3, say=lambda m: None)
     window.step_begins(1)
     torch.ones(4).sum()
     window.step_ended(1)
@@ -317,9 +317,7 @@ def test_nsys_window_opens_and_closes_the_cuda_profiler_capture(tmp_path, monkey
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg, _ = plan_for("profile.enabled=true", "profile.tool=nsys", "profile.start_step=3", "profile.end_step=5")
-    window = profiling.ProfileWindow(
-        str(tmp_path), cfg["profile"], rank=0, say=lambda m: None, backend=RecordingBackend()
-    )
+    window = profiling.ProfileWindow(str(tmp_path), cfg.profile, rank=0, say=lambda m: None, backend=RecordingBackend())
     for step in range(1, 8):
         window.step_begins(step)
         calls.append(f"step {step}")
@@ -341,8 +339,8 @@ def test_nsys_window_opens_and_closes_the_cuda_profiler_capture(tmp_path, monkey
 
 def test_only_the_chosen_ranks_profile():
     cfg, _ = plan_for("profile.enabled=true", "profile.ranks=[0,3]")
-    assert [r for r in range(5) if profiling.profiled_here(cfg["profile"], r)] == [0, 3]
-    assert not profiling.profiled_here(plan_for()[0]["profile"], 0)  # disabled by default
+    assert [r for r in range(5) if profiling.profiled_here(cfg.profile, r)] == [0, 3]
+    assert not profiling.profiled_here(plan_for()[0].profile, 0)  # disabled by default
 
 
 # ----------------------------------------------------------------------------- telemetry
@@ -458,7 +456,7 @@ def test_the_sampler_thread_writes_the_csv_the_report_reads_and_a_resume_appends
 
     nvml = FakeNvml()
     for step in (5, 9):  # two starts of the same run (a resume) write into one file
-        sampler = telemetry.start(str(tmp_path), {"interval_s": 0.01}, ["0", "1"], nvml=nvml, node="node7")
+        sampler = telemetry.start(str(tmp_path), 0.01, ["0", "1"], nvml=nvml, node="node7")
         sampler.step = step
         sampler.stop()
         assert nvml.shutdown
@@ -512,7 +510,7 @@ def test_telemetry_starts_on_local_rank_0_only_and_marks_checkpoints_and_validat
     started = []
     sampler = SimpleNamespace(step=0, activity="startup", stop=lambda: None)
     monkeypatch.setattr(telemetry, "missing_package", lambda cfg: None)
-    monkeypatch.setattr(telemetry, "start", lambda run_dir, cfg, gpus: started.append(gpus) or sampler)
+    monkeypatch.setattr(telemetry, "start", lambda run_dir, interval_s, gpus: started.append(gpus) or sampler)
     cfg, plan = plan_for("logging.tensorboard=false")
     observers = [Observers(str(tmp_path), cfg, plan, RankInfo(r, r, 2, "h", 0)) for r in (0, 1)]
     assert started == [["0"]]  # plan.gpus_per_node GPUs of this node, sampled by local rank 0 only

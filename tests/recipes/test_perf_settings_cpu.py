@@ -5,8 +5,12 @@ component's decisions (when to capture, which schedule evaluation uses, what is 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer import TransformerConfig
 import pytest
 import torch
 
@@ -32,8 +36,6 @@ def config_kwargs(*overrides: str) -> dict:
 
 def config_for(*overrides: str):
     """(TransformerConfig, the warnings megatron-core raised building it) for a composed and planned config."""
-    from megatron.core.transformer import TransformerConfig
-
     kwargs = config_kwargs(*overrides)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -110,11 +112,22 @@ def test_cuda_graph_modes_reach_megatron(mode, impl):
     assert not any("deprecated" in w for w in caught)
 
 
+@pytest.mark.parametrize(
+    "table,megatron_class",
+    [
+        (settings.TRANSFORMER_FIELDS, TransformerConfig),
+        (settings.DDP_FIELDS, DistributedDataParallelConfig),
+        (settings.OPTIMIZER_FIELDS, OptimizerConfig),
+    ],
+)
+def test_every_mapped_field_is_a_field_of_megatrons_dataclass(table, megatron_class):
+    # A field megatron-core renamed or removed would otherwise surface only as a TypeError on the GPUs.
+    assert sorted(set(table) - {f.name for f in dataclasses.fields(megatron_class)}) == []
+
+
 def _megatron_refuses(overrides: list[str], plan_overrides: dict) -> str:
     """megatron-core's own error for a config the plan refused, built past the plan (its fields set as the plan
     would have set them)."""
-    from megatron.core.transformer import TransformerConfig
-
     kwargs = {**config_kwargs(*overrides), **plan_overrides}
     with pytest.raises((AssertionError, ValueError)) as err:
         TransformerConfig(**kwargs)

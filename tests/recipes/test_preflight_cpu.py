@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from common.typed import changed
 from launcher.cli import prepare
 from launcher.config.compose import compose
 from launcher.jobs.rundir import write_run_dir
@@ -62,7 +63,7 @@ def test_threshold_is_the_key_or_the_gpu_types_default():
     cfg, plan = plan_for("training=llama31/8b", "preflight.min_busbw_gbps=123.5")
     assert preflight.threshold(cfg, plan) == (123.5, "preflight.min_busbw_gbps")
     plan.gpu_type = None
-    cfg["preflight"]["min_busbw_gbps"] = None
+    cfg = changed(cfg, {"preflight.min_busbw_gbps": None})
     assert preflight.threshold(cfg, plan) == (None, "no threshold for GPU type unknown: set preflight.min_busbw_gbps")
 
 

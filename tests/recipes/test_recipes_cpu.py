@@ -1,7 +1,7 @@
 """The training recipe's pieces that need no GPU: config mapping, layer split, sampling, checkpoint
 bookkeeping, metrics and the Hugging Face weight mapping."""
 
-from dataclasses import astuple
+from dataclasses import astuple, replace
 import json
 import os
 from pathlib import Path
@@ -153,14 +153,14 @@ def test_model_kwargs_use_padded_vocab_and_llama31_rope():
 
 def test_optimizer_and_schedule():
     cfg, plan = plan_for("training=llama31/405b", "cluster=bcm")
-    opt = settings.optimizer_config(cfg)
+    opt = settings.optimizer_config(cfg, plan)
     assert (opt.lr, opt.min_lr, opt.adam_eps, opt.weight_decay, opt.clip_grad) == (8e-5, 8e-7, 1e-5, 0.1, 1.0)
     assert (opt.adam_beta1, opt.adam_beta2) == (0.9, 0.95) and opt.use_distributed_optimizer
     sched = settings.scheduler_kwargs(cfg)
     assert sched["lr_warmup_steps"] == 8000 and sched["lr_decay_steps"] == 105963
     assert sched["lr_decay_style"] == "cosine" and sched["max_lr"] == 8e-5 and sched["min_lr"] == 8e-7
     tiny_cfg, _ = plan_for()
-    assert settings.scheduler_kwargs(tiny_cfg)["lr_decay_steps"] == tiny_cfg["training"]["train_steps"]
+    assert settings.scheduler_kwargs(tiny_cfg)["lr_decay_steps"] == tiny_cfg.training.train_steps
 
 
 def test_userbuffer_shape_is_one_cp_shard_of_a_microbatch():
@@ -210,8 +210,8 @@ def test_sampler_splits_global_batches_over_dp_and_resumes_exactly():
 
 
 def test_blend_forms():
-    assert data.blend_of({"blend": [0.3, "/d/a", 0.7, "/d/b"]}) == (["/d/a", "/d/b"], [0.3, 0.7])
-    assert data.blend_of({"blend": ["/d/a", "/d/b"]}) == (["/d/a", "/d/b"], None)
+    assert data.blend_of([0.3, "/d/a", 0.7, "/d/b"]) == (["/d/a", "/d/b"], [0.3, 0.7])
+    assert data.blend_of(["/d/a", "/d/b"]) == (["/d/a", "/d/b"], None)
 
 
 def test_split_sizes():
@@ -456,7 +456,7 @@ def _random_hf_state(model):
 
 def test_hf_mapping_round_trips_and_packs_qkv_per_group():
     cfg, plan = plan_for()
-    model = dict(cfg["training"]["model"], vocab_size=1000, num_layers=2)
+    model = replace(cfg.training.model, vocab_size=1000, num_layers=2)
     hf_state = _random_hf_state(model)
     mc = mapping.hf_to_megatron(hf_state, model, padded_vocab_size=1024)
     assert mc["embedding.word_embeddings.weight"].shape[0] == 1024

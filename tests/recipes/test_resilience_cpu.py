@@ -12,6 +12,8 @@ from pathlib import Path
 
 from common import run_events
 from common.checkpoints import TrainState
+from common.config import FaultConfig, FaultKind, FaultPoint
+from launcher.config.compose import compose
 from recipes.resilience import faults, guard, monitor
 from recipes.runtime.callbacks import FINISHED, Stop
 
@@ -70,7 +72,8 @@ def test_not_under_ft_launcher_there_is_no_monitor(monkeypatch):
 def test_a_fault_fires_once_on_its_rank_and_step(tmp_path):
     script = (
         "import sys; from recipes.resilience.faults import FaultInjector; from common import run_events; "
-        "f = FaultInjector(sys.argv[1], {'kind': 'crash', 'rank': 0, 'step': 3, 'during': 'step'}, 0, "
+        "from common.config import FaultConfig; "
+        "f = FaultInjector(sys.argv[1], FaultConfig(kind='crash', rank=0, step=3, during='step'), 0, "
         "run_events.read(sys.argv[1])); [f.at(s, 'step') for s in range(1, 6)]; print('ran through')"
     )
     first = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
@@ -79,15 +82,16 @@ def test_a_fault_fires_once_on_its_rank_and_step(tmp_path):
     again = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert again.returncode == 0 and "ran through" in again.stdout  # the restart runs through
     assert [(e["kind"], e["step"]) for e in run_events.read(str(tmp_path)) if e["event"] == "fault"] == [("crash", 3)]
-    other = faults.FaultInjector(str(tmp_path), {"kind": "hang", "rank": 1, "step": 3, "during": "step"}, 0, [])
+    other = faults.FaultInjector(
+        str(tmp_path), FaultConfig(kind=FaultKind.hang, rank=1, step=3, during=FaultPoint.step), 0, []
+    )
     assert not other.armed  # another rank's fault
 
 
 def test_a_restarted_process_records_where_the_one_before_got_and_when_it_is_back(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 58)))
     os.utime(tmp_path / "metrics.jsonl", (1_700_000_000, 1_700_000_000))
-    cfg = {"resilience": {"inject_fault": {"kind": None}, "straggler_detection": {"enabled": False}}}
-    g = guard.RunGuard(str(tmp_path), cfg, 0, 1)
+    g = guard.RunGuard(str(tmp_path), compose([]).resilience, 0, 1)  # no fault, no straggler detection
     g.training_starts(TrainState(step=40, consumed_samples=320))
     for step in range(41, 60):
         g.step_ends(step)

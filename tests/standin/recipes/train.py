@@ -12,8 +12,6 @@ import os
 import sys
 import time
 
-import yaml
-
 from common import run_events
 from common.checkpoints import (
     TrainState,
@@ -23,6 +21,7 @@ from common.checkpoints import (
     prune_checkpoints,
     remove_partials,
 )
+from common.run import load_run_config
 from recipes.resilience.guard import RunGuard
 from recipes.runtime.callbacks import FINISHED, SIGNAL, Stop
 from recipes.runtime.stop_signals import StopSignal
@@ -49,13 +48,12 @@ def save(root: str, step: int, keep_last: int) -> None:
 
 def main() -> int:
     run_dir = sys.argv[sys.argv.index("--run-dir") + 1]
-    with open(os.path.join(run_dir, "config.yaml")) as f:
-        cfg = yaml.safe_load(f)
+    cfg = load_run_config(run_dir)
     behaviour = json.load(open("standin.json")) if os.path.exists("standin.json") else {}
-    train = cfg["training"]
-    steps, interval, keep = train["train_steps"], train["checkpoint"]["interval"], train["checkpoint"]["keep_last"]
+    train = cfg.training
+    steps, interval, keep = train.train_steps, train.checkpoint.interval, train.checkpoint.keep_last
     stop = StopSignal()
-    guard = RunGuard(run_dir, cfg, 0, 1)
+    guard = RunGuard(run_dir, cfg.resilience, 0, 1)
     root = os.path.join(run_dir, "checkpoints")
     os.makedirs(root, exist_ok=True)
     remove_partials(root)

@@ -21,7 +21,8 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
-from common.typed import to_plain  # noqa: E402
+from common.run import load_run_config  # noqa: E402
+from common.typed import changed, to_plain  # noqa: E402
 from common import hf_config  # noqa: E402
 from common.plan import Plan  # noqa: E402
 from launcher.config.compose import compose  # noqa: E402
@@ -253,7 +254,7 @@ def test_an_interrupted_export_resumes_and_keeps_finished_shards(pp_checkpoint, 
         path.unlink()
     stamp = shards[0].stat().st_mtime_ns
     checkpoint = checkpoint_to_hf.resolve_checkpoint(pp_checkpoint)
-    model = yaml.safe_load((pp_checkpoint.parents[1] / "config.yaml").read_text())["training"]["model"]
+    model = load_run_config(pp_checkpoint.parents[1]).training.model
     manifest = {
         "checkpoint": str(checkpoint),
         "dtype": "bfloat16",
@@ -326,7 +327,7 @@ def test_import_errors_name_the_file_and_the_fix(source, tmp_path):
     with pytest.raises(importer.SourceError, match="no model.safetensors.index.json"):
         importer.SafetensorsDir(copy)
 
-    smaller = dict(source["model"], num_layers=7)
+    smaller = changed(source["model"], {"num_layers": 7})
     with pytest.raises(importer.SourceError, match=r"no tensor model\.layers\.6\."):
         importer.SafetensorsDir(source["dir"]).check(mapping.hf_shapes(smaller))
 
@@ -334,7 +335,7 @@ def test_import_errors_name_the_file_and_the_fix(source, tmp_path):
 def test_config_mismatch_names_the_keys(source):
     config = hf_config.read_config(source["dir"])
     hf_config.check(config, source["model"], "src")  # the saved model fits its own config
-    wrong = dict(source["model"], num_query_groups=4, rotary_base=10000)
+    wrong = changed(source["model"], {"num_query_groups": 4, "rotary_base": 10000})
     with pytest.raises(hf_config.HFConfigError) as err:
         hf_config.check(config, wrong, "src")
     message = str(err.value)

@@ -41,10 +41,11 @@ SWEEP = "training.global_batch_size=" + ",".join(str(16 * k) for k in range(1, 1
 # What cmd_run does before its pipeline starts (data_prep/cli.py), nothing more.
 CHECKS = (
     "import sys\n"
-    "from data_prep.cli import _check_stack, _load, build_parser\n"
+    "from data_prep.cli import _check_stack, _load, _read, build_parser\n"
     "args = build_parser().parse_args(['run', '--config', sys.argv[1]])\n"
-    "_check_stack(args.config)\n"
-    "_load(args, settings=True)\n"
+    "config = _read(args)\n"
+    "_check_stack(config)\n"
+    "_load(args, config, settings=True)\n"
 )
 
 

@@ -31,8 +31,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from omegaconf import OmegaConf  # noqa: E402
+import yaml  # noqa: E402
 
+from common.config import VARIANTS, DataPreparationConfig  # noqa: E402
+from common.typed import from_plain  # noqa: E402
 from data_prep.pipeline import Pipeline, Settings  # noqa: E402
 from data_prep.shards import Shard, Source  # noqa: E402
 from data_prep.tokenizer import load_tokenizer  # noqa: E402
@@ -40,7 +42,9 @@ from data_prep.train_tokenizer import train_bpe, train_sentencepiece  # noqa: E4
 
 # The pipeline runs with the files dataset's own settings (its chunk size among them).
 FILES_YAML = os.path.join(REPO, "conf", "data_preparation", "files.yaml")
-CHUNK_BYTES = int(OmegaConf.load(FILES_YAML).chunk_bytes)
+with open(FILES_YAML) as _f:
+    FILES_SETTINGS = yaml.safe_load(_f)  # unresolved: pipeline_settings replaces what is not
+CHUNK_BYTES = int(FILES_SETTINGS["chunk_bytes"])
 
 
 def make_corpus(path: str, docs: int, seed: int) -> int:
@@ -113,9 +117,11 @@ def split_corpus(corpus: str, parts: int) -> list[str]:
 def pipeline_settings(out_dir: str, tok_type: str, tok_path: str, workers: int) -> Settings:
     """files.yaml's settings through Settings.from_config, as `python -m data_prep run` builds them: a setting
     added to the pipeline reaches the benchmark with its default instead of breaking it."""
-    dp = OmegaConf.to_container(OmegaConf.load(FILES_YAML))  # unresolved: the keys below replace what is not
-    dp.update(output_dir=out_dir, download_dir=out_dir, workers=workers, tokenizer={"type": tok_type, "path": tok_path})
-    return Settings.from_config(dp)
+    plain = {key: value for key, value in FILES_SETTINGS.items() if key != "defaults"}  # Hydra's list, not a key
+    plain.update(
+        output_dir=out_dir, download_dir=out_dir, workers=workers, tokenizer={"type": tok_type, "path": tok_path}
+    )
+    return Settings.from_config(from_plain(DataPreparationConfig, plain, VARIANTS, "data_preparation"))
 
 
 def pipeline(corpus: str, out_dir: str, tok_type: str, tok_path: str, workers: int) -> tuple[int, int]:

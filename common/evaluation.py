@@ -3,12 +3,12 @@ the MLPerf log use it."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from common.config import TrainingConfig
 
 
-def eval_samples(train: Mapping[str, Any], global_batch_size: int) -> int:
+def eval_samples(train: TrainingConfig, global_batch_size: int) -> int:
     """Sequences per evaluation: training.val_samples, else val_steps global batches."""
-    return train.get("val_samples") or train["val_steps"] * global_batch_size
+    return train.val_samples or train.val_steps * global_batch_size
 
 
 def eval_microbatches(samples: int, micro_batch_size: int, dp_size: int, per_call: int) -> list[int]:

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from common.config import ModelConfig
+
 KEY = "training.checkpoint.init_from_hf"
 # megatron-core's Llama 3.1 RoPE scaling fixes these (its `rope_scaling` argument only takes the factor).
 MEGATRON_ROPE_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -91,43 +93,44 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def differences(config: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
+def differences(config: Mapping[str, Any], model: ModelConfig) -> list[str]:
     """Each way `config` (a config.json) differs from `model` (training.model), as `hf_key=value vs
     training.model.key=value`; empty when the checkpoint fits the configured model."""
     diffs: list[str] = []
     heads = config.get("num_attention_heads")
     hidden = config.get("hidden_size")
     default_head_dim = hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
-    pairs = [
-        ("num_hidden_layers", config.get("num_hidden_layers"), "num_layers"),
-        ("hidden_size", hidden, "hidden_size"),
-        ("intermediate_size", config.get("intermediate_size"), "ffn_hidden_size"),
-        ("num_attention_heads", heads, "num_attention_heads"),
-        ("num_key_value_heads", config.get("num_key_value_heads", heads), "num_query_groups"),
-        ("head_dim", config.get("head_dim") or default_head_dim, "kv_channels"),
-        ("vocab_size", config.get("vocab_size"), "vocab_size"),
-        ("rms_norm_eps", config.get("rms_norm_eps"), "norm_epsilon"),
-    ]
     theta, scaling = rope_settings(config)
-    pairs.append(("rope_theta", theta, "rotary_base"))
-    for hf_key, value, key in pairs:
-        if not _same(value, model[key]):
-            diffs.append(f"{hf_key}={value} vs training.model.{key}={model[key]}")
+    # (config.json's key, its value, training.model's key, its value)
+    pairs = [
+        ("num_hidden_layers", config.get("num_hidden_layers"), "num_layers", model.num_layers),
+        ("hidden_size", hidden, "hidden_size", model.hidden_size),
+        ("intermediate_size", config.get("intermediate_size"), "ffn_hidden_size", model.ffn_hidden_size),
+        ("num_attention_heads", heads, "num_attention_heads", model.num_attention_heads),
+        ("num_key_value_heads", config.get("num_key_value_heads", heads), "num_query_groups", model.num_query_groups),
+        ("head_dim", config.get("head_dim") or default_head_dim, "kv_channels", model.kv_channels),
+        ("vocab_size", config.get("vocab_size"), "vocab_size", model.vocab_size),
+        ("rms_norm_eps", config.get("rms_norm_eps"), "norm_epsilon", model.norm_epsilon),
+        ("rope_theta", theta, "rotary_base", model.rotary_base),
+    ]
+    for hf_key, value, key, ours in pairs:
+        if not _same(value, ours):
+            diffs.append(f"{hf_key}={value} vs training.model.{key}={ours}")
 
     if scaling is None:
-        if model["rope_scaling"]:
+        if model.rope_scaling:
             diffs.append("rope_scaling=null vs training.model.rope_scaling=true")
     elif scaling.get("rope_type", scaling.get("type")) != "llama3":
         diffs.append(
             f"rope_scaling.rope_type={scaling.get('rope_type', scaling.get('type'))} (only llama3 is supported)"
         )
-    elif not model["rope_scaling"]:
+    elif not model.rope_scaling:
         diffs.append("rope_scaling.rope_type=llama3 vs training.model.rope_scaling=false")
     else:
-        if not _same(scaling.get("factor"), model["rope_scaling_factor"]):
+        if not _same(scaling.get("factor"), model.rope_scaling_factor):
             diffs.append(
                 f"rope_scaling.factor={scaling.get('factor')} vs training.model.rope_scaling_factor="
-                f"{model['rope_scaling_factor']}"
+                f"{model.rope_scaling_factor}"
             )
         for key, fixed in MEGATRON_ROPE_FIXED.items():
             if key in scaling and not _same(scaling[key], fixed):
@@ -142,7 +145,7 @@ def differences(config: Mapping[str, Any], model: Mapping[str, Any]) -> list[str
     return diffs
 
 
-def check(config: Mapping[str, Any], model: Mapping[str, Any], source: str) -> None:
+def check(config: Mapping[str, Any], model: ModelConfig, source: str) -> None:
     """Raise HFConfigError (one line naming the differing keys) unless `config` fits training.model."""
     architectures = config.get("architectures") or []
     if config.get("model_type") not in (None, "llama") or (architectures and "LlamaForCausalLM" not in architectures):
@@ -158,7 +161,7 @@ def check(config: Mapping[str, Any], model: Mapping[str, Any], source: str) -> N
         )
 
 
-def check_directory(directory: str | os.PathLike, model: Mapping[str, Any], source: str | None = None) -> None:
+def check_directory(directory: str | os.PathLike, model: ModelConfig, source: str | None = None) -> None:
     check(read_config(directory), model, source or str(directory))
 
 
@@ -167,12 +170,12 @@ def hf_layer_name(layer: int, suffix: str) -> str:
     return f"model.layers.{layer}.{suffix}"
 
 
-def hf_shapes(model: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+def hf_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every LlamaForCausalLM tensor with its shape, in the order an export writes them."""
-    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
-    q, kv = model["num_attention_heads"] * model["kv_channels"], model["num_query_groups"] * model["kv_channels"]
-    shapes = {"model.embed_tokens.weight": (model["vocab_size"], h)}
-    for layer in range(model["num_layers"]):
+    h, ffn = model.hidden_size, model.ffn_hidden_size
+    q, kv = model.num_attention_heads * model.kv_channels, model.num_query_groups * model.kv_channels
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (model.vocab_size, h)}
+    for layer in range(model.num_layers):
         for suffix, shape in (
             ("input_layernorm.weight", (h,)),
             ("self_attn.q_proj.weight", (q, h)),
@@ -186,19 +189,19 @@ def hf_shapes(model: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         ):
             shapes[hf_layer_name(layer, suffix)] = shape
     shapes["model.norm.weight"] = (h,)
-    shapes["lm_head.weight"] = (model["vocab_size"], h)
+    shapes["lm_head.weight"] = (model.vocab_size, h)
     return shapes
 
 
 # --------------------------------------------------------------------------- what an export writes
 def llama_config(
-    model: Mapping[str, Any], *, torch_dtype: str, bos_token_id: int | None, eos_token_id: int | list[int] | None
+    model: ModelConfig, *, torch_dtype: str, bos_token_id: int | None, eos_token_id: int | list[int] | None
 ) -> dict[str, Any]:
     """`config.json` of LlamaForCausalLM for training.model, in the layout of Meta's Llama 3.1 releases (which
     transformers, vLLM and lm-eval read)."""
     scaling = None
-    if model["rope_scaling"]:
-        scaling = {"factor": float(model["rope_scaling_factor"]), **MEGATRON_ROPE_FIXED, "rope_type": "llama3"}
+    if model.rope_scaling:
+        scaling = {"factor": float(model.rope_scaling_factor), **MEGATRON_ROPE_FIXED, "rope_type": "llama3"}
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -206,24 +209,23 @@ def llama_config(
         "attention_dropout": 0.0,
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
-        "head_dim": model["kv_channels"],
+        "head_dim": model.kv_channels,
         "hidden_act": "silu",
-        "hidden_size": model["hidden_size"],
-        "initializer_range": float(model["init_method_std"]),
-        "intermediate_size": model["ffn_hidden_size"],
-        # Run directories written before this key existed: Llama 3.1's 128K.
-        "max_position_embeddings": model.get("max_position_embeddings", 131072),
+        "hidden_size": model.hidden_size,
+        "initializer_range": float(model.init_method_std),
+        "intermediate_size": model.ffn_hidden_size,
+        "max_position_embeddings": model.max_position_embeddings,
         "mlp_bias": False,
-        "num_attention_heads": model["num_attention_heads"],
-        "num_hidden_layers": model["num_layers"],
-        "num_key_value_heads": model["num_query_groups"],
+        "num_attention_heads": model.num_attention_heads,
+        "num_hidden_layers": model.num_layers,
+        "num_key_value_heads": model.num_query_groups,
         "pretraining_tp": 1,
-        "rms_norm_eps": float(model["norm_epsilon"]),
+        "rms_norm_eps": float(model.norm_epsilon),
         "rope_scaling": scaling,
-        "rope_theta": float(model["rotary_base"]),
+        "rope_theta": float(model.rotary_base),
         "tie_word_embeddings": False,
         "torch_dtype": torch_dtype,
         "use_cache": True,
-        "vocab_size": model["vocab_size"],
+        "vocab_size": model.vocab_size,
     }
     return {k: v for k, v in config.items() if v is not None or k == "rope_scaling"}

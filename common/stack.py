@@ -26,7 +26,9 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from common.config import Config, Fp8Recipe, StackConfig, StackPackage
 from common.plan import Plan
+from common.typed import from_plain
 
 REPO = Path(__file__).resolve().parent.parent
 STACK_FILE = REPO / "conf" / "stack.yaml"
@@ -38,14 +40,24 @@ FIX = (
 )
 
 
-def load_declared(cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The `stack` section of a resolved config, else conf/stack.yaml of this repository."""
-    if cfg and cfg.get("stack"):
-        return dict(cfg["stack"])
+def load_declared(cfg: Config | None = None) -> StackConfig:
+    """The `stack` section of a run's config, else conf/stack.yaml of this repository."""
+    if cfg is not None:
+        return cfg.stack
     import yaml
 
     with open(STACK_FILE) as f:
-        return yaml.safe_load(f)["stack"]
+        return from_plain(StackConfig, yaml.safe_load(f)["stack"], path="stack")
+
+
+def component_of(declared: StackConfig, name: str) -> StackPackage:
+    """One of COMPONENTS by its key in the stack section."""
+    components: dict[str, StackPackage] = {
+        "torch": declared.torch,
+        "megatron_core": declared.megatron_core,
+        "transformer_engine": declared.transformer_engine,
+    }
+    return components[name]
 
 
 # --------------------------------------------------------------------------- what is here
@@ -103,7 +115,7 @@ def metadata_version(module_name: str, distribution: str) -> str | None:
     return dist.version if _import_location(module_name) == installed else None
 
 
-def discover(component: Mapping[str, Any], imports: bool = False) -> Found:
+def discover(component: StackPackage, imports: bool = False) -> Found:
     """The component's version: from its installed metadata when that is what an import would load (nothing is
     imported: torch and megatron-core take seconds), else by importing it. `imports=True` always imports: a package
     can be installed and still fail to import (a torch extension built for another torch, a missing CUDA library),
@@ -111,7 +123,7 @@ def discover(component: Mapping[str, Any], imports: bool = False) -> Found:
     import warnings
 
     if not imports:
-        version = metadata_version(component["module"], component["distribution"])
+        version = metadata_version(component.module, component.distribution)
         if version is not None:
             return Found(version)
     try:
@@ -119,22 +131,20 @@ def discover(component: Mapping[str, Any], imports: bool = False) -> Found:
         # data preparation runs) that are not what this check is about.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            importlib.import_module(component["module"])
+            importlib.import_module(component.module)
     except Exception as err:  # any import failure is the finding, whatever its type
         text = str(err).strip().splitlines()
         return Found(None, f"{type(err).__name__}: {text[0] if text else ''}".strip(": "))
-    return Found(_version_of(component["module"], component["distribution"]) or "unknown")
+    return Found(_version_of(component.module, component.distribution) or "unknown")
 
 
-def discover_all(
-    declared: Mapping[str, Any], names: Iterable[str] = COMPONENTS, imports: bool = False
-) -> dict[str, Found]:
+def discover_all(declared: StackConfig, names: Iterable[str] = COMPONENTS, imports: bool = False) -> dict[str, Found]:
     found: dict[str, Found] = {}
     for name in names:
         if name != "torch" and found.get("torch", Found("-")).version is None:
             found[name] = Found(None, "needs torch")  # importing it would only repeat torch's error
             continue
-        found[name] = discover(declared[name], imports)
+        found[name] = discover(component_of(declared, name), imports)
     return found
 
 
@@ -145,10 +155,13 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-def discover_installed(declared: Mapping[str, Any]) -> dict[str, Found]:
+def discover_installed(declared: StackConfig) -> dict[str, Found]:
     """The components by their installed distributions, without importing them: an image build has no GPU, and
     Transformer Engine does not import without one."""
-    return {name: Found(installed_version(declared[name]["distribution"]), "not installed") for name in COMPONENTS}
+    return {
+        name: Found(installed_version(component_of(declared, name).distribution), "not installed")
+        for name in COMPONENTS
+    }
 
 
 def torch_build() -> dict[str, str | None] | None:
@@ -205,7 +218,7 @@ def _capability(text: str) -> tuple[int, int]:
 
 
 def problems(
-    declared: Mapping[str, Any],
+    declared: StackConfig,
     found: Mapping[str, Found],
     gpu: GpuFound | None = None,
     precision: str = "bf16",
@@ -215,19 +228,19 @@ def problems(
     checks (data preparation needs neither)."""
     out = []
     python = python or ".".join(map(str, sys.version_info[:3]))
-    if not in_range(python, declared["python"]["supported"]):
-        out.append(f"Python {python} found, {declared['python']['supported']} needed")
+    if not in_range(python, declared.python.supported):
+        out.append(f"Python {python} found, {declared.python.supported} needed")
     for name, what in found.items():
-        component = declared[name]
-        label = component["distribution"]
+        component = component_of(declared, name)
+        label = component.distribution
         if what.version is None:
             out.append(
-                f"{label} not importable ({what.error}), {component['supported']} needed (tested {component['tested']})"
+                f"{label} not importable ({what.error}), {component.supported} needed (tested {component.tested})"
             )
-        elif what.version == "unknown" or not in_range(what.version, component["supported"]):
-            out.append(f"{label} {what.version} found, {component['supported']} needed (tested {component['tested']})")
+        elif what.version == "unknown" or not in_range(what.version, component.supported):
+            out.append(f"{label} {what.version} found, {component.supported} needed (tested {component.tested})")
     if gpu is not None:
-        need = _capability(declared["min_compute_capability"][precision])
+        need = _capability(declared.min_compute_capability[precision])
         if gpu.capability is None:
             out.append("no CUDA GPU visible to this process")
         elif gpu.capability < need:
@@ -247,16 +260,16 @@ def error_line(found_problems: Sequence[str]) -> str:
 
 # --------------------------------------------------------------------------- the check every rank runs
 def check_or_exit(
-    cfg: Mapping[str, Any],
+    cfg: Config | None,
     precision: str | None,
     rank: int = 0,
     local_rank: int = 0,
     components: Sequence[str] = COMPONENTS,
     say: Callable[[str], None] | None = None,
 ) -> None:
-    """Exit with status 2 (one line, printed on rank 0 only) when the stack does not match. `precision=None`:
-    no GPU needed (data preparation)."""
-    if not cfg.get("stack_check", True):
+    """Exit with status 2 (one line, printed on rank 0 only) when the stack does not match the run's `stack`
+    section (`cfg=None`: conf/stack.yaml). `precision=None`: no GPU needed (data preparation)."""
+    if cfg is not None and not cfg.stack_check:
         return
     declared = load_declared(cfg)
     # A training rank (precision given) imports the components next: importing them here costs nothing more and
@@ -283,13 +296,13 @@ def check_run(run_dir: str, rank: int = 0, local_rank: int = 0) -> None:
     check_or_exit(run.config, precision_of(run.config, run.plan), rank, local_rank)
 
 
-def precision_of(cfg: Mapping[str, Any], plan: Plan) -> str:
+def precision_of(cfg: Config, plan: Plan) -> str:
     """The lowest precision a run's GEMMs use, as min_compute_capability names it."""
-    dtype = cfg.get("dtype") or {}
-    if dtype.get("fp4"):
-        return str(dtype["fp4"])
+    dtype = cfg.dtype
+    if dtype.fp4:
+        return str(dtype.fp4)
     if plan.fp8:
-        return "mxfp8" if dtype.get("fp8_recipe") == "mxfp8" else "fp8"
+        return "mxfp8" if dtype.fp8_recipe == Fp8Recipe.mxfp8 else "fp8"
     return "bf16"
 
 
@@ -302,14 +315,14 @@ def _cuda_major() -> str:
     return torch.version.cuda.split(".")[0]
 
 
-def requirement(component: Mapping[str, Any], cuda_major: Callable[[], str] = _cuda_major) -> str:
+def requirement(component: StackPackage, cuda_major: Callable[[], str] = _cuda_major) -> str:
     """`megatron-core==0.19.2`, `transformer-engine[pytorch,core_cu13]==2.20.2`: the tested version."""
-    extras = [e.format(cuda_major=cuda_major()) if "{cuda_major}" in e else e for e in component.get("extras") or []]
-    return f"{component['distribution']}{'[' + ','.join(extras) + ']' if extras else ''}=={component['tested']}"
+    extras = [e.format(cuda_major=cuda_major()) if "{cuda_major}" in e else e for e in component.extras]
+    return f"{component.distribution}{'[' + ','.join(extras) + ']' if extras else ''}=={component.tested}"
 
 
 def missing_requirements(
-    declared: Mapping[str, Any],
+    declared: StackConfig,
     found: Mapping[str, Found],
     installed: Callable[[str], str | None] | None = None,
     cuda_major: Callable[[], str] | None = None,
@@ -322,18 +335,18 @@ def missing_requirements(
     cuda_major = cuda_major or _cuda_major
     out = []
     for name in COMPONENTS:
-        component, what = declared[name], found[name]
-        if what.version is not None and in_range(what.version, component["supported"]):
+        component, what = component_of(declared, name), found[name]
+        if what.version is not None and in_range(what.version, component.supported):
             continue
-        if not component.get("install"):
+        if not component.install:
             raise SystemExit(
-                f"stack: {component['distribution']} {what.version or 'missing'} does not satisfy "
-                f"{component['supported']}, and it comes with the base image: start from a base with "
-                f"{component['distribution']} {component['supported']} "
-                f"(tested {component['tested']})"
+                f"stack: {component.distribution} {what.version or 'missing'} does not satisfy "
+                f"{component.supported}, and it comes with the base image: start from a base with "
+                f"{component.distribution} {component.supported} "
+                f"(tested {component.tested})"
             )
         out.append(requirement(component, cuda_major))
-    for text in declared.get("requirements") or []:
+    for text in declared.requirements:
         req = Requirement(text)
         version = installed(req.name)
         if version is None or not req.specifier.contains(version, prereleases=True):
@@ -351,17 +364,17 @@ def pip_command(requirements: Sequence[str], wheel_dir: str | None, constraints:
     return cmd + list(requirements)
 
 
-def _to_install(declared: Mapping[str, Any], say: Callable[[str], None]) -> tuple[dict[str, Found], list[str]] | None:
+def _to_install(declared: StackConfig, say: Callable[[str], None]) -> tuple[dict[str, Found], list[str]] | None:
     """(what is installed, the requirements to add); None, said, when there is no torch to build on."""
     found = discover_installed(declared)
     if found["torch"].version is None:
-        say(f"stack: torch is not installed here; start from a base image with torch {declared['torch']['supported']}")
+        say(f"stack: torch is not installed here; start from a base image with torch {declared.torch.supported}")
         return None
     return found, missing_requirements(declared, found)
 
 
 def install(
-    declared: Mapping[str, Any], wheel_dir: str | None = None, dry_run: bool = False, say: Callable[[str], None] = print
+    declared: StackConfig, wheel_dir: str | None = None, dry_run: bool = False, say: Callable[[str], None] = print
 ) -> int:
     wanted = _to_install(declared, say)
     if wanted is None:
@@ -422,7 +435,7 @@ def fetch_commands(report: Mapping[str, Any], dest: str) -> list[list[str]]:
     return commands
 
 
-def wheels(declared: Mapping[str, Any], dest: str, say: Callable[[str], None] = print) -> int:
+def wheels(declared: StackConfig, dest: str, say: Callable[[str], None] = print) -> int:
     """Fill `dest` with every wheel `install` would need here, dependencies included, for an air-gapped machine
     that runs the same image: run it where a package index is reachable."""
     import json
@@ -474,27 +487,27 @@ def wheels(declared: Mapping[str, Any], dest: str, say: Callable[[str], None] = 
 
 
 # --------------------------------------------------------------------------- the table
-def table(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFound | None) -> str:
+def table(declared: StackConfig, found: Mapping[str, Found], gpu: GpuFound | None) -> str:
     rows = [("component", "found", "supported", "tested", "")]
     python = ".".join(map(str, sys.version_info[:3]))
     rows.append(
         (
             "python",
             python,
-            declared["python"]["supported"],
-            declared["python"]["tested"],
-            "ok" if in_range(python, declared["python"]["supported"]) else "MISMATCH",
+            declared.python.supported,
+            declared.python.tested,
+            "ok" if in_range(python, declared.python.supported) else "MISMATCH",
         )
     )
     for name, what in found.items():
-        component = declared[name]
-        ok = what.version not in (None, "unknown") and in_range(what.version, component["supported"])
+        component = component_of(declared, name)
+        ok = what.version is not None and what.version != "unknown" and in_range(what.version, component.supported)
         rows.append(
             (
-                component["distribution"],
+                component.distribution,
                 what.version or f"missing ({what.error})",
-                component["supported"],
-                str(component["tested"]),
+                component.supported,
+                component.tested,
                 "ok" if ok else "MISMATCH",
             )
         )
@@ -504,7 +517,7 @@ def table(declared: Mapping[str, Any], found: Mapping[str, Found], gpu: GpuFound
             (
                 "GPU",
                 f"{gpu.name or 'none'} (sm {capability})",
-                f">= {declared['min_compute_capability']['bf16']} (fp8: {declared['min_compute_capability']['fp8']})",
+                f">= {declared.min_compute_capability['bf16']} (fp8: {declared.min_compute_capability['fp8']})",
                 "",
                 "ok" if gpu.capability else "MISSING",
             )
@@ -535,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.run_dir:
             check_run(args.run_dir)
         else:
-            check_or_exit({}, "bf16")
+            check_or_exit(None, "bf16")
         print("stack: ok")
         return 0
     declared = load_declared()

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from common.config import DataPreparationConfig, TokenizerConfig
 from data_prep.config import settings_and_shards
-from data_prep.shards import MARKER_SUFFIX, Shard
+from data_prep.shards import MARKER_SUFFIX, Shard, inputs_setting
 from data_prep.tokenizer import TOKENIZER_TYPES, TokenizerError, is_hub_id, load_tokenizer
 
 # megatron-core's .idx layout (megatron/core/datasets/indexed_dataset.py, _IndexWriter): magic, version
@@ -52,17 +52,14 @@ class IndexHeader:
 # -- the data_preparation section ----------------------------------------------------------------------------
 
 
-def preparation_problems(dp: Mapping[str, Any]) -> list[str]:
+def preparation_problems(dp: DataPreparationConfig) -> list[str]:
     """Every problem with a data_preparation section that would stop its jobs: settings (tokenizer, workers,
     chunk_bytes, ...), the shard layout (inputs, file numbers, paths) and local inputs that are not there."""
-    dp, problem = _plain(dp)
-    if problem:
-        return [problem]
     problems, shards = settings_and_shards(dp)
     return _unique(problems + _missing_sources(dp, shards))
 
 
-def _missing_sources(dp: Mapping[str, Any], shards: Sequence[Shard]) -> list[str]:
+def _missing_sources(dp: DataPreparationConfig, shards: Sequence[Shard]) -> list[str]:
     """Local inputs (a mirror under base_url, files) of shards not finished yet that do not exist."""
     missing, total = [], 0
     for shard in shards:
@@ -75,24 +72,11 @@ def _missing_sources(dp: Mapping[str, Any], shards: Sequence[Shard]) -> list[str
                     missing.append(src.local_path)
     if not missing:
         return []
-    key = "inputs" if dp.get("name") == "files" else "base_url"
+    key, value = inputs_setting(dp)
     return [
-        f"data_preparation.{key}={dp.get(key)}: {len(missing)} of the {total} local input files do not exist "
+        f"data_preparation.{key}={value}: {len(missing)} of the {total} local input files do not exist "
         f"(first: {missing[0]}); fix data_preparation.{key} or put the files there"
     ]
-
-
-def _plain(dp: Any) -> tuple[Optional[Mapping[str, Any]], Optional[str]]:
-    """Plain containers: an OmegaConf section resolved (omegaconf is only asked when it made the section)."""
-    omegaconf = sys.modules.get("omegaconf")
-    if omegaconf is not None and omegaconf.OmegaConf.is_config(dp):
-        try:
-            return omegaconf.OmegaConf.to_container(dp, resolve=True, enum_to_str=True), None
-        except Exception as e:  # an interpolation that cannot be resolved
-            return None, f"data_preparation: cannot resolve the section ({str(e).splitlines()[0]})"
-    if not isinstance(dp, Mapping):
-        return None, f"data_preparation={dp!r}: expected a section (data_preparation=pile|c4|files)"
-    return dp, None
 
 
 def _unique(lines: list[str]) -> list[str]:
@@ -102,10 +86,10 @@ def _unique(lines: list[str]) -> list[str]:
 # -- prepared data -----------------------------------------------------------------------------------------
 
 
-def prepared_data_problems(key: str, prefixes: Sequence[str], tokenizer: Mapping[str, Any]) -> list[str]:
+def prepared_data_problems(key: str, prefixes: Sequence[str], tokenizer: TokenizerConfig) -> list[str]:
     """One line per prefix (of `key`, e.g. training.data.blend) whose .bin/.idx pair training could not use:
     missing, empty or damaged files, an index that does not match its data, or data made with a tokenizer of
-    another vocabulary size or EOD id than `tokenizer` (training.tokenizer: {type, path})."""
+    another vocabulary size or EOD id than `tokenizer` (training.tokenizer)."""
     problems: list[str] = []
     cache: dict[str, Union[_Ids, str]] = {}  # the training tokenizer, loaded at most once
     for prefix in prefixes:
@@ -196,7 +180,7 @@ def _read(f, offset: int, fmt: str) -> int:
 # -- the tokenizer the data was made with ------------------------------------------------------------------
 
 
-def _tokenizer_mismatch(key: str, prefix: str, tokenizer: Mapping[str, Any], cache: dict) -> Optional[str]:
+def _tokenizer_mismatch(key: str, prefix: str, tokenizer: TokenizerConfig, cache: dict) -> Optional[str]:
     """A line when `<prefix>.done.json` records a tokenizer whose vocabulary size or EOD id differ from the
     training tokenizer's. Data without a marker (made elsewhere) is not compared."""
     made = _recorded_tokenizer(prefix)
@@ -211,8 +195,8 @@ def _tokenizer_mismatch(key: str, prefix: str, tokenizer: Mapping[str, Any], cac
         return None
     return (
         f"{key}: {prefix} was tokenized with another tokenizer: {made['type']}:{made['path']} (vocab "
-        f"{made['vocab_size']}, eod {made['eod']}), training.tokenizer is {tokenizer.get('type')}:"
-        f"{tokenizer.get('path')} (vocab {ids[0]}, eod {ids[1]}); prepare the data with training's tokenizer "
+        f"{made['vocab_size']}, eod {made['eod']}), training.tokenizer is {tokenizer.type}:"
+        f"{tokenizer.path} (vocab {ids[0]}, eod {ids[1]}); prepare the data with training's tokenizer "
         "or set training.tokenizer to the one the data was made with"
     )
 
@@ -228,9 +212,9 @@ def _recorded_tokenizer(prefix: str) -> Optional[dict]:
     return made
 
 
-def _same_setting(made: Mapping[str, Any], tokenizer: Mapping[str, Any]) -> bool:
+def _same_setting(made: Mapping[str, Any], tokenizer: TokenizerConfig) -> bool:
     """The same type and the same path (a hub id, or one local file or directory): no need to load it."""
-    return made["type"] == tokenizer.get("type") and _where(made["path"]) == _where(tokenizer.get("path"))
+    return made["type"] == tokenizer.type and _where(made["path"]) == _where(tokenizer.path)
 
 
 def _where(path: Any) -> str:
@@ -238,17 +222,18 @@ def _where(path: Any) -> str:
     return os.path.realpath(local) if os.path.exists(local) else str(path)
 
 
-def _training_ids(tokenizer: Mapping[str, Any]) -> Union[_Ids, str]:
+def _training_ids(tokenizer: TokenizerConfig) -> Union[_Ids, str]:
     """(vocab size, eod) of the training tokenizer; None where it cannot be had here without a download (a hub
     id outside the local cache, a missing library); a line when the tokenizer itself is unusable."""
-    kind, path = tokenizer.get("type"), tokenizer.get("path")
+    kind, path = str(tokenizer.type), tokenizer.path
     if kind not in TOKENIZER_TYPES or not path:
         return None  # the plan reports training.tokenizer's own problems
-    local = os.path.expanduser(str(path))
+    local = os.path.expanduser(path)
     if not os.path.exists(local):
-        local = _cached_hub_file(str(path), kind) if is_hub_id(str(path)) else None
-        if local is None:
+        cached = _cached_hub_file(path, kind) if is_hub_id(path) else None
+        if cached is None:
             return None
+        local = cached
     try:
         tok = load_tokenizer(kind, local, key="training.tokenizer")
     except ImportError:

@@ -10,6 +10,8 @@ import signal
 import sys
 from typing import Any, Iterator, Optional, Sequence
 
+from common.config import DataPreparationConfig
+from data_prep.config import ConfigFile, load_config_file, settings_and_shards
 from data_prep.shards import ConfigError, Shard, list_shards, parse_numbers
 from data_prep.tokenizer import TokenizerError
 
@@ -163,37 +165,25 @@ def build_parser() -> argparse.ArgumentParser:
 # -- commands ----------------------------------------------------------------------------------------------
 
 
-def _check_stack(config_path: str) -> None:
-    """Exit 2 with one line when this interpreter lacks the declared torch or megatron-core (conf/stack.yaml,
-    or the run's resolved copy), before any shard starts."""
-    from omegaconf import OmegaConf
-
+def _check_stack(config: ConfigFile) -> None:
+    """Exit 2 with one line when this interpreter lacks the declared torch or megatron-core (the run's `stack`
+    section, or conf/stack.yaml for a file with just the data_preparation section), before any shard starts."""
     from common.stack import check_or_exit
 
-    try:
-        raw = OmegaConf.load(config_path)
-        cfg = {
-            key: OmegaConf.to_container(raw[key], resolve=True, enum_to_str=True)
-            if OmegaConf.is_config(raw[key])
-            else raw[key]
-            for key in ("stack", "stack_check")
-            if key in raw
-        }
-    except Exception:  # _load reports an unreadable config with its own message
-        cfg = {}
-    check_or_exit(cfg, precision=None, components=("torch", "megatron_core"))
+    check_or_exit(config.run, precision=None, components=("torch", "megatron_core"))
 
 
 def cmd_run(args) -> int:
     from data_prep.pipeline import Pipeline, Settings
 
-    _check_stack(args.config)
-    dp, shards = _load(args, settings=True)
+    config = _read(args)
+    _check_stack(config)
+    dp, shards = _load(args, config, settings=True)
     settings = Settings.from_config(dp)
     pipeline = Pipeline(settings)
     tok = pipeline.tokenizer  # once, up front: a tokenizer problem is one error, not one per shard
     print(
-        f"data_prep: {dp['name']}: {len(shards)} shard(s), {settings.workers} worker(s), tokenizer "
+        f"data_prep: {dp.name}: {len(shards)} shard(s), {settings.workers} worker(s), tokenizer "
         f"{settings.tokenizer_type}:{settings.tokenizer_path} (vocab {tok.vocab_size}, eod {tok.eod}), output "
         f"{os.path.dirname(shards[0].output_prefix)}",
         flush=True,
@@ -204,7 +194,7 @@ def cmd_run(args) -> int:
 def cmd_download(args) -> int:
     from data_prep.pipeline import Pipeline, Settings
 
-    dp, shards = _load(args, settings=True)
+    dp, shards = _load(args, _read(args), settings=True)
     pipeline = Pipeline(Settings.from_config(dp, workers=1))
     _ = pipeline.tokenizer  # a hub tokenizer lands in the Hugging Face cache
     return _report(pipeline.fetch(shards, progress=not args.no_progress))
@@ -213,11 +203,11 @@ def cmd_download(args) -> int:
 def cmd_list(args) -> int:
     from data_prep.pipeline import MARKER_SUFFIX, read_marker
 
-    dp, shards = _load(args, select=False)
+    _, shards = _load(args, _read(args), select=False)
     if args.prefixes:
         print("\n".join(s.output_prefix for s in shards))
         return 0
-    rows = []
+    rows: list[dict[str, Any]] = []
     for s in shards:
         marker = read_marker(s.output_prefix)
         state = (
@@ -252,8 +242,9 @@ def cmd_list(args) -> int:
 def cmd_verify(args) -> int:
     from data_prep.verify import verify_shard
 
-    _check_stack(args.config)
-    dp, shards = _load(args)
+    config = _read(args)
+    _check_stack(config)
+    _, shards = _load(args, config)
     failed = 0
     for s in shards:
         problems = verify_shard(s)
@@ -285,16 +276,22 @@ def cmd_train_tokenizer(args) -> int:
 # -- helpers -----------------------------------------------------------------------------------------------
 
 
-def _load(args, select: bool = True, settings: bool = False) -> tuple[dict, list[Shard]]:
-    """The config's section and its shards (those --shard selects). With `settings`, every problem of the
-    settings the pipeline reads is reported too, all at once and before anything starts."""
-    from data_prep.config import load_section, settings_and_shards
-
-    dp = load_section(args.config, args.overrides)
+def _read(args) -> ConfigFile:
+    """--config with the KEY=VALUE overrides, and --workers as one more."""
+    overrides = list(args.overrides)
     if getattr(args, "workers", None) is not None:
         if args.workers < 1:
             raise ConfigError(f"--workers={args.workers}: expected a positive integer (tokenizer processes)")
-        dp["workers"] = args.workers
+        overrides.append(f"data_preparation.workers={args.workers}")
+    return load_config_file(args.config, overrides)
+
+
+def _load(
+    args, config: ConfigFile, select: bool = True, settings: bool = False
+) -> tuple[DataPreparationConfig, list[Shard]]:
+    """The config's section and its shards (those --shard selects). With `settings`, every problem of the
+    settings the pipeline reads is reported too, all at once and before anything starts."""
+    dp = config.section
     if settings:
         problems, shards = settings_and_shards(dp)
         if problems:
@@ -328,7 +325,7 @@ def select_shards(shards: list[Shard], spec: Optional[str]) -> list[Shard]:
 
 def _report(results) -> int:
     failed = [r for r in results if r.status == "failed"]
-    counts = {}
+    counts: dict[str, int] = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     words = {

@@ -1,53 +1,115 @@
-"""Read the `data_preparation` section out of a config file, and check its settings.
+"""Read a config file for `python -m data_prep` into the typed config (common/config.py), and check the
+data_preparation settings its types leave open.
 
-The launcher writes the fully resolved config into the run directory; `--config` takes that file (or a file
-holding just the data_preparation section). Interpolations still present are resolved, so a hand-written
-section may use `${.output_dir}` and alike.
+`--config` takes the resolved config.yaml the launcher writes into the run directory (or a file holding just the
+data_preparation section). `key=value` overrides change the file's values before they are typed, so a value of
+the wrong type is refused the same way from either. Standard library and yaml only: no OmegaConf.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from data_prep.shards import DATASETS, ConfigError, Shard, is_url, list_shards
+import yaml
+
+from common.config import (
+    DATA_SOURCES,
+    VARIANTS,
+    Config,
+    DataPreparationConfig,
+    DownloadConfig,
+    TokenizerConfig,
+    load_config,
+)
+from common.typed import TypedConfigError, from_plain
+from data_prep.shards import ConfigError, Shard, is_url, list_shards
 from data_prep.tokenizer import tokenizer_problem
 
+SECTION = "data_preparation"
 
-def load_section(path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The data_preparation section of `path` as plain containers, after `key=value` overrides (dotted paths
-    from the file's top level, e.g. data_preparation.workers=8)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
+@dataclass(frozen=True)
+class ConfigFile:
+    """What `--config` holds: the data_preparation section and the run's whole config, None for a file with just
+    the section (the stack check then reads conf/stack.yaml)."""
+
+    section: DataPreparationConfig
+    run: Optional[Config]
+
+
+def load_config_file(path: str, overrides: Sequence[str] = ()) -> ConfigFile:
+    """`path` typed, after `key=value` overrides (dotted paths from the file's top level, e.g.
+    data_preparation.workers=8); ConfigError (one line) for anything that does not fit."""
+    plain = _read(path)
+    if SECTION not in plain and str(plain.get("name")) in DATA_SOURCES:
+        plain = {SECTION: plain}  # a bare section: overrides still use full paths
+    plain = with_overrides(plain, overrides)
+    if SECTION not in plain:
+        raise ConfigError(f"config {path} has no data_preparation section (pass the run directory's config.yaml)")
+    _refuse_interpolations(path, plain[SECTION], SECTION)
     try:
-        cfg = OmegaConf.load(path)
+        if set(plain) == {SECTION}:
+            return ConfigFile(from_plain(DataPreparationConfig, plain[SECTION], VARIANTS, SECTION), None)
+        run = load_config(plain)
+    except TypedConfigError as err:
+        raise ConfigError(str(err)) from None
+    return ConfigFile(run.data_preparation, run)
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            plain = yaml.safe_load(f)
     except FileNotFoundError:
         raise ConfigError(f"config {path} does not exist") from None
-    except Exception as e:
-        raise ConfigError(f"cannot read config {path}: {e}") from None
-    if "data_preparation" not in cfg and cfg.get("name") in DATASETS:
-        cfg = OmegaConf.create({"data_preparation": cfg})  # a bare section: overrides still use full paths
-    if overrides:
-        bad = [o for o in overrides if "=" not in o]
-        if bad:
-            raise ConfigError(f"override {bad[0]!r} is not key=value")
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read config {path}: {' '.join(str(e).split())}") from None
+    return plain if isinstance(plain, dict) else {}
+
+
+def with_overrides(plain: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of `plain` with each `dotted.key=value` set; the value is read as YAML (8, true, [a, b], null)."""
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"override {bad[0]!r} is not key=value")
+    result = copy.deepcopy(plain)
+    for override in overrides:
+        key, _, text = override.partition("=")
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        except OmegaConfBaseException as e:
-            raise ConfigError(f"cannot apply overrides {list(overrides)}: {e}") from None
-    if "data_preparation" in cfg:
-        section = cfg.data_preparation
-    else:
-        raise ConfigError(f"config {path} has no data_preparation section (pass the run directory's config.yaml)")
-    try:
-        return OmegaConf.to_container(section, resolve=True, enum_to_str=True)
-    except OmegaConfBaseException as e:
-        msg = str(e).splitlines()[0]
+            _set(result, key, yaml.safe_load(text))
+        except (ValueError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot apply overrides {list(overrides)}: {' '.join(str(e).split())}") from None
+    return result
+
+
+def _set(plain: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    if not all(key.split(".")):
+        raise ValueError(f"{key!r} is not a dotted key")
+    section = plain
+    for depth, name in enumerate(parents):
+        section = section.setdefault(name, {})
+        if not isinstance(section, dict):
+            raise ValueError(f"{'.'.join(parents[: depth + 1])} is a value, not a section: {key} cannot be set")
+    section[last] = value
+
+
+def _refuse_interpolations(path: str, value: Any, key: str) -> None:
+    """A `${...}` left in the file: only Hydra resolves those, and the launcher writes config.yaml resolved."""
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            _refuse_interpolations(path, inner, f"{key}.{name}")
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            _refuse_interpolations(path, inner, f"{key}[{index}]")
+    elif isinstance(value, str) and "${" in value:
         raise ConfigError(
-            f"config {path}: cannot resolve data_preparation ({msg}); pass the resolved config.yaml "
-            "the launcher writes into the run directory"
-        ) from None
+            f"config {path}: cannot resolve data_preparation ({key}={value} is an interpolation); pass the "
+            "resolved config.yaml the launcher writes into the run directory"
+        )
 
 
 # -- settings ----------------------------------------------------------------------------------------------
@@ -57,68 +119,36 @@ def load_section(path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
 MIN_CHUNK_BYTES = 4096
 # Up to 2 x workers + 2 chunks are in memory at once: beyond this, memory grows with no gain in speed.
 MAX_CHUNK_BYTES = 1 << 30
-_CHOICES = {"format": ("auto", "jsonl", "text"), "text_document": ("line", "file")}
-_BOOLEANS = ("append_eod", "keep_downloads")
 
 
-def settings_problems(dp: Mapping[str, Any]) -> list[str]:
-    """Every problem with the settings the pipeline reads (not the shard layout: data_prep.shards checks that),
-    one line each naming the key and the fix; empty when they are sound. Standard library only: the launcher
-    runs it while planning."""
-    problems: list[str] = []
-    for key in (
-        "text_key",
-        *_CHOICES,
-        *_BOOLEANS,
-        "workers",
-        "chunk_bytes",
-        "checksums_file",
-        "download_dir",
-        "download",
-        "tokenizer",
-    ):
-        if key not in dp:
-            problems.append(
-                f"data_preparation.{key} is missing; every key has its default in conf/data_preparation/<name>.yaml"
-            )
-            continue
-        problem = _setting_problem(key, dp[key])
-        if problem:
-            problems.append(problem)
-    if isinstance(dp.get("download"), Mapping):
-        problems += _download_problems(dp["download"])
-    if isinstance(dp.get("tokenizer"), Mapping):
-        problems += _tokenizer_problems(dp["tokenizer"])
-    return problems
+def settings_problems(dp: DataPreparationConfig) -> list[str]:
+    """Every problem with the settings the pipeline reads that their types leave open (not the shard layout:
+    data_prep.shards checks that), one line each naming the key and the fix; empty when they are sound. Standard
+    library only: the launcher runs it while planning."""
+    problems = [
+        _text_key_problem(dp.text_key),
+        workers_problem(dp.workers),
+        chunk_bytes_problem(dp.chunk_bytes),
+        _checksums_problem(dp.checksums_file),
+    ]
+    return [p for p in problems if p] + _download_problems(dp.download) + _tokenizer_problems(dp.tokenizer)
 
 
-def settings_and_shards(dp: Mapping[str, Any]) -> tuple[list[str], list[Shard]]:
+def settings_and_shards(dp: DataPreparationConfig) -> tuple[list[str], list[Shard]]:
     """The settings' problems, then the shard layout's (which stops at its first), and the shards (none when
     the layout has a problem): what `python -m data_prep run` checks before it starts."""
     problems = settings_problems(dp)
     try:
         shards = list_shards(dp)
     except ConfigError as e:
-        return list(dict.fromkeys(problems + str(e).splitlines())), []  # format is checked by both
+        return list(dict.fromkeys(problems + str(e).splitlines())), []
     return problems, shards
 
 
-def _setting_problem(key: str, value: Any) -> Optional[str]:
-    if key == "text_key" and (not isinstance(value, str) or not value):
-        return f"data_preparation.text_key={value!r}: expected the JSON key holding the text, e.g. text"
-    if key in _CHOICES and value not in _CHOICES[key]:
-        return f"data_preparation.{key}={value!r} is not one of {', '.join(_CHOICES[key])}"
-    if key in _BOOLEANS and not isinstance(value, bool):
-        return f"data_preparation.{key}={value!r}: expected true or false"
-    if key == "workers":
-        return workers_problem(value)
-    if key == "chunk_bytes":
-        return chunk_bytes_problem(value)
-    if key == "checksums_file" and value is not None:
-        return _checksums_problem(value)
-    if key in ("download", "tokenizer") and not isinstance(value, Mapping):
-        return f"data_preparation.{key}={value!r}: expected a section; see conf/data_preparation/<name>.yaml"
-    return None
+def _text_key_problem(value: str) -> Optional[str]:
+    if value:
+        return None
+    return f"data_preparation.text_key={value!r}: expected the JSON key holding the text, e.g. text"
 
 
 def workers_problem(value: Any) -> Optional[str]:
@@ -137,8 +167,8 @@ def resolve_workers(value: Any) -> int:
     return int(value)
 
 
-def chunk_bytes_problem(value: Any) -> Optional[str]:
-    if _is_int(value) and MIN_CHUNK_BYTES <= int(value) <= MAX_CHUNK_BYTES:
+def chunk_bytes_problem(value: int) -> Optional[str]:
+    if MIN_CHUNK_BYTES <= value <= MAX_CHUNK_BYTES:
         return None
     return (
         f"data_preparation.chunk_bytes={value!r}: expected a number of bytes from {MIN_CHUNK_BYTES} to "
@@ -146,35 +176,35 @@ def chunk_bytes_problem(value: Any) -> Optional[str]:
     )
 
 
-def _checksums_problem(value: Any) -> Optional[str]:
-    if not isinstance(value, str) or not value:
+def _checksums_problem(value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return None
+    if not value:
         return f"data_preparation.checksums_file={value!r}: expected null, a path or a URL"
     if is_url(value) or os.path.isfile(os.path.expanduser(value)):
         return None
     return f"data_preparation.checksums_file={value} does not exist: give a sha256sum list's path or URL, or null"
 
 
-def _download_problems(download: Mapping[str, Any]) -> list[str]:
-    problems = []
-    for key, least, kind in (
-        ("retries", 0, "a whole number"),
-        ("backoff_s", 0, "seconds"),
-        ("max_backoff_s", 0, "seconds"),
-        ("timeout_s", 1e-9, "seconds"),
-    ):
-        value = download.get(key)
-        number = _is_int(value) if kind == "a whole number" else _is_number(value)
-        if not number or float(value) < least:
-            bound = "at least 0" if least == 0 else "above 0"
-            problems.append(f"data_preparation.download.{key}={value!r}: expected {kind}, {bound}")
-    return problems
+def _download_problems(download: DownloadConfig) -> list[str]:
+    # (key, value, what it is, whether 0 is allowed)
+    limits = (
+        ("retries", download.retries, "a whole number", True),
+        ("backoff_s", download.backoff_s, "seconds", True),
+        ("max_backoff_s", download.max_backoff_s, "seconds", True),
+        ("timeout_s", download.timeout_s, "seconds", False),
+    )
+    return [
+        f"data_preparation.download.{key}={value:g}: expected {kind}, {'at least 0' if zero else 'above 0'}"
+        for key, value, kind, zero in limits
+        if value < 0 or (value == 0 and not zero)
+    ]
 
 
-def _tokenizer_problems(tok: Mapping[str, Any]) -> list[str]:
-    unset = [k for k in ("type", "path") if tok.get(k) in (None, "")]
-    if unset:
-        return [f"data_preparation.tokenizer.{k} is not set (it defaults to training.tokenizer.{k})" for k in unset]
-    problem = tokenizer_problem(str(tok["type"]), str(tok["path"]), "data_preparation.tokenizer")
+def _tokenizer_problems(tok: TokenizerConfig) -> list[str]:
+    if not tok.path:
+        return ["data_preparation.tokenizer.path is not set (it defaults to training.tokenizer.path)"]
+    problem = tokenizer_problem(str(tok.type), tok.path, "data_preparation.tokenizer")
     return [problem] if problem else []
 
 
@@ -183,7 +213,3 @@ def _is_int(value: Any) -> bool:
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
-
-
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))

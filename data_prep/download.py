@@ -20,9 +20,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from http.client import HTTPException
-from typing import Mapping, Optional
+from typing import Optional
 from urllib.parse import urlparse
 
+from common.config import DownloadConfig
 from data_prep.progress import progress_bar
 from data_prep.shards import is_url
 
@@ -51,8 +52,8 @@ class DownloadOptions:
     timeout_s: float
 
     @classmethod
-    def from_config(cls, cfg: Mapping) -> "DownloadOptions":
-        return cls(int(cfg["retries"]), float(cfg["backoff_s"]), float(cfg["max_backoff_s"]), float(cfg["timeout_s"]))
+    def from_config(cls, download: DownloadConfig) -> "DownloadOptions":
+        return cls(download.retries, download.backoff_s, download.max_backoff_s, download.timeout_s)
 
 
 def download(url: str, dest: str, options: DownloadOptions, sha256: Optional[str] = None, progress: bool = True) -> str:

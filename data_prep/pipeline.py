@@ -19,9 +19,11 @@ import traceback
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+from common.config import DataPreparationConfig
 from common.files import atomic_write
 from data_prep.config import resolve_workers, settings_problems
 from data_prep.download import DownloadError, DownloadOptions, download, read_checksums
@@ -64,7 +66,7 @@ class ShardResult:
 
 @dataclass
 class Settings:
-    """The data_preparation keys the pipeline uses, read once (every one must be present in the config)."""
+    """The data_preparation keys the pipeline uses, read once."""
 
     text_key: str
     format: str
@@ -80,27 +82,26 @@ class Settings:
     tokenizer_path: str
 
     @classmethod
-    def from_config(cls, dp: Mapping[str, Any], workers: Optional[int] = None) -> "Settings":
+    def from_config(cls, dp: DataPreparationConfig, workers: Optional[int] = None) -> "Settings":
         """The settings of a data_preparation section; ConfigError with every problem, one per line."""
         if workers is not None:
-            dp = {**dp, "workers": workers}
+            dp = dataclasses.replace(dp, workers=workers)
         problems = settings_problems(dp)
         if problems:
             raise ConfigError("\n".join(problems))
-        tok = dp["tokenizer"]
         return cls(
-            text_key=dp["text_key"],
-            format=dp["format"],
-            text_document=dp["text_document"],
-            append_eod=dp["append_eod"],
-            workers=resolve_workers(dp["workers"]),
-            chunk_bytes=int(dp["chunk_bytes"]),
-            keep_downloads=dp["keep_downloads"],
-            checksums_file=dp["checksums_file"],
-            download_dir=os.path.abspath(os.path.expanduser(dp["download_dir"])),
-            download=DownloadOptions.from_config(dp["download"]),
-            tokenizer_type=str(tok["type"]),
-            tokenizer_path=str(tok["path"]),
+            text_key=dp.text_key,
+            format=dp.format.value,
+            text_document=dp.text_document.value,
+            append_eod=dp.append_eod,
+            workers=resolve_workers(dp.workers),
+            chunk_bytes=dp.chunk_bytes,
+            keep_downloads=dp.keep_downloads,
+            checksums_file=dp.checksums_file,
+            download_dir=os.path.abspath(os.path.expanduser(dp.download_dir)),
+            download=DownloadOptions.from_config(dp.download),
+            tokenizer_type=dp.tokenizer.type.value,
+            tokenizer_path=dp.tokenizer.path,
         )
 
 

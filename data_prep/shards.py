@@ -6,18 +6,20 @@ libraries) to size the Slurm array, one task per shard.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 from urllib.parse import unquote, urlparse
+
+from common.config import C4Data, DataPreparationConfig, FilesData, PileData
 
 # megatron's preprocess_data names outputs <prefix>_<json key>_<level>; training configs expect this suffix.
 OUTPUT_SUFFIX = "_text_document"
 # <prefix>.done.json: written last, once a shard's .bin/.idx are complete (data_prep.pipeline).
 MARKER_SUFFIX = ".done.json"
-DATASETS = ("pile", "c4", "files")
 _COMPRESSIONS = {".zst": "zstd", ".zstd": "zstd", ".gz": "gzip"}
 _JSON_EXTS = (".jsonl", ".json", ".ndjson")
 _TEXT_EXTS = (".txt", ".text", "")
@@ -57,13 +59,9 @@ class Shard:
     max_documents: Optional[int] = None
 
 
-def list_shards(dp_cfg: Mapping[str, Any]) -> list[Shard]:
+def list_shards(dp: DataPreparationConfig) -> list[Shard]:
     """The shards of a `data_preparation` config section, in array-task order (index 0..N-1)."""
-    name = required(dp_cfg, "name")
-    builders = {"pile": _pile_shards, "c4": _c4_shards, "files": _files_shards}
-    if name not in builders:
-        raise ConfigError(f"data_preparation.name={name!r} is not one of {', '.join(DATASETS)}")
-    shards = builders[name](dp_cfg)
+    shards = source_shards(dp)
     prefixes = [s.output_prefix for s in shards]
     dupes = sorted({p for p in prefixes if prefixes.count(p) > 1})
     if dupes:
@@ -74,9 +72,9 @@ def list_shards(dp_cfg: Mapping[str, Any]) -> list[Shard]:
     return shards
 
 
-def output_prefixes(dp_cfg: Mapping[str, Any]) -> list[str]:
+def output_prefixes(dp: DataPreparationConfig) -> list[str]:
     """The output prefixes (what training's data blend lists), in shard order."""
-    return [s.output_prefix for s in list_shards(dp_cfg)]
+    return [s.output_prefix for s in list_shards(dp)]
 
 
 def parse_numbers(value: Any, key: str) -> list[int]:
@@ -135,71 +133,88 @@ def strip_extensions(name: str) -> str:
     return stem if ext.lower() in _JSON_EXTS + _TEXT_EXTS else stem + ext
 
 
-# -- per dataset -------------------------------------------------------------------------------------------
+# -- per source: each data source of common/config.py's DATA_SOURCES registers how it splits into shards -----
 
 
-def _pile_shards(cfg: Mapping[str, Any]) -> list[Shard]:
-    numbers = parse_numbers(required(cfg, "file_numbers"), "file_numbers")
-    num_files = required(cfg, "num_files")
-    bad = [n for n in numbers if not 0 <= n < num_files]
+@functools.singledispatch
+def source_shards(dp: DataPreparationConfig) -> list[Shard]:
+    """The shards of one source, by the class of its section."""
+    raise ConfigError(f"data_preparation.name={dp.name!r}: data_prep/shards.py has no shard layout for this source")
+
+
+@functools.singledispatch
+def inputs_setting(dp: DataPreparationConfig) -> tuple[str, Any]:
+    """The key (and its value) that says where a source's inputs are, for messages about missing ones."""
+    raise ConfigError(f"data_preparation.name={dp.name!r}: data_prep/shards.py has no shard layout for this source")
+
+
+@source_shards.register
+def _pile_shards(dp: PileData) -> list[Shard]:
+    numbers = parse_numbers(dp.file_numbers, "file_numbers")
+    bad = [n for n in numbers if not 0 <= n < dp.num_files]
     if bad:
         raise ConfigError(
-            f"data_preparation.file_numbers: {bad} outside 0-{num_files - 1} (the source has {num_files} shards)"
+            f"data_preparation.file_numbers: {bad} outside 0-{dp.num_files - 1} (the source has {dp.num_files} shards)"
         )
-    out_dir, template = _output_dir(cfg), required(cfg, "output_template")
+    out_dir = _output_dir(dp)
     return [
         Shard(
             index=i,
-            name=_fmt(template, n, "output_template"),
-            output_prefix=os.path.join(out_dir, _fmt(template, n, "output_template") + OUTPUT_SUFFIX),
-            sources=(_source_at(cfg, _fmt(required(cfg, "file_template"), n, "file_template")),),
+            name=_fmt(dp.output_template, n, "output_template"),
+            output_prefix=os.path.join(out_dir, _fmt(dp.output_template, n, "output_template") + OUTPUT_SUFFIX),
+            sources=(_source_at(dp, dp.base_url, _fmt(dp.file_template, n, "file_template")),),
         )
         for i, n in enumerate(numbers)
     ]
 
 
-def _c4_shards(cfg: Mapping[str, Any]) -> list[Shard]:
-    train, val = required(cfg, "train"), required(cfg, "validation")
-    out_dir = _output_dir(cfg)
-    num_files, merged = required(train, "num_files", "train."), required(train, "merged_files", "train.")
+@source_shards.register
+def _c4_shards(dp: C4Data) -> list[Shard]:
+    train, val = dp.train, dp.validation
+    out_dir = _output_dir(dp)
+    num_files, merged = train.num_files, train.merged_files
     if merged <= 0 or num_files % merged:
         raise ConfigError(f"data_preparation.train.merged_files={merged} must divide train.num_files={num_files}")
     per = num_files // merged
     shards: list[Shard] = []
-    for k in parse_numbers(required(train, "tokenize", "train."), "train.tokenize"):
+    for k in parse_numbers(train.tokenize, "train.tokenize"):
         if k >= merged:
             raise ConfigError(
                 f"data_preparation.train.tokenize: merged file {k} does not exist "
                 f"(there are {merged}, numbered 0-{merged - 1})"
             )
-        name = _fmt(required(train, "output_template", "train."), k, "train.output_template")
-        template = required(train, "file_template", "train.")
+        name = _fmt(train.output_template, k, "train.output_template")
         sources = tuple(
-            _source_at(cfg, _fmt(template, i, "train.file_template")) for i in range(k * per, (k + 1) * per)
+            _source_at(dp, dp.base_url, _fmt(train.file_template, i, "train.file_template"))
+            for i in range(k * per, (k + 1) * per)
         )
         shards.append(Shard(len(shards), name, os.path.join(out_dir, name + OUTPUT_SUFFIX), sources))
-    if required(val, "enabled", "validation."):
-        name = str(required(val, "output_name", "validation."))
-        template = required(val, "file_template", "validation.")
+    if val.enabled:
         sources = tuple(
-            _source_at(cfg, _fmt(template, i, "validation.file_template"))
-            for i in range(required(val, "num_files", "validation."))
+            _source_at(dp, dp.base_url, _fmt(val.file_template, i, "validation.file_template"))
+            for i in range(val.num_files)
         )
-        limit = required(val, "max_documents", "validation.")
-        if limit is not None and (not isinstance(limit, int) or limit <= 0):
+        if val.max_documents <= 0:
             raise ConfigError(
-                f"data_preparation.validation.max_documents={limit!r}: expected a positive integer or null"
+                f"data_preparation.validation.max_documents={val.max_documents!r}: expected a positive integer or null"
             )
-        shards.append(Shard(len(shards), name, os.path.join(out_dir, name + OUTPUT_SUFFIX), sources, limit))
+        shards.append(
+            Shard(
+                len(shards),
+                val.output_name,
+                os.path.join(out_dir, val.output_name + OUTPUT_SUFFIX),
+                sources,
+                val.max_documents,
+            )
+        )
     if not shards:
         raise ConfigError("data_preparation: nothing to do (train.tokenize selects no file and validation is disabled)")
     return shards
 
 
-def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
-    inputs = required(cfg, "inputs")
-    if isinstance(inputs, str):
-        inputs = [inputs]
+@source_shards.register
+def _files_shards(dp: FilesData) -> list[Shard]:
+    inputs = dp.inputs
     if not inputs:
         raise ConfigError(
             "data_preparation.inputs is empty: list files, globs or URLs, e.g. "
@@ -221,16 +236,26 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
         uris.extend(m for m in matches if m not in uris)
     if unmatched:
         raise ConfigError(f"data_preparation.inputs: nothing matches {', '.join(unmatched)}")
-    sources = [_source(cfg, uri) for uri in uris]
-    out_dir = _output_dir(cfg)
-    if required(cfg, "merge"):
-        name = str(required(cfg, "output_name"))
-        return [Shard(0, name, os.path.join(out_dir, name + OUTPUT_SUFFIX), tuple(sources))]
+    sources = [_source(dp, uri) for uri in uris]
+    out_dir = _output_dir(dp)
+    if dp.merge:
+        return [Shard(0, dp.output_name, os.path.join(out_dir, dp.output_name + OUTPUT_SUFFIX), tuple(sources))]
     shards = []
     for i, src in enumerate(sources):
         name = strip_extensions(src.file_name)
         shards.append(Shard(i, name, os.path.join(out_dir, name + OUTPUT_SUFFIX), (src,)))
     return shards
+
+
+@inputs_setting.register(PileData)
+@inputs_setting.register(C4Data)
+def _base_url(dp: PileData | C4Data) -> tuple[str, Any]:
+    return "base_url", dp.base_url
+
+
+@inputs_setting.register
+def _files_inputs(dp: FilesData) -> tuple[str, Any]:
+    return "inputs", dp.inputs
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
@@ -239,15 +264,6 @@ def _files_shards(cfg: Mapping[str, Any]) -> list[Shard]:
 def is_url(uri: str) -> bool:
     """An input to download; anything else is a local path."""
     return uri.startswith(("http://", "https://"))
-
-
-def required(cfg: Mapping[str, Any], key: str, parent: str = "") -> Any:
-    """cfg[key], or a ConfigError naming data_preparation.<parent><key>."""
-    if key not in cfg:
-        raise ConfigError(
-            f"data_preparation.{parent}{key} is missing; every key has its default in conf/data_preparation/<name>.yaml"
-        )
-    return cfg[key]
 
 
 def _fmt(template: str, n: int, key: str) -> str:
@@ -271,22 +287,21 @@ def _local_path(path: str, key: str) -> str:
     return os.path.normpath(path)
 
 
-def _output_dir(cfg: Mapping[str, Any]) -> str:
-    return _local_path(str(required(cfg, "output_dir")), "output_dir")
+def _output_dir(dp: DataPreparationConfig) -> str:
+    return _local_path(dp.output_dir, "output_dir")
 
 
-def _source_at(cfg: Mapping[str, Any], file_name: str) -> Source:
-    base = str(required(cfg, "base_url")).rstrip("/")
-    return _source(cfg, f"{base}/{file_name}", "base_url")
+def _source_at(dp: DataPreparationConfig, base_url: str, file_name: str) -> Source:
+    return _source(dp, f"{base_url.rstrip('/')}/{file_name}", "base_url")
 
 
-def _source(cfg: Mapping[str, Any], uri: str, key: str = "inputs") -> Source:
-    compression, kind = detect_format(uri, str(required(cfg, "format")))
+def _source(dp: DataPreparationConfig, uri: str, key: str = "inputs") -> Source:
+    compression, kind = detect_format(uri, str(dp.format))
     if is_url(uri):
         name = os.path.basename(unquote(urlparse(uri).path))
         if not name:
             raise ConfigError(f"data_preparation: cannot name a download for {uri} (the URL has no file name)")
-        local = os.path.join(_local_path(str(required(cfg, "download_dir")), "download_dir"), name)
+        local = os.path.join(_local_path(dp.download_dir, "download_dir"), name)
     else:
         uri = local = _local_path(uri, key)
     return Source(uri=uri, local_path=local, compression=compression, kind=kind)

@@ -39,7 +39,7 @@ SECTIONS: list[tuple[str, list[str], str]] = [
     *[(f"cluster@{name}", [f"cluster={name}"], f"`cluster={name}`") for name in ("local", "bcm", "sge", "bcp", "k8s")],
     *[
         (f"data_preparation@{name}", [f"data_preparation={name}"], f"`data_preparation={name}`")
-        for name in ("pile", "c4", "files")
+        for name in schema.DATA_SOURCES
     ],
     ("logging", [], "conf/observability.yaml"),
     ("profile", [], "conf/observability.yaml"),

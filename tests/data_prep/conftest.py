@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.config import load_section
+from data_prep.config import load_config_file
 from data_prep.pipeline import Pipeline, Settings
 from data_prep.shards import list_shards
 from dataprep_helpers import Server, make_docs, make_handler, write_config, write_shard
@@ -58,7 +58,7 @@ def prepared(tmp_path_factory, tokenizers_dir) -> Path:
     cfg = write_config(
         d / "c.yaml", "files", ("sentencepiece", tokenizers_dir["sentencepiece"]), d / "out", inputs=inputs, workers=1
     )
-    dp = load_section(str(cfg))
+    dp = load_config_file(str(cfg)).section
     results = Pipeline(Settings.from_config(dp), log=lambda _: None).run(list_shards(dp), progress=False)
     assert [r.status for r in results] == ["done", "done"]
     return d / "out"

@@ -3,6 +3,7 @@ deterministic corpus with known bad lines, and config files built from the real 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import http.server
 import json
@@ -11,8 +12,11 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 import zstandard
-from omegaconf import OmegaConf
+
+from common.config import Config
+from common.typed import changed, to_plain
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -181,22 +185,32 @@ def write_shard(path: Path, docs: list[str], broken: bool = False, seed: int = 0
 
 
 def write_config(path: Path, name: str, tokenizer: tuple[str, str], output_dir: Path, **overrides) -> Path:
-    """A run-directory style config.yaml: the real conf/data_preparation/<name>.yaml with test overrides, plus the
-    training.tokenizer keys it interpolates."""
-    dp = OmegaConf.load(REPO / "conf" / "data_preparation" / f"{name}.yaml")
-    dp.pop("defaults")  # the schema it names is Hydra's business; a run directory's config holds values only
-    dp.output_dir = str(output_dir)
-    dp.download.backoff_s = 0.01
-    dp.download.max_backoff_s = 0.05
-    dp.download.retries = 2
-    dp.download.timeout_s = 10
-    for key, value in overrides.items():
-        OmegaConf.update(dp, key, value, merge=False)
-    cfg = OmegaConf.create(
-        {"training": {"tokenizer": {"type": tokenizer[0], "path": tokenizer[1]}}, "data_preparation": dp}
-    )
-    OmegaConf.save(cfg, path)
+    """A run directory's config.yaml: the config main.py composes with data_preparation=<name> (the real
+    conf/data_preparation/<name>.yaml), this tokenizer for training and data preparation, quick download retries,
+    and test overrides of data_preparation keys (written as given, so a wrong type reaches the file)."""
+    changes = {
+        "training.tokenizer.type": tokenizer[0],
+        "training.tokenizer.path": tokenizer[1],
+        "data_preparation.tokenizer.type": tokenizer[0],
+        "data_preparation.tokenizer.path": tokenizer[1],
+        "data_preparation.output_dir": str(output_dir),
+        "data_preparation.download_dir": str(output_dir / "raw"),
+        "data_preparation.download.backoff_s": 0.01,
+        "data_preparation.download.max_backoff_s": 0.05,
+        "data_preparation.download.retries": 2,
+        "data_preparation.download.timeout_s": 10.0,
+        **{f"data_preparation.{key}": value for key, value in overrides.items()},
+    }
+    path.write_text(yaml.safe_dump(to_plain(changed(composed_with(name), changes)), sort_keys=False))
     return path
+
+
+@functools.lru_cache(maxsize=None)
+def composed_with(name: str) -> Config:
+    """The config `python main.py data_preparation=<name>` composes (shared: callers change copies)."""
+    from launcher.config.compose import compose
+
+    return compose([f"data_preparation={name}"])
 
 
 def copy_of(prepared: Path, name: str, dest: Path) -> str:

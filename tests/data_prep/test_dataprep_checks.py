@@ -3,6 +3,7 @@ damaged; data_preparation sections as main.py composes them, then given bad valu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,20 +15,26 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from launcher.config.schema import register
+from common.config import DataPreparationConfig, TokenizerConfig, TokenizerType
+from common.typed import to_plain
+from launcher.config.compose import compose
 
 from data_prep import checks
 from data_prep.checks import pair_problem, preparation_problems, prepared_data_problems
+from data_prep.config import load_config_file
+from data_prep.shards import ConfigError
 from dataprep_helpers import REPO, copy_of, make_docs, write_shard
 
 KEY = "training.data.blend"
 
 
-def sp_tokenizer(tokenizers_dir) -> dict:
-    return {"type": "sentencepiece", "path": tokenizers_dir["sentencepiece"]}
+def tokenizer_setting(kind: str, path: str) -> TokenizerConfig:
+    return TokenizerConfig(type=TokenizerType(kind), path=path)
+
+
+def sp_tokenizer(tokenizers_dir) -> TokenizerConfig:
+    return tokenizer_setting("sentencepiece", tokenizers_dir["sentencepiece"])
 
 
 def megatron_index(prefix: str):
@@ -159,10 +166,11 @@ def test_an_index_of_no_documents(tmp_path):
 def test_another_tokenizer_is_one_line_naming_both(prepared, tmp_path, tokenizers_dir):
     a = copy_of(prepared, "a", tmp_path)
     b = copy_of(prepared, "b", tmp_path)
-    hf = {"type": "huggingface", "path": tokenizers_dir["huggingface"]}
+    hf = tokenizer_setting("huggingface", tokenizers_dir["huggingface"])
     from data_prep.tokenizer import load_tokenizer
 
-    sp, bpe = load_tokenizer("sentencepiece", tokenizers_dir["sentencepiece"]), load_tokenizer(**hf)
+    sp = load_tokenizer("sentencepiece", tokenizers_dir["sentencepiece"])
+    bpe = load_tokenizer("huggingface", tokenizers_dir["huggingface"])
     assert prepared_data_problems(KEY, [a, b], hf) == [
         f"{KEY}: {p} was tokenized with another tokenizer: sentencepiece:{tokenizers_dir['sentencepiece']} (vocab "
         f"{sp.vocab_size}, eod {sp.eod}), training.tokenizer is huggingface:{tokenizers_dir['huggingface']} (vocab "
@@ -180,7 +188,7 @@ def test_same_setting_is_not_loaded(prepared, tmp_path, tokenizers_dir, monkeypa
     prefixes = [str(prepared / "a_text_document"), str(prepared / "b_text_document")]
     (tmp_path / "link.model").symlink_to(tokenizers_dir["sentencepiece"])  # another name for the same file
     for path in (tokenizers_dir["sentencepiece"], str(tmp_path / "link.model")):
-        assert prepared_data_problems(KEY, prefixes, {"type": "sentencepiece", "path": path}) == []
+        assert prepared_data_problems(KEY, prefixes, tokenizer_setting("sentencepiece", path)) == []
 
 
 def test_a_copy_elsewhere_is_loaded_once_and_matches(prepared, tmp_path, tokenizers_dir, monkeypatch):
@@ -189,14 +197,14 @@ def test_a_copy_elsewhere_is_loaded_once_and_matches(prepared, tmp_path, tokeniz
     real = checks.load_tokenizer
     monkeypatch.setattr(checks, "load_tokenizer", lambda *a, **k: loads.append(a) or real(*a, **k))
     prefixes = [str(prepared / "a_text_document"), str(prepared / "b_text_document")]
-    tok = {"type": "sentencepiece", "path": str(tmp_path / "copy.model")}
+    tok = tokenizer_setting("sentencepiece", str(tmp_path / "copy.model"))
     assert prepared_data_problems(KEY, prefixes, tok) == [] and len(loads) == 1
 
 
 def test_data_without_a_marker_is_not_compared(prepared, tmp_path, tokenizers_dir):
     a = copy_of(prepared, "a", tmp_path)
     os.remove(a + ".done.json")  # made by another tool: nothing records its tokenizer
-    assert prepared_data_problems(KEY, [a], {"type": "huggingface", "path": tokenizers_dir["huggingface"]}) == []
+    assert prepared_data_problems(KEY, [a], tokenizer_setting("huggingface", tokenizers_dir["huggingface"])) == []
 
 
 def test_hub_tokenizer_outside_the_cache_is_skipped(prepared, tmp_path, monkeypatch):
@@ -204,7 +212,7 @@ def test_hub_tokenizer_outside_the_cache_is_skipped(prepared, tmp_path, monkeypa
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    tok = {"type": "huggingface", "path": "some-org/not-downloaded"}
+    tok = tokenizer_setting("huggingface", "some-org/not-downloaded")
     assert prepared_data_problems(KEY, [str(prepared / "a_text_document")], tok) == []
 
 
@@ -219,7 +227,7 @@ def test_hub_tokenizer_in_the_cache_is_compared(prepared, tmp_path, tokenizers_d
         shutil.copy(Path(tokenizers_dir["huggingface"]) / name, snapshot / name)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     (line,) = prepared_data_problems(
-        KEY, [str(prepared / "a_text_document")], {"type": "huggingface", "path": "some-org/bpe"}
+        KEY, [str(prepared / "a_text_document")], tokenizer_setting("huggingface", "some-org/bpe")
     )
     assert "was tokenized with another tokenizer" in line and "training.tokenizer is huggingface:some-org/bpe" in line
 
@@ -228,7 +236,7 @@ def test_an_unusable_training_tokenizer_is_said_once(prepared, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"text": "not a tokenizer"}) + "\n")
     prefixes = [str(prepared / "a_text_document"), str(prepared / "b_text_document")]
-    (line,) = prepared_data_problems(KEY, prefixes, {"type": "sentencepiece", "path": str(corpus)})
+    (line,) = prepared_data_problems(KEY, prefixes, tokenizer_setting("sentencepiece", str(corpus)))
     assert line.startswith(
         "training.tokenizer: cannot be loaded to compare it with the data's tokenizer: "
         f"training.tokenizer.path={corpus} is a JSON lines file"
@@ -238,12 +246,9 @@ def test_an_unusable_training_tokenizer_is_said_once(prepared, tmp_path):
 # -- the data_preparation section --------------------------------------------------------------------------
 
 
-def composed(*overrides: str):
+def composed(*overrides: str) -> DataPreparationConfig:
     """The data_preparation section as main.py composes it."""
-    register()  # the schema and the ${path:} resolver the YAML files name
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        cfg = compose("config", overrides=["data_preparation.output_dir=/data/out", *overrides])
-    return cfg.data_preparation
+    return compose(["data_preparation.output_dir=/data/out", *overrides]).data_preparation
 
 
 @pytest.mark.parametrize("name", ["pile", "c4", "mlperf_llama31_8b", "mlperf_llama31_405b"])
@@ -251,43 +256,38 @@ def test_the_shipped_configs_have_no_problems(name):
     assert preparation_problems(composed(f"data_preparation={name}")) == []
 
 
-def test_a_plain_section_and_a_composed_one_alike(tmp_path):
-    from omegaconf import OmegaConf
-
-    dp = composed("data_preparation.workers=0")
-    plain = OmegaConf.to_container(dp, resolve=True, enum_to_str=True)  # what to_plain gives the launcher
+def test_a_run_directorys_section_and_a_composed_one_alike(tmp_path):
+    composed_cfg = compose(["data_preparation.output_dir=/data/out", "data_preparation.workers=0"])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(to_plain(composed_cfg)))  # what the launcher writes
+    from_file = load_config_file(str(tmp_path / "config.yaml")).section
+    assert from_file == composed_cfg.data_preparation
     assert (
-        preparation_problems(dp)
-        == preparation_problems(plain)
+        preparation_problems(composed_cfg.data_preparation)
+        == preparation_problems(from_file)
         == ["data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"]
     )
 
 
 @pytest.fixture
 def files_cfg(tmp_path, tokenizers_dir):
-    """A files section over one real input with a real tokenizer, plus overrides."""
+    """A files section over one real input with a real tokenizer, read as `python -m data_prep` reads a run
+    directory's config.yaml with `data_preparation.KEY=VALUE` overrides."""
     src = write_shard(tmp_path / "in.jsonl", make_docs(3, seed=1))
     (tmp_path / "hf_without_json").mkdir()
+    cfg = compose(
+        [
+            "data_preparation.output_dir=/data/out",
+            "data_preparation=files",
+            f"data_preparation.inputs=[{src.path}]",
+            "training.tokenizer.type=sentencepiece",
+            f"training.tokenizer.path={tokenizers_dir['sentencepiece']}",
+        ]
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(to_plain(cfg)))
 
-    def make(*overrides: str):
-        """The section as a run directory's config.yaml holds it (plain values), with the overrides applied to the
-        file: data_prep reads such files itself, so it checks the values the schema would refuse in main.py too."""
-        section = OmegaConf.create(
-            OmegaConf.to_container(
-                composed(
-                    "data_preparation=files",
-                    f"data_preparation.inputs=[{src.path}]",
-                    "training.tokenizer.type=sentencepiece",
-                    f"training.tokenizer.path={tokenizers_dir['sentencepiece']}",
-                ),
-                resolve=True,
-                enum_to_str=True,
-            )
-        )
-        for override in overrides:
-            key, value = override.split("=", 1)
-            OmegaConf.update(section, key.removeprefix("data_preparation."), yaml.safe_load(value), merge=False)
-        return OmegaConf.to_container(section)
+    def make(*overrides: str) -> DataPreparationConfig:
+        return load_config_file(str(path), overrides).section
 
     return make
 
@@ -316,17 +316,11 @@ def test_a_sound_files_section(files_cfg):
             "data_preparation.chunk_bytes=100: expected a number of bytes from 4096 to 1073741824 "
             "(default 262144; it only tunes speed)",
         ),
-        ("append_eod=maybe", "data_preparation.append_eod='maybe': expected true or false"),
-        ("format=csv", "data_preparation.format='csv' is not one of auto, jsonl, text"),
         ("download.retries=-1", "data_preparation.download.retries=-1: expected a whole number, at least 0"),
         (
             "checksums_file=/nowhere/SHA256SUMS",
             "data_preparation.checksums_file=/nowhere/SHA256SUMS does not exist: "
             "give a sha256sum list's path or URL, or null",
-        ),
-        (
-            "tokenizer.type=tiktoken",
-            "data_preparation.tokenizer.type='tiktoken' is not one of huggingface, sentencepiece",
         ),
         (
             "inputs=[/nowhere/a.jsonl,/nowhere/*.zst]",
@@ -341,6 +335,23 @@ def test_a_sound_files_section(files_cfg):
 )
 def test_each_bad_value_is_one_line(files_cfg, override, line):
     assert preparation_problems(files_cfg(f"data_preparation.{override}")) == [line]
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("append_eod=maybe", "data_preparation.append_eod='maybe' must be true or false"),
+        ("format=csv", "data_preparation.format='csv' is none of auto, jsonl, text"),
+        ("tokenizer.type=tiktoken", "data_preparation.tokenizer.type='tiktoken' is none of huggingface, sentencepiece"),
+        ("chunk_bytes=abc", "data_preparation.chunk_bytes='abc' must be an integer"),
+        ("colour=blue", "data_preparation.colour is not a config key: remove it"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_when_read(files_cfg, override, line):
+    """The schema's types, checked as the file is read: one line naming the key."""
+    with pytest.raises(ConfigError) as err:
+        files_cfg(f"data_preparation.{override}")
+    assert str(err.value) == line
 
 
 def test_tokenizer_paths_of_the_wrong_kind(files_cfg, tmp_path, tokenizers_dir):
@@ -358,14 +369,14 @@ def test_every_problem_at_once(files_cfg):
         files_cfg(
             "data_preparation.workers=0",
             "data_preparation.chunk_bytes=0",
-            "data_preparation.tokenizer.type=bpe",
+            "data_preparation.tokenizer.path=/nowhere/tok.model",
             "data_preparation.inputs=[/nowhere/x.jsonl]",
         )
     )
     assert [p.split("=")[0].split(":")[0] for p in problems] == [
         "data_preparation.workers",
         "data_preparation.chunk_bytes",
-        "data_preparation.tokenizer.type",
+        "data_preparation.tokenizer.path",
         "data_preparation.inputs",
     ]
 
@@ -392,12 +403,40 @@ def test_pile_numbers_and_a_local_mirror(tmp_path):
     assert preparation_problems(dp) == []
 
 
-def test_unresolvable_section_is_one_line():
-    from omegaconf import OmegaConf
+def test_an_unresolved_file_is_one_line(tmp_path):
+    path = tmp_path / "section.yaml"
+    path.write_text("name: files\noutput_dir: ${nowhere.dir}\n")  # hand-written, never through main.py
+    with pytest.raises(ConfigError) as err:
+        load_config_file(str(path))
+    assert str(err.value) == (
+        f"config {path}: cannot resolve data_preparation (data_preparation.output_dir=${{nowhere.dir}} is an "
+        "interpolation); pass the resolved config.yaml the launcher writes into the run directory"
+    )
 
-    dp = OmegaConf.create({"name": "files", "output_dir": "${nowhere.dir}"})
-    (line,) = preparation_problems(dp)
-    assert line.startswith("data_preparation: cannot resolve the section (")
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (["data_preparation.workers"], "override 'data_preparation.workers' is not key=value"),
+        (
+            ["data_preparation.workers.count=8"],
+            "cannot apply overrides ['data_preparation.workers.count=8']: data_preparation.workers is a value, not a "
+            "section: data_preparation.workers.count cannot be set",
+        ),
+    ],
+)
+def test_overrides_that_cannot_apply_are_one_line(files_cfg, overrides, line):
+    with pytest.raises(ConfigError) as err:
+        files_cfg(*overrides)
+    assert str(err.value) == line
+
+
+def test_a_file_with_just_the_section(tmp_path, files_cfg):
+    """What `--config` also takes: the section alone, overridden by its full dotted paths."""
+    path = tmp_path / "section.yaml"
+    path.write_text(yaml.safe_dump(to_plain(files_cfg())))
+    read = load_config_file(str(path), ["data_preparation.workers=3"])
+    assert read.run is None and read.section == dataclasses.replace(files_cfg(), workers=3)
 
 
 def test_the_checks_import_nothing_heavy(prepared, tokenizers_dir):
@@ -405,16 +444,18 @@ def test_the_checks_import_nothing_heavy(prepared, tokenizers_dir):
     same tokenizer setting loads none either."""
     code = (
         "import sys, json\n"
+        "from common.config import VARIANTS, DataPreparationConfig, TokenizerConfig, TokenizerType\n"
+        "from common.typed import from_plain\n"
         "from data_prep.checks import preparation_problems, prepared_data_problems\n"
-        "tok = {'type': 'sentencepiece', 'path': sys.argv[2]}\n"
+        "tok = TokenizerConfig(TokenizerType.sentencepiece, sys.argv[2])\n"
         "assert prepared_data_problems('training.data.blend', [sys.argv[1]], tok) == []\n"
-        "dp = json.loads(sys.argv[3])\n"
+        "dp = from_plain(DataPreparationConfig, json.loads(sys.argv[3]), VARIANTS, 'data_preparation')\n"
         "assert preparation_problems(dp) == [], preparation_problems(dp)\n"
         "heavy = [m for m in ('torch', 'numpy', 'megatron', 'tokenizers', 'sentencepiece', 'omegaconf', 'zstandard',"
         " 'tqdm', 'huggingface_hub', 'transformers') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    dp = json.loads(json.dumps(composed_plain()))
+    dp = to_plain(composed("data_preparation=c4"))
     subprocess.run(
         [
             sys.executable,
@@ -427,9 +468,3 @@ def test_the_checks_import_nothing_heavy(prepared, tokenizers_dir):
         check=True,
         cwd=REPO,
     )
-
-
-def composed_plain() -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(composed("data_preparation=c4"), resolve=True, enum_to_str=True)

@@ -9,33 +9,33 @@ import json
 import os
 from pathlib import Path
 
-
+from common.config import FilesData
 from data_prep import pipeline
-from data_prep.config import load_section
+from data_prep.config import load_config_file
 from data_prep.pipeline import Pipeline, Settings, read_marker
 from data_prep.shards import list_shards
 from dataprep_helpers import make_docs, write_config, write_shard
 
 
-def three_shards(root: Path, tokenizer: str, output_dir: Path) -> dict:
+def three_shards(root: Path, tokenizer: str, output_dir: Path) -> FilesData:
     root.mkdir(parents=True, exist_ok=True)
     inputs = [str(write_shard(root / f"{name}.jsonl", make_docs(150, seed=k)).path) for k, name in enumerate("abc")]
     cfg = write_config(root / "c.yaml", "files", ("sentencepiece", tokenizer), output_dir, inputs=inputs, workers=1)
-    return load_section(str(cfg))
+    return load_config_file(str(cfg)).section
 
 
-def run(section: dict, lines: list[str]) -> list:
+def run(section: FilesData, lines: list[str]) -> list:
     return Pipeline(Settings.from_config(section), log=lines.append).run(list_shards(section), progress=False)
 
 
-def check_stopped_at_the_second(section: dict, results: list, lines: list[str]) -> None:
+def check_stopped_at_the_second(section: FilesData, results: list, lines: list[str]) -> None:
     assert [r.status for r in results] == ["done", "failed", "not started"], lines
     failed = results[1]
     assert failed.disk_full and "no space left on the device under" in failed.reason, failed.reason
     assert "\n" not in failed.reason
     shards = list_shards(section)
     assert read_marker(shards[0].output_prefix) is not None  # finished before: still finished
-    leftovers = [p.name for p in Path(section["output_dir"]).iterdir() if p.name.endswith((".tmp", ".lock"))]
+    leftovers = [p.name for p in Path(section.output_dir).iterdir() if p.name.endswith((".tmp", ".lock"))]
     assert leftovers == []
     assert not os.path.exists(shards[1].output_prefix + ".done.json")
 

@@ -170,6 +170,7 @@ def test_pile_and_c4_layouts_over_http(tmp_path, capsys, http_server, tokenizers
             "validation.file_template": "c4-validation.{:05d}-of-00002.json.gz",
             "validation.num_files": 2,
             "validation.max_documents": 45,
+            "validation.output_name": "c4-validation-45-samples.en",  # resolved, as in a run's config.yaml
         },
     )
     rc, stdout, _ = run_cli(capsys, "list", "--config", cfg, "--prefixes")
@@ -446,7 +447,7 @@ def test_append_eod_must_be_a_boolean(tmp_path, capsys, tokenizers_dir):
         append_eod="no",
     )
     rc, _, err = run_cli(capsys, "run", "--config", cfg)
-    assert rc == 2 and "data_preparation.append_eod='no': expected true or false" in err
+    assert rc == 2 and "data_preparation.append_eod='no' must be true or false" in err  # the schema's type
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt, SystemExit])
@@ -472,10 +473,10 @@ def test_shard_lock_is_released_on_every_way_out(tmp_path, error):
     [
         ("chunk_bytes=0", "data_preparation.chunk_bytes=0: expected a number of bytes from 4096 to 1073741824"),
         ("chunk_bytes=-5", "data_preparation.chunk_bytes=-5: expected a number of bytes from 4096"),
-        ("chunk_bytes=abc", "data_preparation.chunk_bytes='abc': expected a number of bytes from 4096"),
+        ("chunk_bytes=abc", "data_preparation.chunk_bytes='abc' must be an integer"),  # the schema's type
         ("workers=0", "data_preparation.workers=0: expected a positive integer (tokenizer processes) or auto"),
         ("workers=abc", "data_preparation.workers='abc': expected a positive integer (tokenizer processes) or auto"),
-        ("keep_downloads=maybe", "data_preparation.keep_downloads='maybe': expected true or false"),
+        ("keep_downloads=maybe", "data_preparation.keep_downloads='maybe' must be true or false"),
         ("download.timeout_s=0", "data_preparation.download.timeout_s=0: expected seconds, above 0"),
     ],
 )

@@ -6,22 +6,26 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from launcher.config.schema import register
+from common.config import DATA_SOURCES, DataPreparationConfig
+from launcher.config.compose import compose
 
-from data_prep.shards import ConfigError, detect_format, list_shards, output_prefixes, parse_numbers, strip_extensions
+from data_prep.shards import (
+    ConfigError,
+    detect_format,
+    inputs_setting,
+    list_shards,
+    output_prefixes,
+    parse_numbers,
+    source_shards,
+    strip_extensions,
+)
 from dataprep_helpers import REPO
 
 
-def composed(*overrides: str):
-    """The data_preparation section as main.py composes and resolves it (a plain mapping, as the launcher passes
-    it)."""
-    register()  # the schema and the ${path:} resolver the YAML files name
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        cfg = compose("config", overrides=["data_preparation.output_dir=/data/out", *overrides])
-    return OmegaConf.to_container(cfg.data_preparation, resolve=True, enum_to_str=True)
+def composed(*overrides: str) -> DataPreparationConfig:
+    """The data_preparation section as main.py composes it (typed, as the launcher passes it)."""
+    return compose(["data_preparation.output_dir=/data/out", *overrides]).data_preparation
 
 
 def test_shards_module_imports_nothing_heavy():
@@ -160,11 +164,11 @@ def test_config_errors_name_the_key(overrides, message):
     assert message in str(err.value)
 
 
-def test_missing_key_and_unknown_dataset():
-    with pytest.raises(ConfigError, match="data_preparation.num_files is missing"):
-        list_shards({"name": "pile", "file_numbers": "0", "output_dir": "/x"})
-    with pytest.raises(ConfigError, match="not one of pile, c4, files"):
-        list_shards({"name": "wiki"})
+@pytest.mark.parametrize("source", DATA_SOURCES.values(), ids=list(DATA_SOURCES))
+def test_every_data_source_has_a_shard_layout(source):
+    """common/config.py's DATA_SOURCES is the one list of sources: each registers its shards and inputs here."""
+    assert source_shards.dispatch(source) is not source_shards.dispatch(DataPreparationConfig)
+    assert inputs_setting.dispatch(source) is not inputs_setting.dispatch(DataPreparationConfig)
 
 
 def test_same_output_name_twice_is_an_error(tmp_path):

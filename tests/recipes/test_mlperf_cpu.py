@@ -12,6 +12,7 @@ import pytest
 
 from common import evaluation
 from common.plan import Plan
+from common.typed import changed
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from launcher.report.mlperf import compliance_problems
@@ -160,5 +161,6 @@ def test_evaluation_reads_exactly_its_sequences_in_training_sized_calls():
     assert evaluation.eval_microbatches(1024, 1, 4, 8) == [8] * 32  # 8B default: 256 microbatches per rank
     assert evaluation.eval_microbatches(1024, 1, 8, 12) == [12] * 10 + [8]  # GBS 96 on DP 8: the rest in a last call
     assert evaluation.eval_microbatches(5760, 1, 8, 144) == [144] * 5  # 405B
-    assert evaluation.eval_samples({"val_samples": None, "val_steps": 4}, 32) == 128
-    assert evaluation.eval_samples({"val_samples": 1024, "val_steps": 4}, 32) == 1024
+    train = compose(["training.val_steps=4"]).training
+    assert evaluation.eval_samples(changed(train, {"val_samples": None}), 32) == 128
+    assert evaluation.eval_samples(changed(train, {"val_samples": 1024}), 32) == 1024

@@ -1,6 +1,7 @@
 """The declared training stack (conf/stack.yaml): the check every rank runs first, with faked discoveries (no
 other versions installed), the installer's choices, and the places that must name the same versions."""
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -10,14 +11,17 @@ import pytest
 import yaml
 
 from common import stack
+from common.config import StackPackage
 from common.stack import Found, GpuFound
+from common.typed import changed
+from launcher.config.compose import compose
 
 REPO = Path(__file__).resolve().parents[2]
 DECLARED = stack.load_declared()
 AS_TESTED = {
     "torch": Found("2.11.0+cu130"),
-    "megatron_core": Found(str(DECLARED["megatron_core"]["tested"])),
-    "transformer_engine": Found(str(DECLARED["transformer_engine"]["tested"]) + "+a1b2c3d"),
+    "megatron_core": Found(DECLARED.megatron_core.tested),
+    "transformer_engine": Found(DECLARED.transformer_engine.tested + "+a1b2c3d"),
 }
 H100 = GpuFound("NVIDIA H100 80GB HBM3", (9, 0), "2.27.5")
 
@@ -44,7 +48,7 @@ def test_a_version_outside_the_range_is_one_line_naming_found_needed_and_the_fix
     assert len(found_problems) == 1
     line = stack.error_line(found_problems)
     assert "\n" not in line
-    assert f"{DECLARED[component]['distribution']} {version} found, {needed} needed" in line
+    assert f"{stack.component_of(DECLARED, component).distribution} {version} found, {needed} needed" in line
     assert "stages=[container]" in line and "stack_check=false" in line
 
 
@@ -84,14 +88,20 @@ def test_only_rank_0_prints_and_every_rank_exits_2(monkeypatch, capsys):
     monkeypatch.setattr(stack, "discover_gpu", lambda local_rank: H100)
     for rank in (1, 0):
         with pytest.raises(SystemExit) as exit_info:
-            stack.check_or_exit({}, "bf16", rank=rank)
+            stack.check_or_exit(None, "bf16", rank=rank)
         assert exit_info.value.code == 2
         printed = capsys.readouterr().err
         assert printed.count("\n") == (1 if rank == 0 else 0), printed
-    assert stack.check_or_exit({"stack_check": False}, "bf16") is None  # accepted risk: no check at all
+    accepted = changed(compose([]), {"stack_check": False})
+    assert stack.check_or_exit(accepted, "bf16") is None  # accepted risk: no check at all
 
 
 # ----------------------------------------------------------------------------- discovery
+def fake(module: str, distribution: str) -> StackPackage:
+    """A declared component named as a fake package under the test's directory."""
+    return dataclasses.replace(DECLARED.megatron_core, module=module, distribution=distribution)
+
+
 def _fake_package(root: Path, name: str, version: str, metadata: bool) -> Path:
     (root / name).mkdir(parents=True)
     (root / name / "__init__.py").write_text(f"__version__ = {version!r}\n")
@@ -104,7 +114,7 @@ def _fake_package(root: Path, name: str, version: str, metadata: bool) -> Path:
 
 def test_an_installed_package_is_read_from_its_metadata_without_importing_it(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(_fake_package(tmp_path / "site", "stackfake_a", "1.0", metadata=True)))
-    assert stack.discover({"module": "stackfake_a", "distribution": "stackfake-a"}) == Found("1.0")
+    assert stack.discover(fake("stackfake_a", "stackfake-a")) == Found("1.0")
     assert "stackfake_a" not in sys.modules
 
 
@@ -113,12 +123,12 @@ def test_a_copy_earlier_on_the_path_is_imported_for_its_own_version(monkeypatch,
     monkeypatch.syspath_prepend(str(_fake_package(tmp_path / "site", "stackfake_b", "1.0", metadata=True)))
     monkeypatch.syspath_prepend(str(_fake_package(tmp_path / "checkout", "stackfake_b", "0.5", metadata=False)))
     monkeypatch.delitem(sys.modules, "stackfake_b", raising=False)
-    assert stack.discover({"module": "stackfake_b", "distribution": "stackfake-b"}) == Found("0.5")
+    assert stack.discover(fake("stackfake_b", "stackfake-b")) == Found("0.5")
     sys.modules.pop("stackfake_b", None)
 
 
 def test_a_package_that_is_not_there_names_the_import_error():
-    found = stack.discover({"module": "stackfake_none.core", "distribution": "stackfake-none"})
+    found = stack.discover(fake("stackfake_none.core", "stackfake-none"))
     assert found == Found(None, "ModuleNotFoundError: No module named 'stackfake_none'")
 
 
@@ -212,7 +222,7 @@ def installed(name: str) -> str:
     """A version of `name` that meets the declared requirement: the stack as an image would have it."""
     from packaging.requirements import Requirement
 
-    for text in DECLARED["requirements"]:
+    for text in DECLARED.requirements:
         req = Requirement(text)
         if req.name == name:
             return next(v for v in ("99.0", "4.9.9", "2.3.0", "1.3.2") if req.specifier.contains(v))
@@ -270,10 +280,10 @@ def test_the_dockerfile_names_the_declared_versions_and_the_default_base():
     dockerfile = (REPO / "Dockerfile").read_text()
     labels = dict(re.findall(r'io\.llama31-recipes\.([\w-]+)="([^"]+)"', dockerfile))
     assert labels == {
-        "megatron-core": str(DECLARED["megatron_core"]["tested"]),
-        "transformer-engine": str(DECLARED["transformer_engine"]["tested"]),
-        "torch-tested": str(DECLARED["torch"]["tested"]),
-        "python-tested": str(DECLARED["python"]["tested"]),
+        "megatron-core": DECLARED.megatron_core.tested,
+        "transformer-engine": DECLARED.transformer_engine.tested,
+        "torch-tested": DECLARED.torch.tested,
+        "python-tested": DECLARED.python.tested,
     }
     assert "python -m recipes.stack install" in dockerfile
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M).group(1)
@@ -291,12 +301,12 @@ def test_pyproject_and_the_declared_stack_list_the_same_gpu_side_packages():
     extras = project["optional-dependencies"]
     listed = _names(project["dependencies"] + extras["dataprep"] + extras["mlperf"] + extras["train"])
     listed -= {"torch", "transformer-engine"}  # the components, checked below
-    assert _names(DECLARED["requirements"]) <= listed
+    assert _names(DECLARED.requirements) <= listed
     train = project["optional-dependencies"]["train"]
     assert f"megatron-core=={DECLARED['megatron_core']['tested']}" in train
     assert f"transformer-engine[pytorch]=={DECLARED['transformer_engine']['tested']}" in train
     assert f"torch{DECLARED['torch']['supported']}" in train
-    assert listed - _names(DECLARED["requirements"]) <= {"megatron-core"}  # nothing undeclared on the GPU side
+    assert listed - _names(DECLARED.requirements) <= {"megatron-core"}  # nothing undeclared on the GPU side
 
 
 def test_the_wheels_for_an_air_gapped_machine_are_the_files_pip_chose_dependencies_included():

@@ -4,38 +4,40 @@ submit (a cluster platform), run here (cluster=local), or stop there (dry_run=tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from common import run_events
 from common.checkpoints import latest_checkpoint
-from common.config import load_config
+from common.config import Config, load_config
 from common.typed import TypedConfigError
 from common.plan import Plan
 from launcher.autoconf import search
 from launcher.config import sweep
 from launcher.config.compose import compose, to_plain
 from launcher.config.errors import error_lines, every_error_line
-from launcher.jobs.commands import job_restarts
 from launcher.jobs.rundir import record_jobs, run_dir_of, write_run_dir
-from launcher.jobs.stages import StagePlan, plan_stages
+from launcher.jobs.stages import StagePlan
 from launcher.jobs.submit import SubmitError, run_here
 from launcher.plan.errors import PlanError
 from launcher.plan.hardware import LocalGpus, detect_local_gpus
 from launcher.plan.table import format_plan
 from launcher.plan.validate import normalized, validate
+from launcher.platforms.base import Platform
+from launcher.platforms.registry import platform_of
 from launcher.usage import config_dirs_of
-from launcher.platforms import platform_of
 
 Say = Callable[[str], None]
 
@@ -46,36 +48,37 @@ def _err(line: str) -> None:
 
 @dataclass
 class Prepared:
-    cfg: dict[str, Any]
+    cfg: Config
     plan: Plan
     run_dir: Path
     stages: StagePlan
     warnings: list[str]
+    platform: Platform[Any]  # cluster.platform's, which writes, runs or submits the jobs
 
 
-def prepare(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Prepared:
+def prepare(cfg: Config, local_gpus: LocalGpus | None = None) -> Prepared:
     """Everything derived and validated, nothing written. Raises PlanError."""
-    platform = platform_of(cfg)
-    if platform.runs_here and local_gpus is None:
+    platform = platform_of(cfg.cluster)
+    if cfg.cluster.runs_here and local_gpus is None:
         local_gpus = detect_local_gpus()
-    validated = validate(cfg, local_gpus)
+    validated = validate(cfg, local_gpus, platform=platform)
     cfg, plan = validated.cfg, validated.plan
     run_dir = run_dir_of(cfg)
-    stages = plan_stages(cfg, plan, run_dir)
+    stages = platform.plan_stages(cfg, plan, run_dir)
     plan.command = stages.command
     client = platform.client
-    if client and not cfg.get("dry_run") and stages.jobs and shutil.which(client) is None:
+    if client and not cfg.dry_run and stages.jobs and shutil.which(client) is None:
         raise PlanError(
             [
-                f"cluster={cfg['cluster']['name']} submits with {client}, which is not on this machine's "
+                f"cluster={cfg.cluster.name} submits with {client}, which is not on this machine's "
                 "PATH: run where its client is installed and configured, or add dry_run=true to only "
                 "write the jobs"
             ]
         )
-    return Prepared(cfg, plan, run_dir, stages, validated.warnings)
+    return Prepared(cfg, plan, run_dir, stages, validated.warnings, platform)
 
 
-def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say = print) -> int:
+def launch(cfg: Config, local_gpus: LocalGpus | None = None, say: Say = print) -> int:
     """Returns the exit status for main.py."""
     try:
         prepared = prepare(cfg, local_gpus)
@@ -89,9 +92,10 @@ def launch(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None, say: Say
 def execute(prepared: Prepared, say: Say = print) -> int:
     """Write the run directory, then stop (a dry run), run the jobs here or submit them. The exit status."""
     cfg, plan, run_dir, stages = prepared.cfg, prepared.plan, prepared.run_dir, prepared.stages
+    platform = prepared.platform
     newest = latest_checkpoint(str(run_dir / "checkpoints"))
     try:
-        written = write_run_dir(run_dir, cfg, plan, stages.jobs)
+        written = write_run_dir(run_dir, cfg, plan, stages.jobs, platform)
     except OSError as err:
         _err(
             f"error: cannot write the run directory {run_dir}: {err.strerror or err}; set results_dir to a "
@@ -99,7 +103,7 @@ def execute(prepared: Prepared, say: Say = print) -> int:
         )
         return 2
 
-    if "training" in cfg["stages"]:
+    if "training" in cfg.stages:
         say(f"Plan for {run_dir.name}")
         say(format_plan(plan, cfg))
     scripts = written.scripts
@@ -114,14 +118,13 @@ def execute(prepared: Prepared, say: Say = print) -> int:
     for warning in prepared.warnings:
         say(f"warning: {warning}")
 
-    if cfg.get("dry_run"):
+    if cfg.dry_run:
         say("dry run: nothing was submitted or run. Job script" + ("s, in order:" if len(scripts) > 1 else ":"))
         for path in scripts:
             say(f"  {path}")
-        platform = platform_of(cfg)
         chain = platform.chain_as_shell(stages.jobs, run_dir, cfg)
         if chain:
-            more = job_restarts(cfg) if "training" in cfg["stages"] else 0
+            more = cfg.resilience.job_restarts if "training" in cfg.stages else 0
             how = platform.chain + (
                 f"; the training job's {more} more copies each once the one before it ended, however it ended"
                 if more
@@ -134,26 +137,25 @@ def execute(prepared: Prepared, say: Say = print) -> int:
     if not stages.jobs:
         say("nothing to do for the selected stages")
         return 0
-    if platform_of(cfg).runs_here:
+    if platform.runs_here:
         return _run_here(prepared, say)
     return _submit(prepared, say)
 
 
-def _checkpoint_note(cfg: Mapping[str, Any], newest: tuple[int, str]) -> str:
+def _checkpoint_note(cfg: Config, newest: tuple[int, str]) -> str:
     """What the selected stages do with the run's checkpoints, naming the one they read."""
     which = f"{newest[1]} (step {newest[0]}), the newest complete checkpoint"
-    if "training" not in cfg["stages"]:
-        return f"the export reads {which}" if "export" in cfg["stages"] else f"this run directory has {which}"
-    if not cfg["training"]["checkpoint"]["load"]:
+    if "training" not in cfg.stages:
+        return f"the export reads {which}" if "export" in cfg.stages else f"this run directory has {which}"
+    if not cfg.training.checkpoint.load:
         return f"training.checkpoint.load=false: training starts from scratch, not from {which}"
     return f"training resumes from {which}"
 
 
 def _submit(prepared: Prepared, say: Say) -> int:
-    run_dir, jobs = prepared.run_dir, prepared.stages.jobs
-    platform = platform_of(prepared.cfg)
-    chained = job_restarts(prepared.cfg)
-    if chained and "training" in prepared.cfg["stages"]:
+    run_dir, jobs, platform = prepared.run_dir, prepared.stages.jobs, prepared.platform
+    chained = prepared.cfg.resilience.job_restarts
+    if chained and "training" in prepared.cfg.stages:
         # Before the first job can start: each job of the chain counts the jobs since this record.
         run_events.record(str(run_dir), "chain", jobs=1 + chained)
     try:
@@ -174,7 +176,7 @@ def _run_here(prepared: Prepared, say: Say) -> int:
     jobs = prepared.stages.jobs
     if plan.cannot_train_reason:  # the stages that need this machine's GPUs, and the export of what they train
         skipped = (
-            {"preflight", "training", "export"} if "training" in prepared.cfg["stages"] else {"preflight", "training"}
+            {"preflight", "training", "export"} if "training" in prepared.cfg.stages else {"preflight", "training"}
         )
         jobs = [j for j in jobs if j.stage not in skipped]
     code = run_here(jobs, run_dir, say)
@@ -243,11 +245,11 @@ def plan_sweep(overrides: Sequence[str]) -> tuple[list[Prepared], list[str]]:
         label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
         try:
             cfg = compose(point)
-            local_gpus = detect_local_gpus() if cfg["cluster"]["platform"] == "local" else None
+            local_gpus = detect_local_gpus() if cfg.cluster.runs_here else None
             if search.is_auto(cfg):  # its table once per sweep, with the first point that searches
                 cfg = search.resolve(point, cfg, local_gpus, say=None if points or problems else print)
             cfg = normalized(cfg)
-            cfg["run_name"] += sweep.run_name_suffix(point, keys)
+            cfg = dataclasses.replace(cfg, run_name=f"{cfg.run_name}{sweep.run_name_suffix(point, keys)}")
             prepared = prepare(cfg, local_gpus)
         except (HydraException, OmegaConfBaseException) as err:
             problems += [f"sweep point {label}: {line}" for line in error_lines(err)]
@@ -288,7 +290,7 @@ def run_sweep(argv: Sequence[str]) -> int:
 
 def run(cfg: DictConfig) -> None:
     """main.py's single run (a sweep goes through run_sweep)."""
-    if HydraConfig.get().mode.name == "MULTIRUN":
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
         _err("error: -m with Hydra's --config-path/--config-name/--config-dir is not supported; sweep without them")
         sys.exit(2)
     try:
@@ -296,7 +298,7 @@ def run(cfg: DictConfig) -> None:
     except TypedConfigError as err:  # a value composition let through that the typed config refuses
         _err(f"error: {err}")
         sys.exit(2)
-    local_gpus = detect_local_gpus() if config.cluster.platform == "local" else None
+    local_gpus = detect_local_gpus() if config.cluster.runs_here else None
     if search.is_auto(config):
         try:
             config = search.resolve(list(HydraConfig.get().overrides.task), config, local_gpus, say=print)

@@ -233,3 +233,16 @@ def test_the_gpu_side_reads_the_run_directory_without_hydra_omegaconf_or_the_lau
     }
     assert {path: names for path, names in found.items() if names} == {}
     assert "torch" in imported_names(REPO / "recipes" / "trainer" / "steps.py")  # the walk sees real imports
+
+
+def test_the_plan_and_the_jobs_never_import_the_platforms():
+    """The platforms stand above the plan and the jobs: what those need of a platform the caller passes in
+    (launcher/cli.py), so the registry imports the platform modules plainly and no folder imports back."""
+    below = ("launcher/plan", "launcher/jobs")
+    found = {
+        str(path.relative_to(REPO)): sorted(n for n in imported_names(path) if n.startswith("launcher.platforms"))
+        for folder in below
+        for path in (REPO / folder).rglob("*.py")
+    }
+    assert {path: names for path, names in found.items() if names} == {}
+    assert "launcher.platforms.base" in imported_names(REPO / "launcher" / "platforms" / "registry.py")

@@ -22,9 +22,9 @@ def to_plain(cfg: DictConfig) -> dict[str, Any]:
     """Fully resolved plain dict of the job config (without Hydra's own node). Section by section: each resolves
     against the whole config, and nothing is copied (a copy of the config costs as much as resolving it)."""
     return {
-        key: OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True, enum_to_str=True)
+        str(key): OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True, enum_to_str=True)
         if OmegaConf.is_config(cfg[key])
-        else _plain_value(cfg, key)
+        else _plain_value(cfg, str(key))
         for key in cfg
         if key != "hydra"
     }
@@ -59,8 +59,9 @@ def compose(overrides: Sequence[str] = ()) -> Config:
 def compose_unresolved(overrides: Sequence[str] = ()) -> dict[str, Any]:
     """The composed config as conf/ writes it: interpolations such as ${path:results} kept, not resolved."""
     plain = OmegaConf.to_container(_composed(overrides), resolve=False, enum_to_str=True)
+    assert isinstance(plain, dict)  # the config's root is a mapping
     plain.pop("hydra")
-    return plain  # type: ignore[return-value]
+    return {str(key): value for key, value in plain.items()}
 
 
 @contextmanager

@@ -186,7 +186,7 @@ def _lookup(dotted: str) -> list[tuple[type, dataclasses.Field]]:
         found = [
             (owner, f)
             for owner in sections
-            if dataclasses.is_dataclass(owner)
+            if isinstance(owner, type) and dataclasses.is_dataclass(owner)
             for f in dataclasses.fields(owner)
             if f.name == parts[index]
         ]

@@ -104,7 +104,7 @@ def _rows(kind: type, prefix: str, values: Any) -> Iterator[tuple[str, str, str,
         dotted = f"{prefix}.{f.name}" if prefix else f.name
         value = values.get(f.name) if isinstance(values, dict) else None
         inner = _unwrap_optional(hints[f.name])
-        if dataclasses.is_dataclass(inner):
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
             if dotted not in OWN_TABLE:
                 yield from _rows(inner, dotted, value)
             continue

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from common.checkpoints import TRACKER
+from common.config import CheckpointConfig, Config, ContainerCluster, LocalCluster, SlurmCluster
+from common.typed import to_plain
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,18 +21,16 @@ def python_bin_dir() -> str:
     return str(Path(sys.executable).parent)
 
 
-def bare_path(cluster: Mapping[str, Any]) -> str | None:
+def bare_path(cluster: LocalCluster | ContainerCluster) -> str | None:
     """The bin directory a job puts first on PATH: local and bare-metal jobs run with the Python that runs main.py,
     container jobs with the image's (None)."""
     return None if in_container(cluster) else python_bin_dir()
 
 
-def in_container(cluster: Mapping[str, Any]) -> bool:
+def in_container(cluster: LocalCluster | ContainerCluster) -> bool:
     """Cluster jobs run in cluster.container unless it is null or cluster.container_runtime=none; jobs on this
     machine run with the Python that runs main.py."""
-    return (
-        cluster["platform"] != "local" and bool(cluster.get("container")) and cluster.get("container_runtime") != "none"
-    )
+    return not cluster.runs_here and bool(cluster.container) and cluster.container_runtime != "none"
 
 
 def shell_line(prefix: list[str], command: str, container: Sequence[str] = ()) -> str:
@@ -77,18 +77,8 @@ def torchrun_command(num_gpus: int, run_dir: Path, entry: list[str] | None = Non
 FT_LAUNCH = ["python", "-m", "recipes.resilience.ft_launch"]
 
 
-def job_restarts(cfg: Mapping[str, Any]) -> int:
-    """resilience.job_restarts: jobs queued after the first, each continuing the run."""
-    return int((cfg.get("resilience") or {}).get("job_restarts") or 0)
-
-
-def in_job_restarts(cfg: Mapping[str, Any]) -> int:
-    """resilience.in_job_restarts: training runs under ft_launcher, which restarts the ranks this many times."""
-    return int((cfg.get("resilience") or {}).get("in_job_restarts") or 0)
-
-
 def ft_launch_command(
-    cfg: Mapping[str, Any],
+    cfg: Config,
     run_dir: Path,
     entry: list[str],
     nnodes: int,
@@ -102,11 +92,8 @@ def ft_launch_command(
     checkpoint save, and the time outside them, each with its timeout, so neither the warm-up nor a save is taken
     for a hang. Its own progress check reads the checkpoint tracker: two restarts in a row without a new
     checkpoint end the job, as two such jobs end a chain (common/job_chain.py)."""
-    res = cfg["resilience"]
-    sections = (
-        f"setup:{res['startup_timeout_s']:g},step:{res['hang_timeout_s']:g},"
-        f"checkpointing:{res['checkpoint_timeout_s']:g}"
-    )
+    res = cfg.resilience
+    sections = f"setup:{res.startup_timeout_s:g},step:{res.hang_timeout_s:g},checkpointing:{res.checkpoint_timeout_s:g}"
     program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
     groups = [
         shlex.join(
@@ -125,9 +112,9 @@ def ft_launch_command(
     groups += [
         shlex.join(pair)
         for pair in (
-            ["--max-restarts", str(in_job_restarts(cfg))],
+            ["--max-restarts", str(res.in_job_restarts)],
             ["--ft-rank-section-timeouts", sections],
-            ["--ft-rank-out-of-section-timeout", f"{res['hang_timeout_s']:g}"],
+            ["--ft-rank-out-of-section-timeout", f"{res.hang_timeout_s:g}"],
             ["--ft-checkpoint-iteration-file", str(run_dir / "checkpoints" / TRACKER)],
             ["--ft-max-no-progress-cycles", "2"],
         )
@@ -157,10 +144,9 @@ def data_check_command(run_dir: Path) -> list[str]:
     return ["python", "-m", "data_prep", "verify", "--config", str(run_dir / "config.yaml"), "--shard", "all"]
 
 
-def export_hf_command(cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
+def export_hf_command(ckpt: CheckpointConfig, run_dir: Path) -> list[str]:
     """The newest complete checkpoint of the run to Hugging Face format (recipes/hf/exporter.py)."""
-    ckpt = cfg["training"]["checkpoint"]
-    out = ckpt.get("export_dir") or str(run_dir / "hf")
+    out = ckpt.export_dir or str(run_dir / "hf")
     return [
         "python",
         "-m",
@@ -170,7 +156,7 @@ def export_hf_command(cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
         "--out",
         str(out),
         "--max-shard-size",
-        str(ckpt["export_max_shard_size"]),
+        str(ckpt.export_max_shard_size),
     ]
 
 
@@ -195,23 +181,19 @@ def _abs_paths(value: Any) -> Iterable[str]:
             yield from _abs_paths(v)
 
 
-def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
+def container_mounts(cfg: Config) -> list[str]:
     """host:container mounts at identical paths: the repository, results_dir, and the directories of every
     absolute path the training and data preparation configs name (tokenizer, blend prefixes, data dirs, weights
     to start from), so
     paths in config.yaml mean the same thing inside the container."""
-    dirs: list[Path] = [REPO, Path(cfg["results_dir"])]
-    output_dir = (cfg.get("data_preparation") or {}).get("output_dir")
+    dirs: list[Path] = [REPO, Path(cfg.results_dir)]
+    output_dir = cfg.data_preparation.output_dir
     if output_dir and str(output_dir).startswith("/"):
         dirs.append(Path(output_dir))  # created before the data preparation job is submitted
-    for path in _abs_paths(
-        [
-            cfg["training"].get("tokenizer"),
-            cfg["training"].get("data"),
-            cfg["training"].get("checkpoint"),
-            cfg.get("data_preparation"),
-        ]
-    ):
+    training = cfg.training
+    # Every value of these sections as config.yaml writes it, whatever source or key names a path.
+    sections = [training.tokenizer, training.data, training.checkpoint, cfg.data_preparation]
+    for path in _abs_paths(to_plain(sections)):
         p = Path(path)
         # A directory is mounted itself; a file or a prefix (.bin/.idx without extension) through its parent.
         mount = p if p.is_dir() else p.parent
@@ -223,37 +205,37 @@ def container_mounts(cfg: Mapping[str, Any]) -> list[str]:
         if not any(d == k or k in d.parents for k in kept):
             kept = [k for k in kept if d not in k.parents] + [d]
     mounts = [f"{d}:{d}" for d in kept]
-    for extra in cfg["cluster"].get("container_mounts") or []:
+    cluster = cfg.cluster
+    for extra in cluster.container_mounts if isinstance(cluster, ContainerCluster) else []:
         mounts.append(extra if ":" in extra else f"{extra}:{extra}")
     return mounts
 
 
-def job_paths(cfg: Mapping[str, Any]) -> list[str]:
+def job_paths(cfg: Config) -> list[str]:
     """Host directories the jobs read or write, as container_mounts lists them (the repository, results_dir,
     data and tokenizer directories, cluster.container_mounts)."""
     return [m.split(":", 1)[0] for m in container_mounts(cfg)]
 
 
 def srun_prefix(
-    cfg: Mapping[str, Any], *, env_keys: Iterable[str] = (), mpi: bool = False, extra: Iterable[str] = ()
+    cfg: Config, cluster: SlurmCluster, *, env_keys: Iterable[str] = (), mpi: bool = False, extra: Iterable[str] = ()
 ) -> list[str]:
     """srun with the pyxis flags (when the job runs in a pyxis container) and the cluster's own srun_args."""
-    cluster = cfg["cluster"]
     args = ["srun", *extra]
-    if mpi and cluster.get("mpi"):
-        args.append(f"--mpi={cluster['mpi']}")
-    if in_container(cluster) and cluster["container_runtime"] == "pyxis":
+    if mpi and cluster.mpi:
+        args.append(f"--mpi={cluster.mpi}")
+    if in_container(cluster) and cluster.container_runtime == "pyxis":
         args += [
-            f"--container-image={cluster['container']}",
+            f"--container-image={cluster.container}",
             f"--container-mounts={','.join(container_mounts(cfg))}",
             f"--container-workdir={REPO}",
             "--no-container-mount-home",
         ]
-        if cluster.get("container_writable"):
+        if cluster.container_writable:
             args.append("--container-writable")
         keys = list(env_keys)
         if keys:
             # Values the image also sets would otherwise win over ours inside the container.
             args.append(f"--container-env={','.join(keys)}")
-    args += [str(a) for a in cluster.get("srun_args") or []]
+    args += [str(a) for a in cluster.srun_args]
     return args

@@ -5,32 +5,31 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
+
+from common.config import ProfileConfig
 
 
-def nsys_requested(cfg: Mapping[str, Any]) -> bool:
+def nsys_requested(prof: ProfileConfig) -> bool:
     """profile.tool=nsys on an enabled profile: the profiled ranks run under nsys."""
-    prof = cfg.get("profile") or {}
-    return bool(prof.get("enabled") and prof.get("tool") == "nsys")
+    return prof.enabled and prof.tool == "nsys"
 
 
-def nsys_entry(cfg: Mapping[str, Any], run_dir: Path, entry: list[str], rank_var: str) -> list[str] | None:
+def nsys_entry(prof: ProfileConfig, run_dir: Path, entry: list[str], rank_var: str) -> list[str] | None:
     """`bash -c SCRIPT` that runs `entry` under `nsys profile` on the ranks in profile.ranks (read from the
     launcher's rank variable, e.g. RANK or SLURM_PROCID) and plainly on the others; None unless profile.tool=nsys.
     The trainer opens and closes the capture at the window (cudaProfilerStart/Stop); `--capture-range-end=stop`
     keeps the run going after it."""
-    if not nsys_requested(cfg):
+    if not nsys_requested(prof):
         return None
-    prof = cfg["profile"]
     profile_dir = shlex.quote(str(run_dir / "profile"))
-    ranks = " ".join(str(r) for r in prof["ranks"])
+    ranks = " ".join(str(r) for r in prof.ranks)
     nsys = [
         "nsys",
         "profile",
         "--capture-range=cudaProfilerApi",
         "--capture-range-end=stop",
         "--force-overwrite=true",
-        *[str(a) for a in prof.get("nsys_args") or []],
+        *[str(a) for a in prof.nsys_args],
     ]
     command = shlex.join(entry)
     script = "\n".join(

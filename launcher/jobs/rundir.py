@@ -10,50 +10,50 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Protocol
 
 import yaml
 
-from common.typed import to_plain
-
+from common.config import BcpCluster, Config, ContainerCluster, K8sCluster, LocalCluster
 from common.files import atomic_write
 from common.plan import Plan
+from common.typed import to_plain
 from launcher.jobs.render import Job
-from launcher.platforms import platform_of
 
 
-def default_run_name(cfg: Mapping[str, Any]) -> str:
+class JobRenderer(Protocol):
+    """What writes a job's files: the cluster's platform (launcher/platforms/), which the caller passes in, the
+    platforms standing above the jobs."""
+
+    def render(self, job: Job, cfg: Config, run_dir: Path) -> dict[str, str]:
+        """File name -> text: the job's own file first, then the files it reads."""
+        ...
+
+
+def default_run_name(cfg: Config) -> str:
     """The run directory's name when run_name is null, from what the selected stages produce, so that runs of
     different things never meet in one directory: `<model>_<dtype>_<layout>_<N>gpu` for training (and the stages
     that go with it), `data_<source>` for data preparation alone, `data_<source>_<output directory's name>` where
     that differs from the source (the data set it makes: C4 and MLPerf's C4 files never share one),
     `container_<image>` for the image build alone."""
-    stages = set(cfg["stages"])
+    stages = set(cfg.stages)
     if stages & {"training", "preflight", "export"}:
-        par = cfg["parallelism"]
-        return f"{cfg['training']['name']}_{cfg['dtype']['name']}_{par['name']}_{par['num_gpus']}gpu"
+        par = cfg.parallelism
+        return f"{cfg.training.name}_{cfg.dtype.name}_{par.name}_{par.num_gpus}gpu"
     if "data_preparation" in stages:
-        source, output = cfg["data_preparation"]["name"], Path(cfg["data_preparation"]["output_dir"]).name
+        source, output = cfg.data_preparation.name, Path(cfg.data_preparation.output_dir).name
         return "data_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", source if output == source else f"{source}_{output}")
-    image = Path(str(cfg["cluster"].get("container") or "image"))
+    cluster = cfg.cluster
+    named = cluster.container if isinstance(cluster, (LocalCluster, ContainerCluster, BcpCluster, K8sCluster)) else None
+    image = Path(str(named or "image"))
     return "container_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", image.name.removesuffix(image.suffix))
 
 
-def run_dir_of(cfg: Mapping[str, Any]) -> Path:
-    return Path(cfg["results_dir"]).expanduser().absolute() / cfg["run_name"]
+def run_dir_of(cfg: Config) -> Path:
+    return Path(cfg.results_dir).expanduser().absolute() / str(cfg.run_name)
 
 
-def rendered_files(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
-    """File name -> text for one job, as its platform renders it; the job's own script first."""
-    return platform_of(cfg).render(job, cfg, run_dir)
-
-
-def render(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> str:
-    """The job's own script (what is run or submitted)."""
-    return rendered_files(job, cfg, run_dir)[job.script]
-
-
-def config_yaml(cfg: Mapping[str, Any]) -> str:
+def config_yaml(cfg: Config) -> str:
     # libyaml's emitter where PyYAML has it: the same text, five times faster (once per run, per sweep point).
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return yaml.dump(to_plain(cfg), Dumper=dumper, sort_keys=False, default_flow_style=False)
@@ -71,10 +71,11 @@ class Written:
     history: Path | None  # where they went, with the config.yaml and plan.json they were written with
 
 
-def write_run_dir(run_dir: Path, cfg: Mapping[str, Any], plan: Plan, jobs: list[Job]) -> Written:
-    """Everything the jobs read. The job files of an earlier invocation that this one does not write (another
-    platform's, a stage not selected now) move under history/, so the directory shows only this run's jobs."""
-    files = {name: text for job in jobs for name, text in rendered_files(job, cfg, run_dir).items()}
+def write_run_dir(run_dir: Path, cfg: Config, plan: Plan, jobs: list[Job], renderer: JobRenderer) -> Written:
+    """Everything the jobs read, each job's files as `renderer` (its platform) writes them. The job files of an
+    earlier invocation that this one does not write (another platform's, a stage not selected now) move under
+    history/, so the directory shows only this run's jobs."""
+    files = {name: text for job in jobs for name, text in renderer.render(job, cfg, run_dir).items()}
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     retired, history = _retire_earlier_jobs(run_dir, set(files))
     atomic_write(run_dir / "config.yaml", config_yaml(cfg))

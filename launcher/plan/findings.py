@@ -4,11 +4,28 @@ Every check adds to one Findings, so a config with several problems gets all of 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from common.config import Config
+
+
+class PlatformChecks(Protocol):
+    """What the checks ask of the cluster's platform (launcher/platforms/base.py: Platform). The caller of validate
+    passes it in: the platforms stand above the plan, which never imports them."""
+
+    def stage_problems(self, cfg: Config, dry_run: bool) -> tuple[list[str], list[str]]:
+        """(problems, warnings) of the selected stages on this platform."""
+        ...
+
+    def resilience_refusals(self, cfg: Config) -> list[str]:
+        """One line for each resilience setting the platform cannot honour."""
+        ...
 
 
 @dataclass
 class Findings:
     dry_run: bool = False
+    platform: PlatformChecks | None = None  # None: no platform is checked (the auto-configurator's layouts)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 

@@ -36,7 +36,7 @@ from launcher.plan.checks import (
     stages,
 )
 from launcher.plan.errors import PlanError
-from launcher.plan.findings import Findings
+from launcher.plan.findings import Findings, PlatformChecks
 from launcher.plan.hardware import LocalGpus
 from launcher.plan.sizes import Sizes, sizes_of
 
@@ -87,16 +87,18 @@ def validate(
     local_gpus: LocalGpus | None = None,
     checks: tuple[Check, ...] = CHECKS,
     ranges_checked: bool = False,
+    platform: PlatformChecks | None = None,
 ) -> Validated:
     """The config normalized, the plan of it if every check accepts it, and the warnings found. Raises PlanError
     with every problem: first those of values out of their declared range (ranges_checked: the caller did that,
-    as the auto-configurator does once for all the layouts it tries), then those of combinations."""
+    as the auto-configurator does once for all the layouts it tries), then those of combinations. `platform` is
+    the cluster's (launcher/platforms/registry.py: platform_of), for the checks of what it can run."""
     cfg = normalized(cfg)
     out_of_range = [] if ranges_checked else ranges.problems(cfg)
     if out_of_range:
         raise PlanError(out_of_range)
     sizes = sizes_of(cfg, local_gpus)
-    found = Findings(dry_run=bool(cfg.get("dry_run")))
+    found = Findings(dry_run=bool(cfg.get("dry_run")), platform=platform)
     for check in checks:
         check(cfg, sizes, found)
     if found.problems:

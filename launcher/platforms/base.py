@@ -3,19 +3,24 @@
 A platform lays out the stage jobs (container, data_preparation, data_check, preflight, training, export) for one
 kind of cluster, renders their files, and runs or submits them. The plan and the commands the jobs run
 (launcher/jobs/commands.py) are the same everywhere. `cluster.platform` picks the platform: platform_of (in
-launcher/platforms/__init__.py) takes PLATFORM from launcher/platforms/<cluster.platform>.py.
+launcher/platforms/registry.py) takes PLATFORM from launcher/platforms/<cluster.platform>.py. The plan's checks and
+the run directory ask the platform what they need of it through the caller (cli.py passes it in): the platforms
+stand above launcher/plan/ and launcher/jobs/, which never import them.
 
-A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM = <its Platform subclass>()`:
-1. Class attributes: `name` (<name>), `suffix` (the end of its job files' names; training's file is
-   `submission<suffix>`), `resubmit` (the command a job file's header gives for submitting it again by hand).
+A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM = <its Platform subclass>()`, and
+its line in registry.py:
+1. Class attributes: `name` (<name>), `cluster_class` (its cluster keys' class in common/config.py), `suffix` (the
+   end of its job files' names; training's file is `submission<suffix>`), `resubmit` (the command a job file's
+   header gives for submitting it again by hand).
 2. The jobs: `data_preparation_jobs` and `training_job` (each Job made with `self.job`), and `render_script`, the
    text of a job's own file (which starts with `header_lines` and exports `env_lines`).
 3. Submission, unless the jobs run on this machine: `client` (the command that submits, which main.py looks for),
    `chain` (how each job waits for the one before), `submit`, `chain_as_shell`, and for the lines printed after
    submitting `waits_for` and `follow_command` (and `log_of` where logs are not logs/<stage>_<job id>.out).
-4. Where it differs from the defaults: `problems` (the default checks cluster.container_runtime against
-   `runtimes`, the image unless the container stage builds it, and the time limits), `render` (files besides the
-   job's own), `container_wrapper` (how a command enters the image; the default: `apptainer exec`).
+4. Where it differs from the defaults: `problems` (the default, for a cluster class with ContainerCluster's keys,
+   checks cluster.container_runtime against `runtimes`, the image unless the container stage builds it, and the
+   time limits), `render` (files besides the job's own), `container_wrapper` (how a command enters the image; the
+   default: `apptainer exec`).
 5. What it runs besides data preparation and training: `preflight_job`, `export_job` and `rank_variable` (the
    profiled ranks of profile.tool=nsys) are refused by default, in one line naming the way around; the container
    stage builds cluster.container unless `builds_images = False` (images run by name from a registry).
@@ -30,19 +35,23 @@ import re
 import shlex
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
+from common.config import BatchCluster, ClusterConfig, Config, ContainerCluster, DataJobConfig, K8sCluster
 from common.plan import Plan
+from data_prep.shards import list_shards
 from launcher.jobs import commands
 from launcher.jobs.commands import REPO
 from launcher.jobs.nsys import nsys_entry, nsys_requested
 from launcher.jobs.render import Job
+from launcher.jobs.stages import StagePlan
 from launcher.jobs.submit import Submitted
 from launcher.plan.errors import PlanError
 from launcher.platforms import containers
 
 Say = Callable[[str], None]
-Cfg = Mapping[str, Any]
+# The cluster keys of one platform (common/config.py: SlurmCluster, ...).
+ClusterT = TypeVar("ClusterT", bound=ClusterConfig)
 
 IMAGE_HELP = "docs/stack.md: Images for NGC Base Command and Kubernetes"
 
@@ -67,11 +76,12 @@ REFUSALS = {
 }
 
 
-class Platform(ABC):
+class Platform(ABC, Generic[ClusterT]):
     """One kind of cluster: a subclass sets the attributes below and implements the abstract methods (the module
     docstring says which); the rest are working defaults it may override."""
 
     name: str
+    cluster_class: type[ClusterT]
     suffix: str
     resubmit: str
     # The command that submits jobs; None: the jobs run on this machine, one after another.
@@ -95,6 +105,13 @@ class Platform(ABC):
     runs_ft_launcher: bool = False
     no_ft_launcher: str = ""
 
+    def cluster_of(self, cfg: Config) -> ClusterT:
+        """cfg.cluster with this platform's own keys (the registry picked this platform by them)."""
+        cluster = cfg.cluster
+        if not isinstance(cluster, self.cluster_class):
+            raise TypeError(f"cluster.platform={cluster.platform} is not cluster.platform={self.name}")
+        return cluster
+
     # ----------------------------------------------------------------------- what it can do
     @property
     def runs_here(self) -> bool:
@@ -111,73 +128,84 @@ class Platform(ABC):
         method = f"{need}_job"
         return getattr(type(self), method) is not getattr(Platform, method)
 
-    def refusals(self, cfg: Cfg, selected: list[str]) -> list[str]:
+    def refusals(self, cfg: Config, selected: Sequence[str]) -> list[str]:
         """One line for each thing the selected stages (and profile.tool=nsys) ask of this platform that it cannot
         do, in stage order."""
         needs = [stage for stage in ("container", "export", "preflight") if stage in selected]
-        if nsys_requested(cfg):
+        if nsys_requested(cfg.profile):
             needs.append("nsys")
         return [self._refusal(cfg, need) for need in needs if not self.supports(need)]
 
-    def _refusal(self, cfg: Cfg, need: str) -> str:
-        return REFUSALS[need].format(cluster=cfg["cluster"]["name"])
+    def _refusal(self, cfg: Config, need: str) -> str:
+        return REFUSALS[need].format(cluster=cfg.cluster.name)
 
-    def resilience_refusals(self, cfg: Cfg) -> list[str]:
+    def resilience_refusals(self, cfg: Config) -> list[str]:
         """One line for each resilience setting this platform cannot honour."""
-        chain, in_job = commands.job_restarts(cfg), commands.in_job_restarts(cfg)
+        chain, in_job = cfg.resilience.job_restarts, cfg.resilience.in_job_restarts
         found = []
-        values = dict(cluster=cfg["cluster"]["name"], job_restarts=chain, in_job_restarts=in_job)
+        values = dict(cluster=cfg.cluster.name, job_restarts=chain, in_job_restarts=in_job)
         if chain and not self.chains_jobs:
             found.append(REFUSALS["job_restarts"].format(why=self.no_job_chain, **values))
-        elif chain and "export" in cfg["stages"] and "training" in cfg["stages"]:
+        elif chain and "export" in cfg.stages and "training" in cfg.stages:
             found.append(REFUSALS["export_after_chain"].format(**values))
         if in_job and not self.runs_ft_launcher:
             found.append(REFUSALS["in_job_restarts"].format(why=self.no_ft_launcher, **values))
         return found
 
     # ----------------------------------------------------------------------- checks
-    def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
+    def stage_problems(self, cfg: Config, dry_run: bool) -> tuple[list[str], list[str]]:
+        """(problems, warnings) of the selected stages on this platform (launcher/plan/checks/stages.py asks):
+        its own problems, the image the container stage would build, what it cannot do."""
+        selected = cfg.stages
+        problems, warnings = self.problems(cfg, selected, dry_run)
+        if "container" in selected and self.supports("container"):
+            cluster = containers.image_cluster(cfg.cluster)
+            problems += containers.build_problems(cluster, self.runs_here, dry_run)[0]
+        # What the stages ask of the platform that it cannot do, one line each.
+        return problems + self.refusals(cfg, selected), warnings
+
+    def problems(self, cfg: Config, selected: Sequence[str], dry_run: bool) -> tuple[list[str], list[str]]:
         """(problems, warnings) only this platform knows about, before anything is written. The default suits a
         scheduler whose jobs run in cluster.container (or bare metal): the runtime, the image unless the container
         stage builds it, the environment the runtime passes, the time limits."""
-        cluster = cfg["cluster"]
+        cluster = cfg.cluster
+        if not isinstance(cluster, ContainerCluster):  # the other platforms check their own keys
+            raise NotImplementedError(f"cluster.platform={self.name} needs its own problems()")
         found = containers.runtime_problems(cluster, self.runtimes)
         if found:
             return found, []
-        found, warnings = ([], []) if "container" in selected else containers.image_problems(cfg, dry_run)
-        found += containers.env_problems(cluster, cluster.get("env") or {})
-        return found + self.limit_problems(cfg, selected), warnings
+        found, warnings = ([], []) if "container" in selected else containers.image_problems(cluster, dry_run)
+        found += containers.env_problems(cluster, cluster.env)
+        return found + self.limit_problems(cfg, cluster, selected), warnings
 
-    def limit_problems(self, cfg: Cfg, selected: list[str], finite: bool = False) -> list[str]:
+    def limit_problems(
+        self, cfg: Config, cluster: BatchCluster, selected: Sequence[str], finite: bool = False
+    ) -> list[str]:
         """cluster.time_limit (finite: not UNLIMITED), the signal margin before it, the preflight's limit, and the
         data preparation tasks' limits and sizes."""
-        cluster = cfg["cluster"]
-        problem = self._time_problem("cluster.time_limit", cluster["time_limit"], finite)
+        problem = self._time_problem("cluster.time_limit", cluster.time_limit, finite)
         if problem:
             return [problem]
-        limit = time_seconds(cluster["time_limit"])
-        margin = cluster.get("signal_before_timeout_s") or 0
+        limit = time_seconds(cluster.time_limit)
+        margin = signal_margin(cluster) or 0
         if limit is not None and margin >= limit:
             return [
                 f"cluster.signal_before_timeout_s={margin} must be shorter than cluster.time_limit="
-                f"{cluster['time_limit']} ({limit} s)"
+                f"{cluster.time_limit} ({limit} s)"
             ]
         if "preflight" in selected:
-            problem = self._time_problem("preflight.time_limit", cfg["preflight"]["time_limit"], finite)
+            problem = self._time_problem("preflight.time_limit", cfg.preflight.time_limit, finite)
             if problem:
                 return [problem]
         if "data_preparation" in selected:
-            return self._data_job_problems(cfg["data_preparation"].get("job") or {}, finite)
+            return self._data_job_problems(cfg.data_preparation.job, finite)
         return []
 
-    def _data_job_problems(self, job: Mapping[str, Any], finite: bool) -> list[str]:
-        problem = job.get("time_limit") and self._time_problem(
-            "data_preparation.job.time_limit", job["time_limit"], finite
-        )
+    def _data_job_problems(self, job: DataJobConfig, finite: bool) -> list[str]:
+        problem = job.time_limit and self._time_problem("data_preparation.job.time_limit", job.time_limit, finite)
         if problem:
             return [problem]
-        for key in ("cpus_per_task", "max_parallel"):
-            value = job.get(key)
+        for key, value in (("cpus_per_task", job.cpus_per_task), ("max_parallel", job.max_parallel)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 return [f"data_preparation.job.{key}={value!r} must be null or a positive integer"]
         return []
@@ -191,9 +219,8 @@ class Platform(ABC):
             return f"{key}={value!r}: this platform needs a finite time limit (HH:MM:SS)"
         return None
 
-    def image_name_problems(self, cfg: Cfg, example: str) -> list[str]:
-        """Where images run by name from a registry: cluster.container must name one, not a file."""
-        image = cfg["cluster"].get("container")
+    def image_name_problems(self, image: str | None, example: str) -> list[str]:
+        """Where images run by name from a registry: cluster.container (`image`) must name one, not a file."""
         if image and not str(image).startswith("/"):
             return []
         return [
@@ -210,58 +237,89 @@ class Platform(ABC):
         """A Job of this platform: its script named after the stage."""
         return Job(stage, self.script_name(stage), title, lines, **fields)
 
+    def plan_stages(self, cfg: Config, plan: Plan, run_dir: Path) -> StagePlan:
+        """The jobs of cfg.stages, in order, for a config the checks accepted (launcher/plan/validate.py)."""
+        selected = cfg.stages
+        jobs: list[Job] = []
+        notes: list[str] = []
+        if "container" in selected:
+            # A platform that builds no image refuses the stage in container_job.
+            image = containers.image_cluster(cfg.cluster).container if self.builds_images else None
+            if image and Path(image).exists():
+                notes.append(f"container: {image} exists; nothing to build")
+            else:
+                jobs.append(self.container_job(cfg, run_dir))
+        if "data_preparation" in selected:
+            jobs += self.data_preparation_jobs(cfg, run_dir, len(list_shards(cfg.data_preparation)))
+        if "preflight" in selected:
+            jobs.append(self.preflight_job(cfg, plan, run_dir))
+        # Built whatever the stages: plan.command records how training is launched.
+        training, command = self.training_job(cfg, plan, run_dir, self.rank_entry(cfg, run_dir))
+        if "training" in selected:
+            jobs.append(training)
+        if "export" in selected:
+            jobs.append(self.export_job(cfg, run_dir))
+        for job in jobs[:-1]:
+            job.followed = True
+        return StagePlan(jobs=jobs, command=command, notes=notes)
+
     @abstractmethod
-    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
+    def data_preparation_jobs(self, cfg: Config, run_dir: Path, num_shards: int) -> list[Job]:
         """The jobs that prepare the shards and check them."""
 
     @abstractmethod
-    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """The training job and its launch command (plan.command); `entry` is what every rank runs
         (rank_entry)."""
 
-    def rank_entry(self, cfg: Cfg, run_dir: Path) -> list[str]:
+    def rank_entry(self, cfg: Config, run_dir: Path) -> list[str]:
         """What every training rank runs: the training entry, or with profile.tool=nsys a wrapper that runs it
         under nsys on the profiled ranks, which it tells by rank_variable."""
         entry = commands.training_entry(run_dir)
-        if not nsys_requested(cfg):
+        if not nsys_requested(cfg.profile):
             return entry
         if self.rank_variable is None:
             raise PlanError([self._refusal(cfg, "nsys")])
         # Under ft_launcher every rank gets torchrun's variables, whatever started ft_launcher.
-        variable = "RANK" if commands.in_job_restarts(cfg) else self.rank_variable
-        return nsys_entry(cfg, run_dir, entry, variable) or entry
+        variable = "RANK" if cfg.resilience.in_job_restarts else self.rank_variable
+        return nsys_entry(cfg.profile, run_dir, entry, variable) or entry
 
-    def container_job(self, cfg: Cfg, run_dir: Path) -> Job:
+    def container_job(self, cfg: Config, run_dir: Path) -> Job:
         """The image build into cluster.container with its runtime (enroot or apptainer), and the files it
         reads."""
         if not self.builds_images:
             raise PlanError([self._refusal(cfg, "container")])
-        lines, files = containers.build_lines(cfg, run_dir)
-        return self.job("container", containers.build_title(cfg["cluster"]), lines, files=files)
+        cluster = containers.image_cluster(cfg.cluster)
+        lines, files = containers.build_lines(cluster, run_dir)
+        return self.job("container", containers.build_title(cluster), lines, files=files)
 
-    def preflight_job(self, cfg: Cfg, plan: Plan, run_dir: Path) -> Job:
+    def preflight_job(self, cfg: Config, plan: Plan, run_dir: Path) -> Job:
         """The network preflight in the training job's shape."""
         raise PlanError([self._refusal(cfg, "preflight")])
 
-    def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
+    def export_job(self, cfg: Config, run_dir: Path) -> Job:
         """One process on one node exporting the run's newest checkpoint to Hugging Face format."""
         raise PlanError([self._refusal(cfg, "export")])
 
-    def container_wrapper(self, cfg: Cfg, env: Mapping[str, str] = {}) -> list[str]:
+    def container_wrapper(self, cfg: Config, env: Mapping[str, str] = {}) -> list[str]:
         """What goes before a command to run it in cluster.container: `apptainer exec ... image.sif` with the
         given variables set, or nothing (bare metal, this machine, or pyxis, which works through srun's flags)."""
-        cluster = cfg["cluster"]
-        if commands.in_container(cluster) and cluster.get("container_runtime") == "apptainer":
-            return containers.apptainer_exec(cfg, env)
+        cluster = cfg.cluster
+        if (
+            isinstance(cluster, ContainerCluster)
+            and commands.in_container(cluster)
+            and cluster.container_runtime == "apptainer"
+        ):
+            return containers.apptainer_exec(cfg, cluster, env)
         return []
 
     # ----------------------------------------------------------------------- rendering
-    def render(self, job: Job, cfg: Cfg, run_dir: Path) -> dict[str, str]:
+    def render(self, job: Job, cfg: Config, run_dir: Path) -> dict[str, str]:
         """File name -> text: the job's own file first, then the files it reads."""
         return {job.script: self.render_script(job, cfg, run_dir), **job.files}
 
     @abstractmethod
-    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+    def render_script(self, job: Job, cfg: Config, run_dir: Path) -> str:
         """The text of the job's own file (job.script), which is run or submitted."""
 
     def header_lines(self, job: Job, run_dir: Path, title: str | None = None) -> list[str]:
@@ -281,12 +339,12 @@ class Platform(ABC):
         return lines + [f"export {key}={shlex.quote(value)}" for key, value in job.env.items()]
 
     # ----------------------------------------------------------------------- submission
-    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Config) -> list[str]:
         """What submit runs, as shell lines (the dry run prints them; they also submit by hand); none where the
         jobs run here."""
         return []
 
-    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Config, say: Say = print) -> list[Submitted]:
         """Submit the jobs, each to start once the one before it succeeded."""
         raise NotImplementedError(f"cluster.platform={self.name} runs its jobs on this machine (run_here)")
 
@@ -331,14 +389,14 @@ def queued(jobs: list[Job]) -> list[tuple[Job, bool]]:
 
 
 def chain_lines(
-    cfg: Cfg, run_dir: Path, run_here: Callable[[str], str], job_id: str, cancel: str, how: str
+    cfg: Config, run_dir: Path, run_here: Callable[[str], str], job_id: str, cancel: str, how: str
 ) -> tuple[list[str], list[str]]:
     """The lines a chained training job runs before and after training (resilience.job_restarts): it asks
     common/job_chain.py whether it still has work and cancels the jobs queued behind it once the run is finished
     or must stop. `run_here(command)` is the command as one line run once in the job's environment (srun, the
     container), `job_id` the scheduler's job id variable, `cancel` a shell line cancelling this run's jobs still
     queued, `how` the way each job waits for the one before."""
-    jobs = 1 + commands.job_restarts(cfg)
+    jobs = 1 + cfg.resilience.job_restarts
     begin = run_here(commands.job_chain_command(run_dir, "begin", job_id))
     end = run_here(commands.job_chain_command(run_dir, "end", job_id))
     before = [
@@ -380,6 +438,12 @@ def preflight_title(plan: Plan) -> str:
 
 
 # --------------------------------------------------------------------------- time limits and paths
+def signal_margin(cluster: BatchCluster) -> int | None:
+    """The seconds before the time limit at which the ranks are told to checkpoint and stop: Slurm's and Grid
+    Engine's SIGUSR1, Kubernetes' grace after SIGTERM; Base Command sends nothing."""
+    return cluster.signal_before_timeout_s if isinstance(cluster, (ContainerCluster, K8sCluster)) else None
+
+
 def time_seconds(value: Any) -> int | None:
     """Seconds in a time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None for unlimited.
     Raises ValueError for anything else."""

@@ -11,15 +11,16 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping, Sequence
 
+from common.config import BcpCluster, Config, Dataset, Workspace
 from common.plan import Plan
 from launcher.jobs import commands
 from launcher.jobs.commands import REPO, REPORT_FALLBACK
 from launcher.jobs.render import KEEP_LOG, Job, tee
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
 from launcher.plan.errors import PlanError
-from launcher.platforms.base import Cfg, Platform, Say, outside_mounts, time_seconds, training_title
+from launcher.platforms.base import Platform, Say, outside_mounts, time_seconds, training_title
 from launcher.platforms.base import gpus as gpus_text
 
 # dgxa100.80g.8.norm: the GPU family, memory per GPU, GPUs per replica, class.
@@ -30,8 +31,9 @@ UNFINISHED = {"CREATED", "QUEUED", "STARTING", "RUNNING", "PENDING_TERMINATION",
 SUCCEEDED = "FINISHED_SUCCESS"
 
 
-class Bcp(Platform):
+class Bcp(Platform[BcpCluster]):
     name = "bcp"
+    cluster_class = BcpCluster
     suffix = ".ngc.sh"
     resubmit = "bash"
     client = "ngc"
@@ -47,21 +49,23 @@ class Bcp(Platform):
     no_ft_launcher = "bcprun starts every rank itself, one process per GPU"
 
     # ----------------------------------------------------------------------- checks
-    def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
-        cluster = cfg["cluster"]
-        found = self.image_name_problems(cfg, "nvcr.io/<org>/<team>/<image>:<tag>") + _instance_problems(cluster)
+    def problems(self, cfg: Config, selected: Sequence[str], dry_run: bool) -> tuple[list[str], list[str]]:
+        cluster = self.cluster_of(cfg)
+        example = "nvcr.io/<org>/<team>/<image>:<tag>"
+        found = self.image_name_problems(cluster.container, example) + _instance_problems(cluster)
         problem = _mount_problem(cluster)
         if problem:
             return found + [problem], []
-        return found + _path_problems(cfg, selected) + self.limit_problems(cfg, selected, finite=True), []
+        limits = self.limit_problems(cfg, cluster, selected, finite=True)
+        return found + _path_problems(cfg, cluster, selected) + limits, []
 
     # ----------------------------------------------------------------------- jobs
-    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
+    def data_preparation_jobs(self, cfg: Config, run_dir: Path, num_shards: int) -> list[Job]:
         """One job: its replicas take every R-th shard (replica r: shards r, r+R, ...), then the first replica
         checks every shard."""
-        name = cfg["data_preparation"].get("name")
-        job = cfg["data_preparation"].get("job") or {}
-        replicas = min(num_shards, job.get("max_parallel") or num_shards)
+        name = cfg.data_preparation.name
+        job = cfg.data_preparation.job
+        replicas = min(num_shards, job.max_parallel or num_shards)
         if replicas > 1:
             shards = f'"$(seq -s, "$NGC_ARRAY_INDEX" {replicas} {num_shards - 1})"'
             prep = _bcprun(replicas, 1, {}, commands.data_prep_command(run_dir, shard=shards))
@@ -76,20 +80,20 @@ class Bcp(Platform):
                 [logged(prep, run_dir, "data_preparation"), logged(check, run_dir, "data_preparation")],
                 nodes=replicas,
                 ntasks_per_node=1,
-                time_limit=job.get("time_limit"),
+                time_limit=job.time_limit,
             )
         ]
 
-    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """bcprun starts one process per GPU on every replica (array type PYTORCH: torchrun's RANK / LOCAL_RANK /
         WORLD_SIZE / MASTER_ADDR); the first replica then prints the report."""
-        cluster = cfg["cluster"]
-        _, gpus = instance_gpus(cluster)
-        if gpus and plan.gpus_per_node != gpus and "training" in cfg["stages"]:
+        cluster = self.cluster_of(cfg)
+        _, gpus = instance_gpus(cluster.instance)
+        if gpus and plan.gpus_per_node != gpus and "training" in cfg.stages:
             raise PlanError(
                 [
                     f"the plan uses {gpus_text(plan.gpus_per_node)} per node but cluster.instance="
-                    f"{cluster['instance']} has {gpus}: pick a {plan.gpus_per_node}-GPU instance or set "
+                    f"{cluster.instance} has {gpus}: pick a {plan.gpus_per_node}-GPU instance or set "
                     f"parallelism.num_gpus to a multiple of {gpus}"
                 ]
             )
@@ -112,18 +116,18 @@ class Bcp(Platform):
         return job, command
 
     # ----------------------------------------------------------------------- rendering
-    def render(self, job: Job, cfg: Cfg, run_dir: Path) -> dict[str, str]:
+    def render(self, job: Job, cfg: Config, run_dir: Path) -> dict[str, str]:
         """The submission script, then the job's body, which the submitted job runs."""
         return {**super().render(job, cfg, run_dir), body_name(job.stage): self.render_body(job, run_dir)}
 
-    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+    def render_script(self, job: Job, cfg: Config, run_dir: Path) -> str:
         title = f"{job.title}: submits to NGC Base Command Platform the job that runs {body_name(job.stage)}"
         return "\n".join(
             [
                 "#!/usr/bin/env bash",
                 *self.header_lines(job, run_dir, title),
                 "set -euo pipefail",
-                "exec " + _grouped(ngc_command(job, cfg, run_dir)),
+                "exec " + _grouped(ngc_command(job, self.cluster_of(cfg), run_dir)),
                 "",
             ]
         )
@@ -147,7 +151,7 @@ class Bcp(Platform):
         )
 
     # ----------------------------------------------------------------------- submission
-    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Config) -> list[str]:
         lines = []
         for index, job in enumerate(jobs):
             lines.append(shlex.join(["bash", str(run_dir / job.script)]))
@@ -155,7 +159,7 @@ class Bcp(Platform):
                 lines.append("# ... until `ngc base-command job info <its id>` shows Status: FINISHED_SUCCESS")
         return lines
 
-    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Config, say: Say = print) -> list[Submitted]:
         def submit_one(job: Job, previous: str | None) -> str:
             out = run_client(["bash", str(run_dir / job.script)], f"ngc base-command job run ({job.script})")
             match = re.search(r"^\s*Id:\s*(\d+)\s*$", out, re.MULTILINE)  # "Job Information / Id: 7180359"
@@ -163,7 +167,8 @@ class Bcp(Platform):
                 raise SubmitError(f"ngc base-command job run ({job.script}) printed no job id: {out.strip()[:200]!r}")
             return match.group(1)
 
-        return submit_in_order(jobs, run_dir, submit_one, lambda job, job_id: wait(cfg, job_id), say)
+        interval = float(self.cluster_of(cfg).poll_interval_s)
+        return submit_in_order(jobs, run_dir, submit_one, lambda job, job_id: wait(job_id, interval), say)
 
     def waits_for(self, dependency: str) -> str:
         return f"after {dependency.split(':')[1]} finished"
@@ -184,9 +189,9 @@ def logged(cmd: str, run_dir: Path, stage: str) -> str:
     return f'{cmd} 2>&1 | keep_log -a "{run_dir}/logs/{stage}_$NGC_JOB_ID.log"'
 
 
-def wait(cfg: Cfg, job_id: str) -> str | None:
-    """None once the job has finished successfully; why not, once it ended otherwise."""
-    interval = float(cfg["cluster"]["poll_interval_s"])
+def wait(job_id: str, interval: float) -> str | None:
+    """None once the job has finished successfully; why not, once it ended otherwise (asked every `interval`
+    seconds)."""
     while True:
         out = run_client(["ngc", "base-command", "job", "info", job_id], f"ngc base-command job info {job_id}")
         match = STATUS.search(out)
@@ -199,51 +204,49 @@ def wait(cfg: Cfg, job_id: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- checks
-def _mounts(cluster: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    return list(cluster.get(key) or [])
-
-
-def _mount_problem(cluster: Mapping[str, Any]) -> str | None:
-    for key, fields in (("workspaces", ("id", "mount")), ("datasets", ("id", "mount"))):
-        for entry in _mounts(cluster, key):
-            if not (
-                isinstance(entry, Mapping) and all(entry.get(f) for f in fields) and str(entry["mount"]).startswith("/")
-            ):
+def _mount_problem(cluster: BcpCluster) -> str | None:
+    mounts: list[tuple[str, Sequence[Workspace | Dataset]]] = [
+        ("workspaces", cluster.workspaces),
+        ("datasets", cluster.datasets),
+    ]
+    for key, entries in mounts:
+        for entry in entries:
+            if not (entry.id and entry.mount and str(entry.mount).startswith("/")):
                 return f"cluster.{key}: each entry needs id and an absolute mount; got {entry!r}"
     return None
 
 
-def instance_gpus(cluster: Mapping[str, Any], key: str = "instance") -> tuple[str | None, int | None]:
-    match = INSTANCE.match(str(cluster.get(key) or ""))
+def instance_gpus(instance: str | None) -> tuple[str | None, int | None]:
+    """The GPU family and the GPUs per replica an instance type names (dgxh100.80g.8.norm: h100, 8)."""
+    match = INSTANCE.match(str(instance or ""))
     return (match["gpu"], int(match["gpus"])) if match else (None, None)
 
 
-def _instance_problems(cluster: Mapping[str, Any]) -> list[str]:
+def _instance_problems(cluster: BcpCluster) -> list[str]:
     """The instance type names the GPUs of a replica: they must be the plan's."""
-    family, gpus = instance_gpus(cluster)
-    if not cluster.get("instance"):
+    family, gpus = instance_gpus(cluster.instance)
+    if not cluster.instance:
         return [
             "cluster.instance is empty: name the instance type (ngc base-command ace list), e.g. "
             "cluster.instance=dgxh100.80g.8.norm"
         ]
-    if gpus is not None and gpus != cluster.get("gpus_per_node"):
+    if gpus is not None and gpus != cluster.gpus_per_node:
         return [
-            f"cluster.instance={cluster['instance']} has {gpus} GPUs but cluster.gpus_per_node="
-            f"{cluster.get('gpus_per_node')}; set cluster.gpus_per_node={gpus} or pick another instance"
+            f"cluster.instance={cluster.instance} has {gpus} GPUs but cluster.gpus_per_node="
+            f"{cluster.gpus_per_node}; set cluster.gpus_per_node={gpus} or pick another instance"
         ]
-    if family and cluster.get("gpu_type") and family != str(cluster["gpu_type"]).lower():
+    if family and cluster.gpu_type and family != str(cluster.gpu_type).lower():
         return [
-            f"cluster.instance={cluster['instance']} has {family} GPUs but cluster.gpu_type="
-            f"{cluster['gpu_type']}; set cluster.gpu_type={family}"
+            f"cluster.instance={cluster.instance} has {family} GPUs but cluster.gpu_type="
+            f"{cluster.gpu_type}; set cluster.gpu_type={family}"
         ]
     return []
 
 
-def _path_problems(cfg: Cfg, selected: list[str]) -> list[str]:
+def _path_problems(cfg: Config, cluster: BcpCluster, selected: Sequence[str]) -> list[str]:
     """Jobs see only workspaces (read-write) and datasets (read-only), at the paths they have here."""
-    cluster = cfg["cluster"]
     found = []
-    mounts = [str(m["mount"]) for m in _mounts(cluster, "workspaces") + _mounts(cluster, "datasets")]
+    mounts = [str(m.mount) for m in cluster.workspaces] + [str(m.mount) for m in cluster.datasets]
     missing = outside_mounts(commands.job_paths(cfg), mounts)
     if missing:
         found.append(
@@ -252,10 +255,8 @@ def _path_problems(cfg: Cfg, selected: list[str]) -> list[str]:
             "here (ngc workspace mount) and in the job, e.g. cluster.workspaces=[{id: llama31, mount: "
             "/mnt/llama31}]"
         )
-    writable = [str(m["mount"]) for m in _mounts(cluster, "workspaces")]
-    outputs = [cfg["results_dir"]] + (
-        [str(cfg["data_preparation"]["output_dir"])] if "data_preparation" in selected else []
-    )
+    writable = [str(m.mount) for m in cluster.workspaces]
+    outputs = [cfg.results_dir] + ([str(cfg.data_preparation.output_dir)] if "data_preparation" in selected else [])
     read_only = [p for p in outside_mounts(outputs, writable) if p not in missing]
     if read_only:
         found.append(
@@ -277,45 +278,44 @@ def _bcprun(nodes: int, per_node: int, env: Mapping[str, str], command: str) -> 
     return commands.grouped_line(groups, shlex.join(["--cmd", command]))
 
 
-def job_name(cfg: Mapping[str, Any], stage: str, run_dir: Path) -> str:
-    name = ".".join(p for p in (cfg["cluster"].get("job_name_prefix"), stage, run_dir.name) if p)
+def job_name(cluster: BcpCluster, stage: str, run_dir: Path) -> str:
+    name = ".".join(p for p in (cluster.job_name_prefix, stage, run_dir.name) if p)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
 
 
-def ngc_command(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[str]:
+def ngc_command(job: Job, cluster: BcpCluster, run_dir: Path) -> list[str]:
     """The documented `ngc base-command job run` options: the job runs the body script on its first replica."""
-    cluster = cfg["cluster"]
-    instance = cluster["instance"]
-    if job.stage != "training" and cluster.get("data_instance"):
-        instance = cluster["data_instance"]
+    instance = cluster.instance
+    if job.stage != "training" and cluster.data_instance:
+        instance = cluster.data_instance
     args = [
         "ngc",
         "base-command",
         "job",
         "run",
         "--name",
-        job_name(cfg, job.stage, run_dir),
+        job_name(cluster, job.stage, run_dir),
         "--image",
-        str(cluster["container"]),
+        str(cluster.container),
         "--instance",
         str(instance),
     ]
-    for key in ("ace", "org", "team"):
-        if cluster.get(key):
-            args += [f"--{key}", str(cluster[key])]
+    for option, value in (("ace", cluster.ace), ("org", cluster.org), ("team", cluster.team)):
+        if value:
+            args += [f"--{option}", str(value)]
     if job.nodes > 1:
         args += ["--replicas", str(job.nodes), "--array-type", "PYTORCH"]
     args += [
         "--total-runtime",
-        f"{time_seconds(job.time_limit or cluster['time_limit'])}s",
+        f"{time_seconds(job.time_limit or cluster.time_limit)}s",
         "--result",
-        str(cluster["result"]),
+        str(cluster.result),
     ]
-    for ws in _mounts(cluster, "workspaces"):
-        args += ["--workspace", f"{ws['id']}:{ws['mount']}:{ws.get('mode') or 'RW'}"]
-    for ds in _mounts(cluster, "datasets"):
-        args += ["--datasetid", f"{ds['id']}:{ds['mount']}"]
-    args += [str(a) for a in cluster.get("ngc_args") or []]
+    for ws in cluster.workspaces:
+        args += ["--workspace", f"{ws.id}:{ws.mount}:{ws.mode or 'RW'}"]
+    for ds in cluster.datasets:
+        args += ["--datasetid", f"{ds.id}:{ds.mount}"]
+    args += [str(a) for a in cluster.ngc_args]
     return [*args, "--commandline", f"bash {run_dir / body_name(job.stage)}"]
 
 

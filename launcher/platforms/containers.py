@@ -7,9 +7,14 @@ from __future__ import annotations
 import shlex
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping, Union
 
+from common.config import ClusterConfig, Config, ContainerCluster, LocalCluster
 from launcher.jobs.commands import REPO, container_mounts
+
+# The clusters whose container stage builds cluster.container (the jobs of slurm and sge also run in it; local
+# jobs never do).
+ImageCluster = Union[LocalCluster, ContainerCluster]
 
 # Runtime -> the image file it runs and the container stage builds.
 IMAGE_SUFFIX = {"pyxis": ".sqsh", "apptainer": ".sif"}
@@ -18,28 +23,33 @@ BUILD_TOOL = {"pyxis": "enroot", "apptainer": "apptainer"}
 RUNTIMES = ("pyxis", "apptainer", "none")
 
 
-def runtime_of(cluster: Mapping[str, Any]) -> str:
+def image_cluster(cluster: ClusterConfig) -> ImageCluster:
+    """The cluster of a platform that builds images (Platform.builds_images), with its image keys."""
+    if not isinstance(cluster, (LocalCluster, ContainerCluster)):
+        raise TypeError(f"cluster.platform={cluster.platform} has no image to build")
+    return cluster
+
+
+def runtime_of(cluster: ImageCluster) -> str:
     """cluster.container_runtime; `none` also when cluster.container is null (bare metal either way)."""
-    if not cluster.get("container"):
+    if not cluster.container:
         return "none"
-    return str(cluster.get("container_runtime"))
+    return str(cluster.container_runtime)
 
 
-def runtime_problems(cluster: Mapping[str, Any], allowed: tuple[str, ...]) -> list[str]:
-    value = cluster.get("container_runtime")
+def runtime_problems(cluster: ImageCluster, allowed: tuple[str, ...]) -> list[str]:
+    value = cluster.container_runtime
     if value not in allowed:
         return [
-            f"cluster.container_runtime={value!r}: cluster={cluster['name']} runs containers with "
-            f"{' or '.join(allowed)}"
+            f"cluster.container_runtime={value!r}: cluster={cluster.name} runs containers with {' or '.join(allowed)}"
         ]
     return []
 
 
-def build_problems(cfg: Mapping[str, Any], build_here: bool, dry_run: bool) -> tuple[list[str], bool]:
+def build_problems(cluster: ImageCluster, build_here: bool, dry_run: bool) -> tuple[list[str], bool]:
     """(problems, build_needed) for the container stage: the image path must suit the runtime."""
-    cluster = cfg["cluster"]
-    runtime = cluster.get("container_runtime")
-    image = cluster.get("container")
+    runtime = cluster.container_runtime
+    image = cluster.container
     suffix = IMAGE_SUFFIX.get(runtime)
     if suffix is None:
         return [
@@ -62,14 +72,14 @@ def build_problems(cfg: Mapping[str, Any], build_here: bool, dry_run: bool) -> t
         return problems, False
     if build_here and not dry_run and shutil.which(BUILD_TOOL[runtime]) is None:
         problems.append(
-            f"stages has container with cluster={cluster['name']} but {BUILD_TOOL[runtime]} is not "
+            f"stages has container with cluster={cluster.name} but {BUILD_TOOL[runtime]} is not "
             "installed here; install it, or build on a compute node (cluster=bcm or cluster=sge)"
         )
     return problems, not problems
 
 
-def wheel_dir_problems(cluster: Mapping[str, Any], dry_run: bool) -> list[str]:
-    wheels = cluster.get("wheel_dir")
+def wheel_dir_problems(cluster: ImageCluster, dry_run: bool) -> list[str]:
+    wheels = cluster.wheel_dir
     if wheels is None:
         return []
     if not str(wheels).startswith("/"):
@@ -82,11 +92,10 @@ def wheel_dir_problems(cluster: Mapping[str, Any], dry_run: bool) -> list[str]:
     return []
 
 
-def image_problems(cfg: Mapping[str, Any], dry_run: bool) -> tuple[list[str], list[str]]:
+def image_problems(cluster: ContainerCluster, dry_run: bool) -> tuple[list[str], list[str]]:
     """(problems, warnings) for a job that runs in cluster.container without building it first."""
-    cluster = cfg["cluster"]
-    runtime, image = runtime_of(cluster), cluster.get("container")
-    if runtime == "none":
+    runtime, image = runtime_of(cluster), str(cluster.container)
+    if runtime == "none":  # no image, or bare metal
         return [], []
     suffix = IMAGE_SUFFIX[runtime]
     other = [s for r, s in IMAGE_SUFFIX.items() if r != runtime and str(image).endswith(s)]
@@ -112,20 +121,19 @@ def image_problems(cfg: Mapping[str, Any], dry_run: bool) -> tuple[list[str], li
 
 
 # --------------------------------------------------------------------------- running in the image
-def apptainer_exec(cfg: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+def apptainer_exec(cfg: Config, cluster: ContainerCluster, env: Mapping[str, str]) -> list[str]:
     """`apptainer exec` with the same mounts, working directory and writability as the pyxis flags. The plan's
     variables are set explicitly (--env wins over values the image defines); everything else, the ranks and
     MASTER_ADDR/MASTER_PORT included, reaches the container from the job's environment as apptainer passes it."""
-    cluster = cfg["cluster"]
     args = ["apptainer", "exec", "--nv", f"--bind={','.join(container_mounts(cfg))}", f"--pwd={REPO}", "--no-home"]
-    if cluster.get("container_writable"):
+    if cluster.container_writable:
         args.append("--writable-tmpfs")
     args += [f"--env={key}={value}" for key, value in env.items()]
-    args.append(str(cluster["container"]))
+    args.append(str(cluster.container))
     return args
 
 
-def env_problems(cluster: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+def env_problems(cluster: ContainerCluster, env: Mapping[str, str]) -> list[str]:
     """apptainer --env splits its value on commas, so a value holding one cannot be passed that way."""
     if runtime_of(cluster) != "apptainer":
         return []
@@ -142,27 +150,26 @@ def docker_reference(source: str) -> str:
     return source.replace("#", "/", 1)
 
 
-def install_command(cluster: Mapping[str, Any]) -> list[str]:
+def install_command(cluster: ImageCluster) -> list[str]:
     command = ["python", "-m", "recipes.stack", "install"]
-    if cluster.get("wheel_dir"):
-        command += ["--wheel-dir", str(cluster["wheel_dir"])]
+    if cluster.wheel_dir:
+        command += ["--wheel-dir", str(cluster.wheel_dir)]
     return command
 
 
-def build_mounts(cluster: Mapping[str, Any]) -> list[str]:
+def build_mounts(cluster: ImageCluster) -> list[str]:
     """The repository (the install command and the stack declaration) and the wheels, at their own paths."""
-    dirs = [str(REPO)] + ([str(cluster["wheel_dir"])] if cluster.get("wheel_dir") else [])
+    dirs = [str(REPO)] + ([str(cluster.wheel_dir)] if cluster.wheel_dir else [])
     return [f"{d}:{d}" for d in dirs]
 
 
-def build_title(cluster: Mapping[str, Any]) -> str:
-    return f"Build {cluster['container']} from {cluster['container_source']} with the declared stack (conf/stack.yaml)"
+def build_title(cluster: ImageCluster) -> str:
+    return f"Build {cluster.container} from {cluster.container_source} with the declared stack (conf/stack.yaml)"
 
 
-def build_lines(cfg: Mapping[str, Any], run_dir: Path) -> tuple[list[str], dict[str, str]]:
+def build_lines(cluster: ImageCluster, run_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The container stage's shell lines and the files they read (apptainer's definition file)."""
-    cluster = cfg["cluster"]
-    if cluster["container_runtime"] == "apptainer":
+    if cluster.container_runtime == "apptainer":
         return apptainer_build(cluster, run_dir)
     return enroot_build(cluster), {}
 
@@ -175,10 +182,10 @@ def _skip_when_built(image: str) -> list[str]:
     ]
 
 
-def enroot_build(cluster: Mapping[str, Any]) -> list[str]:
+def enroot_build(cluster: ImageCluster) -> list[str]:
     """Import the base, unpack it, install the stack into it with the repository mounted, export the .sqsh.
     The image appears only complete (temporary file, then rename); the unpacked copy is removed either way."""
-    sqsh, source = str(cluster["container"]), str(cluster["container_source"])
+    sqsh, source = str(cluster.container), str(cluster.container_source)
     partial = sqsh + ".partial"
     local_base = source.startswith("/")  # an air-gapped cluster's base image on disk
     base = source if local_base else sqsh + ".base.partial"
@@ -202,8 +209,8 @@ def enroot_build(cluster: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def definition_file(cluster: Mapping[str, Any]) -> str:
-    source = str(cluster["container_source"])
+def definition_file(cluster: ImageCluster) -> str:
+    source = str(cluster.container_source)
     bootstrap = (
         ["Bootstrap: localimage", f"From: {source}"]
         if source.startswith("/")
@@ -226,9 +233,9 @@ def definition_file(cluster: Mapping[str, Any]) -> str:
     )
 
 
-def apptainer_build(cluster: Mapping[str, Any], run_dir: Path) -> tuple[list[str], dict[str, str]]:
+def apptainer_build(cluster: ImageCluster, run_dir: Path) -> tuple[list[str], dict[str, str]]:
     """`apptainer build` from a definition file in the run directory, with the repository bound during %post."""
-    sif = str(cluster["container"])
+    sif = str(cluster.container)
     partial = sif + ".partial"
     definition = run_dir / "container.def"
     lines = [

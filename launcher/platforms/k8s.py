@@ -13,22 +13,24 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Sequence
 
 import yaml
 
+from common.config import Config, K8sCluster
 from common.plan import Plan
 from launcher.jobs import commands
 from launcher.jobs.commands import REPO, REPORT_FALLBACK
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
-from launcher.platforms.base import Cfg, Platform, Say, outside_mounts, time_seconds, training_title
+from launcher.platforms.base import Platform, Say, outside_mounts, time_seconds, training_title
 
 SHORT = {"data_preparation": "data", "data_check": "check", "training": "train"}
 
 
-class K8s(Platform):
+class K8s(Platform[K8sCluster]):
     name = "k8s"
+    cluster_class = K8sCluster
     suffix = ".yaml"
     resubmit = "kubectl create -f"
     client = "kubectl"
@@ -44,37 +46,38 @@ class K8s(Platform):
         "resilience.job_restarts=0"
     )
 
-    def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
-        found = self.image_name_problems(cfg, "<registry>/<image>:<tag>") + _volume_problems(cfg)
-        return found + self.limit_problems(cfg, selected, finite=True), []
+    def problems(self, cfg: Config, selected: Sequence[str], dry_run: bool) -> tuple[list[str], list[str]]:
+        cluster = self.cluster_of(cfg)
+        found = self.image_name_problems(cluster.container, "<registry>/<image>:<tag>") + _volume_problems(cfg, cluster)
+        return found + self.limit_problems(cfg, cluster, selected, finite=True), []
 
     # ----------------------------------------------------------------------- jobs
-    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
-        name = cfg["data_preparation"].get("name")
+    def data_preparation_jobs(self, cfg: Config, run_dir: Path, num_shards: int) -> list[Job]:
+        name = cfg.data_preparation.name
         prep = commands.data_prep_command(run_dir, shard='"$JOB_COMPLETION_INDEX"')
         check = shlex.join(commands.data_check_command(run_dir))
-        job = cfg["data_preparation"].get("job") or {}
+        job = cfg.data_preparation.job
         return [
             self.job(
                 "data_preparation",
                 f"Data preparation ({name}): one pod per shard ({num_shards} shards)",
                 [prep],
                 array_size=num_shards,
-                max_parallel=job.get("max_parallel"),
-                cpus_per_task=job.get("cpus_per_task"),
-                time_limit=job.get("time_limit"),
+                max_parallel=job.max_parallel,
+                cpus_per_task=job.cpus_per_task,
+                time_limit=job.time_limit,
             ),
             self.job(
                 "data_check",
                 f"Check every prepared shard ({num_shards}) before training starts",
                 [check],
-                time_limit=job.get("time_limit"),
+                time_limit=job.time_limit,
             ),
         ]
 
-    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """torchrun in each pod, its node rank the pod's completion index; pod 0 ends with the report."""
-        command = _torchrun(cfg, plan, run_dir, entry)
+        command = _torchrun(cfg, self.cluster_of(cfg), plan, run_dir, entry)
         report = shlex.join(commands.report_command(run_dir))
         lines = [
             command,
@@ -93,28 +96,30 @@ class K8s(Platform):
         return job, command
 
     # ----------------------------------------------------------------------- the manifests
-    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
-        body = yaml.dump_all(
-            manifests(job, cfg, run_dir), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120
-        )
+    def render_script(self, job: Job, cfg: Config, run_dir: Path) -> str:
+        documents = manifests(job, self.cluster_of(cfg), run_dir)
+        body = yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
         return "\n".join(self.header_lines(job, run_dir)) + "\n" + body
 
     # ----------------------------------------------------------------------- submission
-    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Config) -> list[str]:
+        cluster = self.cluster_of(cfg)
         lines = []
         for index, job in enumerate(jobs):
-            lines.append(shlex.join(_kubectl(cfg, "create", "-f", str(run_dir / job.script))))
+            lines.append(shlex.join(_kubectl(cluster, "create", "-f", str(run_dir / job.script))))
             if index < len(jobs) - 1:
-                name = job_name(cfg, job.stage, run_dir)
+                name = job_name(cluster, job.stage, run_dir)
                 lines.append(
-                    shlex.join(_kubectl(cfg, "wait", "--for=condition=complete", "--timeout=-1s", f"job/{name}"))
+                    shlex.join(_kubectl(cluster, "wait", "--for=condition=complete", "--timeout=-1s", f"job/{name}"))
                 )
         return lines
 
-    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Config, say: Say = print) -> list[Submitted]:
+        cluster = self.cluster_of(cfg)
+
         def submit_one(job: Job, previous: str | None) -> str:
             out = run_client(
-                _kubectl(cfg, "create", "-f", str(run_dir / job.script), "-o", "name"),
+                _kubectl(cluster, "create", "-f", str(run_dir / job.script), "-o", "name"),
                 f"kubectl create -f {job.script}",
             )
             names = [line.split("/", 1)[1] for line in out.split() if line.startswith("job.batch/")]
@@ -122,7 +127,7 @@ class K8s(Platform):
                 raise SubmitError(f"kubectl create -f {job.script} printed no job: {out.strip()!r}")
             return names[0]
 
-        return submit_in_order(jobs, run_dir, submit_one, lambda job, name: wait(cfg, name), say)
+        return submit_in_order(jobs, run_dir, submit_one, lambda job, name: wait(cluster, name), say)
 
     def waits_for(self, dependency: str) -> str:
         return f"after {dependency.split(':')[1]} completed"
@@ -134,16 +139,16 @@ class K8s(Platform):
         return shlex.join(["kubectl", "logs", "-f", f"job/{submitted[-1].job_id}"])
 
 
-def _kubectl(cfg: Mapping[str, Any], *args: str) -> list[str]:
-    namespace = cfg["cluster"].get("namespace")
+def _kubectl(cluster: K8sCluster, *args: str) -> list[str]:
+    namespace = cluster.namespace
     return ["kubectl", *(["--namespace", namespace] if namespace else []), *args]
 
 
-def wait(cfg: Cfg, name: str) -> str | None:
+def wait(cluster: K8sCluster, name: str) -> str | None:
     """None once the job is Complete; why not, once it failed."""
-    interval = float(cfg["cluster"]["poll_interval_s"])
+    interval = float(cluster.poll_interval_s)
     while True:
-        out = run_client(_kubectl(cfg, "get", f"job/{name}", "-o", "json"), f"kubectl get job/{name}")
+        out = run_client(_kubectl(cluster, "get", f"job/{name}", "-o", "json"), f"kubectl get job/{name}")
         conditions = json.loads(out).get("status", {}).get("conditions") or []
         done = {c.get("type") for c in conditions if c.get("status") == "True"}
         if "Complete" in done:
@@ -155,19 +160,15 @@ def wait(cfg: Cfg, name: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- checks
-def _volume_problems(cfg: Cfg) -> list[str]:
+def _volume_problems(cfg: Config, cluster: K8sCluster) -> list[str]:
     """Pods see only cluster.volumes: the repository, results_dir and the data must lie on them."""
-    volumes = cfg["cluster"].get("volumes") or []
-    bad = [
-        v
-        for v in volumes
-        if not (isinstance(v, Mapping) and v.get("claim") and str(v.get("mount", "")).startswith("/"))
-    ]
+    volumes = cluster.volumes
+    bad = [v for v in volumes if not (v.claim and str(v.mount).startswith("/"))]
     if bad:
         return [
             f"cluster.volumes: each entry needs claim (a PersistentVolumeClaim) and an absolute mount; got {bad[0]!r}"
         ]
-    missing = outside_mounts(commands.job_paths(cfg), [str(v["mount"]) for v in volumes])
+    missing = outside_mounts(commands.job_paths(cfg), [str(v.mount) for v in volumes])
     if missing:
         return [
             f"cluster=k8s: pods see only cluster.volumes, and {', '.join(missing)} lie on none of them; "
@@ -191,14 +192,14 @@ def dns_name(*parts: str, limit: int = 52) -> str:
     return name
 
 
-def job_name(cfg: Mapping[str, Any], stage: str, run_dir: Path) -> str:
+def job_name(cluster: K8sCluster, stage: str, run_dir: Path) -> str:
     """A DNS label short enough for the pods' host names (<name>-<index>)."""
-    return dns_name(cfg["cluster"].get("job_name_prefix") or "", SHORT[stage], run_dir.name)
+    return dns_name(cluster.job_name_prefix or "", SHORT[stage], run_dir.name)
 
 
-def _torchrun(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str]) -> str:
-    master = job_name(cfg, "training", run_dir)
-    if commands.in_job_restarts(cfg):
+def _torchrun(cfg: Config, cluster: K8sCluster, plan: Plan, run_dir: Path, entry: list[str]) -> str:
+    master = job_name(cluster, "training", run_dir)
+    if cfg.resilience.in_job_restarts:
         # ft_launcher's c10d rendezvous on pod 0 (it has no static one): it restarts every rank in the pods.
         return commands.ft_launch_command(
             cfg,
@@ -206,16 +207,14 @@ def _torchrun(cfg: Mapping[str, Any], plan: Plan, run_dir: Path, entry: list[str
             entry,
             plan.num_nodes,
             plan.gpus_per_node,
-            (f"{master}-0.{master}:{cfg['cluster']['master_port']}", master),
+            (f"{master}-0.{master}:{cluster.master_port}", master),
         )
     program = entry[1:] if entry[0] == "python" else ["--no-python", *entry]
     return " ".join(
         [
             shlex.join(["torchrun", "--nnodes", str(plan.num_nodes), "--nproc-per-node", str(plan.gpus_per_node)]),
             '--node-rank "$JOB_COMPLETION_INDEX"',
-            shlex.join(
-                ["--master-addr", f"{master}-0.{master}", "--master-port", str(cfg["cluster"]["master_port"]), *program]
-            ),
+            shlex.join(["--master-addr", f"{master}-0.{master}", "--master-port", str(cluster.master_port), *program]),
         ]
     )
 
@@ -234,37 +233,36 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
-def _metadata(cfg: Mapping[str, Any], name: str, job: Job, run_dir: Path) -> dict[str, Any]:
+def _metadata(cluster: K8sCluster, name: str, job: Job, run_dir: Path) -> dict[str, Any]:
     labels = {
         "app.kubernetes.io/name": "llama31-recipes",
         "app.kubernetes.io/component": job.stage.replace("_", "-"),
         "llama31-recipes/run": dns_name(run_dir.name, limit=63),
     }
     meta: dict[str, Any] = {"name": name}
-    if cfg["cluster"].get("namespace"):
-        meta["namespace"] = cfg["cluster"]["namespace"]
+    if cluster.namespace:
+        meta["namespace"] = cluster.namespace
     meta["labels"] = labels
     return meta
 
 
-def _pod(cfg: Mapping[str, Any], job: Job, name: str) -> dict[str, Any]:
-    cluster = cfg["cluster"]
-    volumes = cluster.get("volumes") or []
+def _pod(cluster: K8sCluster, job: Job, name: str) -> dict[str, Any]:
+    volumes = cluster.volumes
     env = {"PYTHONPATH": str(REPO), **job.env}
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
     if job.stage == "training":
         limits["nvidia.com/gpu"] = job.gpus_per_node
-        limits.update(cluster.get("resources") or {})
+        limits.update(cluster.resources)
     elif job.cpus_per_task:
         requests["cpu"] = job.cpus_per_task
     container: dict[str, Any] = {
         "name": job.stage.replace("_", "-"),
-        "image": cluster["container"],
+        "image": cluster.container,
         "workingDir": str(REPO),
         "command": ["bash", "-c", "\n".join(["set -euo pipefail", *job.lines]) + "\n"],
         "env": [{"name": k, "value": str(v)} for k, v in env.items()],
-        "volumeMounts": [{"name": f"volume-{i}", "mountPath": str(v["mount"])} for i, v in enumerate(volumes)]
+        "volumeMounts": [{"name": f"volume-{i}", "mountPath": str(v.mount)} for i, v in enumerate(volumes)]
         + [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
     resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
@@ -274,23 +272,24 @@ def _pod(cfg: Mapping[str, Any], job: Job, name: str) -> dict[str, Any]:
     if job.stage == "training":
         pod["subdomain"] = name  # <name>-<index>.<name> resolves to each pod through the headless Service
         # Kubernetes sends SIGTERM at the deadline and waits this long: the trainer checkpoints and exits.
-        pod["terminationGracePeriodSeconds"] = cluster.get("signal_before_timeout_s") or 30
+        pod["terminationGracePeriodSeconds"] = cluster.signal_before_timeout_s or 30
     pod["containers"] = [container]
     # NCCL and the data loaders need more shared memory than a container's default 64 MiB.
     pod["volumes"] = [
-        {"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": str(v["claim"])}} for i, v in enumerate(volumes)
-    ] + [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(cluster["shm_size"])}}]
-    for key, field in (("node_selector", "nodeSelector"), ("tolerations", "tolerations")):
-        if cluster.get(key):
-            pod[field] = cluster[key]
-    if cluster.get("image_pull_secrets"):
-        pod["imagePullSecrets"] = [{"name": s} for s in cluster["image_pull_secrets"]]
+        {"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": str(v.claim)}} for i, v in enumerate(volumes)
+    ] + [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(cluster.shm_size)}}]
+    if cluster.node_selector:
+        pod["nodeSelector"] = cluster.node_selector
+    if cluster.tolerations:
+        pod["tolerations"] = cluster.tolerations
+    if cluster.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in cluster.image_pull_secrets]
     return pod
 
 
-def manifests(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[dict[str, Any]]:
-    name = job_name(cfg, job.stage, run_dir)
-    meta = _metadata(cfg, name, job, run_dir)
+def manifests(job: Job, cluster: K8sCluster, run_dir: Path) -> list[dict[str, Any]]:
+    name = job_name(cluster, job.stage, run_dir)
+    meta = _metadata(cluster, name, job, run_dir)
     completions = job.nodes if job.stage == "training" else (job.array_size or 1)
     spec: dict[str, Any] = {
         "completionMode": "Indexed",
@@ -301,9 +300,9 @@ def manifests(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[dict[str,
         spec["backoffLimitPerIndex"] = 0  # a failed shard fails alone; the others run to the end
     else:
         spec["backoffLimit"] = 0  # one failed pod ends the job (torchrun's peers cannot go on without it)
-    limit = time_seconds(job.time_limit or cfg["cluster"]["time_limit"])
+    limit = time_seconds(job.time_limit or cluster.time_limit)
     spec["activeDeadlineSeconds"] = limit
-    spec["template"] = {"metadata": {"labels": dict(meta["labels"])}, "spec": _pod(cfg, job, name)}
+    spec["template"] = {"metadata": {"labels": dict(meta["labels"])}, "spec": _pod(cluster, job, name)}
     documents = [{"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}]
     if job.stage == "training":
         service = {
@@ -314,7 +313,7 @@ def manifests(job: Job, cfg: Mapping[str, Any], run_dir: Path) -> list[dict[str,
                 "clusterIP": "None",
                 "publishNotReadyAddresses": True,
                 "selector": {"batch.kubernetes.io/job-name": name},
-                "ports": [{"name": "rendezvous", "port": cfg["cluster"]["master_port"]}],
+                "ports": [{"name": "rendezvous", "port": cluster.master_port}],
             },
         }
         documents.insert(0, service)

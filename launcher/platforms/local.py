@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Sequence
 
+from common.config import Config, LocalCluster
 from common.plan import Plan
 from launcher.jobs import commands
 from launcher.jobs.commands import REPO, REPORT_FALLBACK, bare_path
 from launcher.jobs.render import KEEP_LOG, Job, tee
 from launcher.platforms import containers
-from launcher.platforms.base import Cfg, Platform, export_title, gpus, preflight_title
+from launcher.platforms.base import Platform, export_title, gpus, preflight_title
 
 
-class Local(Platform):
+class Local(Platform[LocalCluster]):
     name = "local"
+    cluster_class = LocalCluster
     suffix = ".sh"
     resubmit = "bash"
     # Jobs here never run in a container; only the container stage reads the runtime, to build with it.
@@ -30,18 +33,18 @@ class Local(Platform):
     def script_name(self, stage: str) -> str:
         return "launch.sh" if stage == "training" else super().script_name(stage)
 
-    def problems(self, cfg: Cfg, selected: list[str], dry_run: bool) -> tuple[list[str], list[str]]:
+    def problems(self, cfg: Config, selected: Sequence[str], dry_run: bool) -> tuple[list[str], list[str]]:
         if "container" in selected:
-            return containers.runtime_problems(cfg["cluster"], self.runtimes), []
+            return containers.runtime_problems(self.cluster_of(cfg), self.runtimes), []
         return [], []
 
-    def container_job(self, cfg: Cfg, run_dir: Path) -> Job:
+    def container_job(self, cfg: Config, run_dir: Path) -> Job:
         job = super().container_job(cfg, run_dir)
         job.title += " on this machine"
         return job
 
-    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
-        name = cfg["data_preparation"].get("name")
+    def data_preparation_jobs(self, cfg: Config, run_dir: Path, num_shards: int) -> list[Job]:
+        name = cfg.data_preparation.name
         log = run_dir / "logs" / "data_preparation.log"
         check = shlex.join(commands.data_check_command(run_dir))
         return [
@@ -49,14 +52,14 @@ class Local(Platform):
                 "data_preparation",
                 f"Data preparation ({name}, {num_shards} shards) on this machine, then a check of every shard",
                 [tee(commands.data_prep_command(run_dir), log), tee(check, log)],
-                path_first=bare_path(cfg["cluster"]),
+                path_first=bare_path(self.cluster_of(cfg)),
             )
         ]
 
-    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """The stack check, then torchrun over this machine's GPUs (ft_launcher with resilience.in_job_restarts);
         the job ends with the report."""
-        if commands.in_job_restarts(cfg):
+        if cfg.resilience.in_job_restarts:
             command = commands.ft_launch_command(cfg, run_dir, entry, 1, plan.num_gpus)
         else:
             command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
@@ -74,10 +77,10 @@ class Local(Platform):
             f"Train {plan.model} ({plan.dtype}) on {gpus(plan.num_gpus)} of this machine",
             lines,
             env=dict(plan.env),
-            path_first=bare_path(cfg["cluster"]),
+            path_first=bare_path(self.cluster_of(cfg)),
         ), command
 
-    def preflight_job(self, cfg: Cfg, plan: Plan, run_dir: Path) -> Job:
+    def preflight_job(self, cfg: Config, plan: Plan, run_dir: Path) -> Job:
         """torchrun over the training job's GPUs running recipes.preflight: a non-zero exit below
         preflight.min_busbw_gbps stops the stages before training."""
         command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, commands.preflight_entry(run_dir)))
@@ -86,19 +89,19 @@ class Local(Platform):
             preflight_title(plan),
             [tee(command, run_dir / "logs" / "preflight.log")],
             env=dict(plan.env),
-            path_first=bare_path(cfg["cluster"]),
+            path_first=bare_path(self.cluster_of(cfg)),
         )
 
-    def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
-        export = shlex.join(commands.export_hf_command(cfg, run_dir))
+    def export_job(self, cfg: Config, run_dir: Path) -> Job:
+        export = shlex.join(commands.export_hf_command(cfg.training.checkpoint, run_dir))
         return self.job(
             "export",
             export_title(run_dir),
             [tee(export, run_dir / "logs" / "export.log")],
-            path_first=bare_path(cfg["cluster"]),
+            path_first=bare_path(self.cluster_of(cfg)),
         )
 
-    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+    def render_script(self, job: Job, cfg: Config, run_dir: Path) -> str:
         """A bash script run from the repository; its commands tee their output into the run's logs."""
         return "\n".join(
             [

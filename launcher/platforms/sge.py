@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
 
+from common.config import Config, SgeCluster
 from common.plan import Plan
 from launcher.jobs import commands
 from launcher.jobs.commands import REPORT_FALLBACK, bare_path
@@ -15,7 +15,6 @@ from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_chained
 from launcher.plan.errors import PlanError
 from launcher.platforms.base import (
-    Cfg,
     Platform,
     Say,
     chain_lines,
@@ -37,8 +36,9 @@ CANCEL_QUEUED = (
 )
 
 
-class Sge(Platform):
+class Sge(Platform[SgeCluster]):
     name = "sge"
+    cluster_class = SgeCluster
     suffix = ".qsub"
     resubmit = "qsub"
     client = "qsub"
@@ -48,15 +48,15 @@ class Sge(Platform):
     runs_ft_launcher = True
 
     # ----------------------------------------------------------------------- jobs
-    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
+    def data_preparation_jobs(self, cfg: Config, run_dir: Path, num_shards: int) -> list[Job]:
         """An array job, one task per shard (task ids start at 1, shards at 0), then a one-task check of every
         shard (-hold_jid on the array)."""
-        cluster = cfg["cluster"]
-        name = cfg["data_preparation"].get("name")
+        cluster = self.cluster_of(cfg)
+        name = cfg.data_preparation.name
         container = self.container_wrapper(cfg)
         prep = commands.data_prep_command(run_dir, shard='"$((SGE_TASK_ID - 1))"')
         check = shlex.join(commands.data_check_command(run_dir))
-        job = cfg["data_preparation"].get("job") or {}
+        job = cfg.data_preparation.job
         return [
             self.job(
                 "data_preparation",
@@ -64,37 +64,37 @@ class Sge(Platform):
                 [commands.shell_line([], prep, container)],
                 path_first=bare_path(cluster),
                 array_size=num_shards,
-                max_parallel=job.get("max_parallel"),
-                cpus_per_task=job.get("cpus_per_task"),
-                time_limit=job.get("time_limit"),
+                max_parallel=job.max_parallel,
+                cpus_per_task=job.cpus_per_task,
+                time_limit=job.time_limit,
             ),
             self.job(
                 "data_check",
                 f"Check every prepared shard ({num_shards}) before training starts",
                 [commands.shell_line([], check, container)],
                 path_first=bare_path(cluster),
-                time_limit=job.get("time_limit"),
+                time_limit=job.time_limit,
             ),
         ]
 
-    def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
+    def export_job(self, cfg: Config, run_dir: Path) -> Job:
         """One process on one node, where the checkpoint is (CPU work)."""
-        export = shlex.join(commands.export_hf_command(cfg, run_dir))
+        export = shlex.join(commands.export_hf_command(cfg.training.checkpoint, run_dir))
         return self.job(
             "export",
             export_title(run_dir),
             [commands.shell_line([], export, self.container_wrapper(cfg))],
-            path_first=bare_path(cfg["cluster"]),
+            path_first=bare_path(self.cluster_of(cfg)),
         )
 
-    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """mpirun starts one rank per GPU on the hosts Grid Engine gave the job; ranks come from the MPI
         launcher's variables (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE). The job ends with the report."""
-        cluster = cfg["cluster"]
+        cluster = self.cluster_of(cfg)
         if (
             plan.num_nodes > 1
-            and "training" in cfg["stages"]
-            and not (cluster.get("node_resource") or cluster.get("parallel_environment"))
+            and "training" in cfg.stages
+            and not (cluster.node_resource or cluster.parallel_environment)
         ):
             raise PlanError(
                 [
@@ -103,7 +103,7 @@ class Sge(Platform):
                     "them"
                 ]
             )
-        in_job = commands.in_job_restarts(cfg)
+        in_job, chained = cfg.resilience.in_job_restarts, cfg.resilience.job_restarts
         exported = ["PYTHONPATH", "PATH", *plan.env, "MASTER_ADDR", "MASTER_PORT"]
         # With resilience.in_job_restarts mpirun starts one ft_launcher per node, which starts the node's ranks.
         processes, per_node = (plan.num_nodes, 1) if in_job else (plan.num_gpus, plan.gpus_per_node)
@@ -111,7 +111,7 @@ class Sge(Platform):
             ["mpirun", "-np", str(processes), "-npernode", str(per_node)],
             ["--bind-to", "none"],
             *[["-x", key] for key in exported],
-            *[shlex.split(str(a)) for a in cluster.get("mpirun_args") or []],
+            *[shlex.split(str(a)) for a in cluster.mpirun_args],
         ]
         container = self.container_wrapper(cfg, plan.env)
         groups = [*mpirun, *([container[:2], *[[a] for a in container[2:]]] if container else [])]
@@ -132,8 +132,9 @@ class Sge(Platform):
                 "# sharing a node never collide. Ranks come from mpirun (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE)."
             ]
         report = shlex.join(commands.report_command(run_dir))
-        before, after = [], []
-        if commands.job_restarts(cfg):
+        before: list[str] = []
+        after: list[str] = []
+        if chained:
             before, after = chain_lines(
                 cfg,
                 run_dir,
@@ -154,7 +155,7 @@ class Sge(Platform):
             "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
             commands.shell_line([], report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
         ]
-        margin = cluster.get("signal_before_timeout_s")
+        margin = cluster.signal_before_timeout_s
         how = "mpirun, ft_launcher on every node" if in_job else "mpirun, one rank per GPU"
         job = self.job(
             "training",
@@ -166,17 +167,17 @@ class Sge(Platform):
             ntasks_per_node=plan.gpus_per_node,
             gpus_per_node=plan.gpus_per_node,
             signal=f"USR1@{margin}" if margin else None,
-            restarts=commands.job_restarts(cfg),
+            restarts=chained,
         )
         return job, " ".join([*(shlex.join(g) for g in groups), program])
 
     # ----------------------------------------------------------------------- the job script
-    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+    def render_script(self, job: Job, cfg: Config, run_dir: Path) -> str:
         """#$ directives from the job's resources and the cluster's settings; output and errors go to one log in
         RUN_DIR/logs/. Modules load before `set -u`, which many module scripts do not survive."""
-        cluster = cfg["cluster"]
-        setup = [str(line) for line in cluster.get("setup") or []]
-        modules = [f"module load {m}" for m in cluster.get("modules") or []]
+        cluster = self.cluster_of(cfg)
+        setup = [str(line) for line in cluster.setup]
+        modules = [f"module load {m}" for m in cluster.modules]
         return "\n".join(
             [
                 "#!/bin/bash",
@@ -194,7 +195,7 @@ class Sge(Platform):
         )
 
     # ----------------------------------------------------------------------- submission
-    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Config) -> list[str]:
         """What submit runs, with the job ids in variables (qsub -terse prints an array job as ID.1-N:1)."""
         lines = []
         for index, (job, _) in enumerate(queued(jobs), start=1):
@@ -204,7 +205,7 @@ class Sge(Platform):
             lines.append(f"JOB{index}=$({command} | cut -d. -f1)")
         return lines
 
-    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Config, say: Say = print) -> list[Submitted]:
         """Each job holds on the previous one (-hold_jid, which a failure turns into never: see render_script; the
         repeats of a chained training job never exit 100, so the next one starts however it ended)."""
 
@@ -220,30 +221,30 @@ class Sge(Platform):
         return f"qstat -j {','.join(s.job_id for s in submitted)}"
 
 
-def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str]:
-    prefix = cluster.get("job_name_prefix")
+def _directives(job: Job, cluster: SgeCluster, run_dir: Path) -> list[str]:
+    prefix = cluster.job_name_prefix
     # Grid Engine job names take neither ':' nor '/'.
     name = ".".join(p for p in (prefix, job.stage, run_dir.name) if p)
     log = f"{run_dir}/logs/{job.stage}_$JOB_ID" + ("_$TASK_ID" if job.array_size else "") + ".out"
     lines = [f"-N {name}", "-S /bin/bash", "-cwd", "-j y", f"-o {log}"]
-    limit = time_seconds(job.time_limit or cluster["time_limit"])
+    limit = time_seconds(job.time_limit or cluster.time_limit)
     if limit is not None:
         lines.append(f"-l h_rt={hms(limit)}")
         margin = job.signal and int(job.signal.split("@")[1])
         if margin:
             # Grid Engine sends SIGUSR1 at the soft limit: the trainer checkpoints and exits before h_rt.
             lines.append(f"-l s_rt={hms(limit - margin)}")
-    if cluster.get("node_resource"):
-        lines.append(f"-l {cluster['node_resource']}={job.nodes}")
-    if cluster.get("parallel_environment"):
+    if cluster.node_resource:
+        lines.append(f"-l {cluster.node_resource}={job.nodes}")
+    if cluster.parallel_environment:
         slots = job.nodes * (job.ntasks_per_node or 1) if job.stage == "training" else (job.cpus_per_task or 1)
-        lines.append(f"-pe {cluster['parallel_environment']} {slots}")
-    lines += [f"-l {r}" for r in cluster.get("resources") or []]
+        lines.append(f"-pe {cluster.parallel_environment} {slots}")
+    lines += [f"-l {r}" for r in cluster.resources]
     if job.array_size:
         lines.append(f"-t 1-{job.array_size}")
         if job.max_parallel:
             lines.append(f"-tc {job.max_parallel}")
-    lines += [str(a) for a in cluster.get("qsub_args") or []]
+    lines += [str(a) for a in cluster.qsub_args]
     return lines
 
 

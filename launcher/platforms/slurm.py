@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from common.config import Config, SlurmCluster
 from common.plan import Plan
 from launcher.jobs import commands
 from launcher.jobs.commands import REPORT_FALLBACK, bare_path
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_chained
 from launcher.platforms.base import (
-    Cfg,
     Platform,
     Say,
     chain_lines,
@@ -45,8 +45,9 @@ FT_RENDEZVOUS = [
 CANCEL_QUEUED = 'scancel --state=PENDING --jobname="$SLURM_JOB_NAME" --user="$(id -un)"'
 
 
-class Slurm(Platform):
+class Slurm(Platform[SlurmCluster]):
     name = "slurm"
+    cluster_class = SlurmCluster
     suffix = ".sbatch"
     resubmit = "sbatch"
     client = "sbatch"
@@ -57,15 +58,15 @@ class Slurm(Platform):
     runs_ft_launcher = True
 
     # ----------------------------------------------------------------------- jobs
-    def data_preparation_jobs(self, cfg: Cfg, run_dir: Path, num_shards: int) -> list[Job]:
+    def data_preparation_jobs(self, cfg: Config, run_dir: Path, num_shards: int) -> list[Job]:
         """An array job, one task per shard, then a one-task check of every shard (afterok on the array)."""
-        cluster = cfg["cluster"]
-        name = cfg["data_preparation"].get("name")
-        srun, container = commands.srun_prefix(cfg), self.container_wrapper(cfg)
+        cluster = self.cluster_of(cfg)
+        name = cfg.data_preparation.name
+        srun, container = commands.srun_prefix(cfg, cluster), self.container_wrapper(cfg)
         prep = commands.data_prep_command(run_dir, shard='"$SLURM_ARRAY_TASK_ID"')
         check = shlex.join(commands.data_check_command(run_dir))
-        job = cfg["data_preparation"].get("job") or {}
-        cpus = job.get("cpus_per_task")
+        job = cfg.data_preparation.job
+        cpus = job.cpus_per_task
         return [
             self.job(
                 "data_preparation",
@@ -73,44 +74,46 @@ class Slurm(Platform):
                 [commands.shell_line(srun, prep, container)],
                 path_first=bare_path(cluster),
                 array_size=num_shards,
-                max_parallel=job.get("max_parallel"),
+                max_parallel=job.max_parallel,
                 cpus_per_task=cpus,
                 # Tokenizer workers use every CPU they get: a whole node per task unless sized.
-                exclusive=bool(cluster.get("exclusive")) and not cpus,
-                time_limit=job.get("time_limit"),
+                exclusive=cluster.exclusive and not cpus,
+                time_limit=job.time_limit,
             ),
             self.job(
                 "data_check",
                 f"Check every prepared shard ({num_shards}) before training starts",
                 [commands.shell_line(srun, check, container)],
                 path_first=bare_path(cluster),
-                time_limit=job.get("time_limit"),
+                time_limit=job.time_limit,
             ),
         ]
 
-    def training_job(self, cfg: Cfg, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
         """srun starts one task per GPU; ranks come from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS. With
         resilience.in_job_restarts, one task per node runs ft_launcher, which starts the node's ranks. With
         resilience.job_restarts, the job asks first whether it still has work (chain_lines). The job ends with
         the report."""
-        in_job = commands.in_job_restarts(cfg)
+        cluster = self.cluster_of(cfg)
+        in_job, chained = cfg.resilience.in_job_restarts, cfg.resilience.job_restarts
         container = self.container_wrapper(cfg, plan.env)
         if in_job:
             srun = commands.srun_prefix(
-                cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"], extra=["--kill-on-bad-exit=1"]
+                cfg, cluster, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"], extra=["--kill-on-bad-exit=1"]
             )
             program = commands.ft_launch_command(
                 cfg, run_dir, entry, plan.num_nodes, plan.gpus_per_node, ("$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID")
             )
             how = "ft_launcher on every node"
         else:
-            srun = _every_rank(cfg, plan, mpi=plan.tp_comm_overlap)
+            srun = _every_rank(cfg, cluster, plan, mpi=plan.tp_comm_overlap)
             program = shlex.join(entry)
             how = "one task per GPU"
         report = shlex.join(commands.report_command(run_dir))
-        one_task = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
-        before, after = [], []
-        if commands.job_restarts(cfg):
+        one_task = commands.srun_prefix(cfg, cluster, extra=["--nodes=1", "--ntasks=1"])
+        before: list[str] = []
+        after: list[str] = []
+        if chained:
             before, after = chain_lines(
                 cfg,
                 run_dir,
@@ -127,20 +130,21 @@ class Slurm(Platform):
             "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
             commands.shell_line(one_task, report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
         ]
-        margin = cfg["cluster"].get("signal_before_timeout_s")
+        margin = cluster.signal_before_timeout_s
         job = self.job(
             "training",
             training_title(plan, how),
             lines,
             signal=f"USR1@{margin}" if margin else None,
-            restarts=commands.job_restarts(cfg),
-            **_job_shape(cfg["cluster"], plan, tasks_per_node=1 if in_job else None),
+            restarts=chained,
+            **_job_shape(cluster, plan, tasks_per_node=1 if in_job else None),
         )
         return job, " ".join([shlex.join(srun), *([shlex.join(container)] if container else []), program])
 
-    def preflight_job(self, cfg: Cfg, plan: Plan, run_dir: Path) -> Job:
+    def preflight_job(self, cfg: Config, plan: Plan, run_dir: Path) -> Job:
         """The training job's nodes and tasks running recipes.preflight; afterok stops the chain when it fails."""
-        srun = _every_rank(cfg, plan, mpi=False)
+        cluster = self.cluster_of(cfg)
+        srun = _every_rank(cfg, cluster, plan, mpi=False)
         line = commands.shell_line(
             srun, shlex.join(commands.preflight_entry(run_dir)), self.container_wrapper(cfg, plan.env)
         )
@@ -148,33 +152,32 @@ class Slurm(Platform):
             "preflight",
             preflight_title(plan),
             [*RENDEZVOUS, line],
-            time_limit=cfg["preflight"].get("time_limit"),
-            **_job_shape(cfg["cluster"], plan),
+            time_limit=cfg.preflight.time_limit,
+            **_job_shape(cluster, plan),
         )
 
-    def export_job(self, cfg: Cfg, run_dir: Path) -> Job:
+    def export_job(self, cfg: Config, run_dir: Path) -> Job:
         """One task on one node, where the checkpoint is (CPU work)."""
-        cluster = cfg["cluster"]
-        srun = commands.srun_prefix(cfg, extra=["--nodes=1", "--ntasks=1"])
-        line = commands.shell_line(
-            srun, shlex.join(commands.export_hf_command(cfg, run_dir)), self.container_wrapper(cfg)
-        )
+        cluster = self.cluster_of(cfg)
+        srun = commands.srun_prefix(cfg, cluster, extra=["--nodes=1", "--ntasks=1"])
+        export = commands.export_hf_command(cfg.training.checkpoint, run_dir)
+        line = commands.shell_line(srun, shlex.join(export), self.container_wrapper(cfg))
         return self.job(
             "export",
             export_title(run_dir),
             [line],
             path_first=bare_path(cluster),
-            exclusive=bool(cluster.get("exclusive")),
+            exclusive=cluster.exclusive,
         )
 
     # ----------------------------------------------------------------------- the sbatch script
-    def render_script(self, job: Job, cfg: Cfg, run_dir: Path) -> str:
+    def render_script(self, job: Job, cfg: Config, run_dir: Path) -> str:
         """#SBATCH header from the job's resources and the cluster's settings; logs go to RUN_DIR/logs/."""
         return "\n".join(
             [
                 "#!/bin/bash",
                 *self.header_lines(job, run_dir),
-                *[f"#SBATCH {d}" for d in _directives(job, cfg["cluster"], run_dir)],
+                *[f"#SBATCH {d}" for d in _directives(job, self.cluster_of(cfg), run_dir)],
                 "set -euo pipefail",
                 *self.env_lines(job),
                 "",
@@ -184,7 +187,7 @@ class Slurm(Platform):
         )
 
     # ----------------------------------------------------------------------- submission
-    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Cfg) -> list[str]:
+    def chain_as_shell(self, jobs: list[Job], run_dir: Path, cfg: Config) -> list[str]:
         """What submit runs, as shell lines with the job ids in variables."""
         lines = []
         for index, (job, after_any) in enumerate(queued(jobs), start=1):
@@ -194,7 +197,7 @@ class Slurm(Platform):
             lines.append(f"JOB{index}=$({' '.join(command[:-1])} {shlex.quote(command[-1])})")
         return lines
 
-    def submit(self, jobs: list[Job], run_dir: Path, cfg: Cfg, say: Say = print) -> list[Submitted]:
+    def submit(self, jobs: list[Job], run_dir: Path, cfg: Config, say: Say = print) -> list[Submitted]:
         """Each job waits for the previous one with afterok (never singleton: names are not dependencies); the
         repeats of a chained training job with afterany."""
 
@@ -211,13 +214,13 @@ class Slurm(Platform):
         return f"squeue -j {','.join(s.job_id for s in submitted)}"
 
 
-def _every_rank(cfg: Cfg, plan: Plan, mpi: bool) -> list[str]:
+def _every_rank(cfg: Config, cluster: SlurmCluster, plan: Plan, mpi: bool) -> list[str]:
     return commands.srun_prefix(
-        cfg, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"], mpi=mpi, extra=["--kill-on-bad-exit=1"]
+        cfg, cluster, env_keys=[*plan.env, "MASTER_ADDR", "MASTER_PORT"], mpi=mpi, extra=["--kill-on-bad-exit=1"]
     )
 
 
-def _job_shape(cluster: Mapping[str, Any], plan: Plan, tasks_per_node: int | None = None) -> dict[str, Any]:
+def _job_shape(cluster: SlurmCluster, plan: Plan, tasks_per_node: int | None = None) -> dict[str, Any]:
     """One task per GPU on the plan's nodes (or tasks_per_node: ft_launcher's one): training and the preflight,
     which measures the same layout."""
     return dict(
@@ -225,14 +228,14 @@ def _job_shape(cluster: Mapping[str, Any], plan: Plan, tasks_per_node: int | Non
         path_first=bare_path(cluster),
         nodes=plan.num_nodes,
         ntasks_per_node=tasks_per_node or plan.gpus_per_node,
-        gpus_per_node=plan.gpus_per_node if cluster.get("gpus_per_node") else None,
-        exclusive=bool(cluster.get("exclusive")),
+        gpus_per_node=plan.gpus_per_node if cluster.gpus_per_node else None,
+        exclusive=cluster.exclusive,
     )
 
 
-def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str]:
+def _directives(job: Job, cluster: SlurmCluster, run_dir: Path) -> list[str]:
     log = f"{run_dir}/logs/{job.stage}_" + ("%A_%a" if job.array_size else "%j")
-    prefix = cluster.get("job_name_prefix")
+    prefix = cluster.job_name_prefix
     directives = [f"--job-name={prefix + ':' if prefix else ''}{job.stage}:{run_dir.name}", f"--nodes={job.nodes}"]
     if job.ntasks_per_node:
         directives.append(f"--ntasks-per-node={job.ntasks_per_node}")
@@ -243,10 +246,10 @@ def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str
     if job.array_size:
         limit = f"%{job.max_parallel}" if job.max_parallel else ""
         directives.append(f"--array=0-{job.array_size - 1}{limit}")
-    directives.append(f"--time={job.time_limit or cluster['time_limit']}")
-    for key in ("partition", "account"):
-        if cluster.get(key):
-            directives.append(f"--{key}={cluster[key]}")
+    directives.append(f"--time={job.time_limit or cluster.time_limit}")
+    for option, value in (("partition", cluster.partition), ("account", cluster.account)):
+        if value:
+            directives.append(f"--{option}={value}")
     if job.exclusive:
         directives += ["--exclusive", "--mem=0"]
     directives += [f"--output={log}.out", f"--error={log}.err"]
@@ -255,7 +258,7 @@ def _directives(job: Job, cluster: Mapping[str, Any], run_dir: Path) -> list[str
         directives.append(f"--signal={job.signal}")
     # A job whose afterok dependency failed would otherwise wait in the queue forever.
     directives.append("--kill-on-invalid-dep=yes")
-    return directives + [str(arg) for arg in cluster.get("sbatch_args") or []]
+    return directives + [str(arg) for arg in cluster.sbatch_args]
 
 
 def sbatch_command(script: Path, dependency: str | None) -> list[str]:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from launcher.cli import prepare
 from launcher.jobs.commands import python_bin_dir
-from launcher.jobs.rundir import render
 from launcher.plan.validate import validate
 from launcher.plan.hardware import LocalGpus
+from launcher.platforms.registry import platform_of
 
 REPO = Path(__file__).resolve().parents[2]
 EIGHT_H100 = LocalGpus(8, "h100", ("NVIDIA H100 80GB HBM3",) * 8)
@@ -22,7 +22,7 @@ NO_GPU = LocalGpus(0, None, ())
 
 def planned(cfg, local_gpus=None):
     """The plan main.py makes of this config: every check (launcher/plan/validate.py), then the derivation."""
-    return validate(cfg, local_gpus).plan
+    return validate(cfg, local_gpus, platform=platform_of(cfg.cluster)).plan
 
 
 def run_main(*args: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -65,4 +65,6 @@ def check_golden(name: str, text: str, tmp: Path, shell: bool = True) -> None:
 
 def rendered(cfg, local_gpus=None) -> dict[str, str]:
     prepared = prepare(cfg, local_gpus)
-    return {job.script: render(job, prepared.cfg, prepared.run_dir) for job in prepared.stages.jobs}
+    return {
+        job.script: prepared.platform.render_script(job, prepared.cfg, prepared.run_dir) for job in prepared.stages.jobs
+    }

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import prepare
-from launcher.jobs.rundir import rendered_files
 from launcher.plan.errors import PlanError
 
 from launcher_helpers import REPO, check_golden, run_main
@@ -106,7 +105,7 @@ def check_documented(argv: list[str]) -> None:
 def test_training_jobs(cfg_for, tmp_path, name, overrides, replicas):
     prepared = prepare(cfg_for(*bcp(tmp_path, *overrides)))
     (job,) = prepared.stages.jobs
-    files = rendered_files(job, prepared.cfg, prepared.run_dir)
+    files = prepared.platform.render(job, prepared.cfg, prepared.run_dir)
     assert list(files) == ["submission.ngc.sh", "training.job.sh"]
     for file, text in files.items():
         check_golden(f"{name}_bcp_{file}", text, tmp_path)
@@ -143,7 +142,7 @@ def test_data_preparation_spreads_the_shards_over_the_replicas_then_checks(cfg_f
         )
     )
     (job,) = prepared.stages.jobs
-    files = rendered_files(job, prepared.cfg, prepared.run_dir)
+    files = prepared.platform.render(job, prepared.cfg, prepared.run_dir)
     for file, text in files.items():
         check_golden(f"files_bcp_{file}", text, tmp_path)
     argv = ngc_argv(files["data_preparation.ngc.sh"])

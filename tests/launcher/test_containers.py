@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import prepare
-from launcher.jobs.rundir import render
 from launcher.plan.errors import PlanError
 
 from launcher_helpers import REPO, run_main
@@ -163,7 +162,7 @@ def test_runtime_none_is_bare_metal_like_a_null_container(cfg_for):
     def script(*overrides: str) -> str:
         prepared = prepare(cfg_for("cluster=bcm", "training=llama31/8b", "dry_run=true", *overrides))
         (job,) = prepared.stages.jobs
-        return render(job, prepared.cfg, prepared.run_dir)
+        return prepared.platform.render_script(job, prepared.cfg, prepared.run_dir)
 
     bare = script("cluster.container_runtime=none")
     assert bare == script("cluster.container_runtime=none")

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from launcher.cli import launch
+from launcher.config.compose import compose
 from launcher.jobs.render import Job
 from launcher.jobs.submit import run_here
 from launcher.platforms.local import PLATFORM as LOCAL
@@ -164,7 +165,7 @@ def test_the_log_outlives_sigterm_so_the_last_words_of_the_trainer_arrive(tmp_pa
         "a stand-in trainer",
         [f"{sys.executable} -u {tmp_path}/trainer.py 2>&1 | keep_log -a {log}"],
     )
-    (tmp_path / "launch.sh").write_text(LOCAL.render_script(job, {}, tmp_path))
+    (tmp_path / "launch.sh").write_text(LOCAL.render_script(job, compose([]), tmp_path))
     proc = subprocess.Popen(
         ["bash", str(tmp_path / "launch.sh")], stdout=subprocess.PIPE, text=True, start_new_session=True
     )

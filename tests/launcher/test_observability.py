@@ -159,7 +159,7 @@ def test_the_rank_wrapper_runs_nsys_on_profiled_ranks_and_python_on_the_others(c
         ),
         EIGHT_H100,
     )
-    script = nsys_entry(prepared.cfg, prepared.run_dir, ["python", "-m", "recipes.train"], "RANK")
+    script = nsys_entry(prepared.cfg.profile, prepared.run_dir, ["python", "-m", "recipes.train"], "RANK")
     for rank in ("0", "1"):
         subprocess.run(script, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RANK": rank}, check=True, timeout=30)
     calls = (tmp_path / "calls.txt").read_text().splitlines()

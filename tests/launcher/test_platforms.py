@@ -7,14 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from common.config import PlatformName
+from common.config import ClusterConfig, PlatformName
+from common.typed import changed
+from launcher.config.compose import compose
 from launcher.jobs.render import Job
 from launcher.jobs.submit import Submitted
 from launcher.plan.errors import PlanError
-from launcher.platforms import platform_of
 from launcher.platforms.base import Platform
+from launcher.platforms.registry import PLATFORMS, platform_of
 
 RUN = Path("/results/run")
+# The conf/cluster/ option of each platform.
+OPTION = {"local": "local", "slurm": "bcm", "sge": "sge", "bcp": "bcp", "k8s": "k8s"}
 
 # What each platform runs besides data preparation and training (docs/run.md: Stages).
 CAN = {
@@ -27,29 +31,32 @@ CAN = {
 
 
 def test_every_platform_the_schema_names_is_registered_under_its_name():
-    for name in PlatformName:
-        platform = platform_of({"cluster": {"platform": name.value}})
-        assert isinstance(platform, Platform) and platform.name == name.value
+    assert list(PLATFORMS) == list(PlatformName)
+    for name, platform in PLATFORMS.items():
+        assert isinstance(platform, Platform) and platform.name == name
 
 
-def test_an_unknown_platform_names_the_known_ones():
-    with pytest.raises(PlanError) as err:
-        platform_of({"cluster": {"platform": "lsf"}})
-    assert err.value.problems == [
-        "cluster.platform='lsf': use one of local, slurm, sge, bcp, k8s (conf/cluster/*.yaml)"
-    ]
+@pytest.mark.parametrize("name", list(CAN))
+def test_each_platform_is_the_one_of_its_cluster_keys(name):
+    cfg = compose([f"cluster={OPTION[name]}"])
+    platform = platform_of(cfg.cluster)
+    assert platform.name == name and platform.cluster_of(cfg) is cfg.cluster
+    other = compose(["cluster=local" if name != "local" else "cluster=bcm"])
+    with pytest.raises(TypeError):
+        platform.cluster_of(other)
 
 
 @pytest.mark.parametrize("name", list(CAN))
 def test_what_each_platform_supports(name):
-    platform = platform_of({"cluster": {"platform": name}})
+    platform = PLATFORMS[PlatformName(name)]
     assert {need for need in ("container", "preflight", "export", "nsys") if platform.supports(need)} == CAN[name]
 
 
 @pytest.mark.parametrize("name", ["sge", "bcp", "k8s"])
 def test_a_refused_stage_is_refused_by_the_checks_and_by_its_job_in_the_same_words(name):
-    platform = platform_of({"cluster": {"platform": name}})
-    cfg = {"cluster": {"platform": name, "name": f"my-{name}"}, "profile": {"enabled": True, "tool": "nsys"}}
+    platform = PLATFORMS[PlatformName(name)]
+    nsys = {"cluster.name": f"my-{name}", "profile.enabled": True, "profile.tool": "nsys"}
+    cfg = changed(compose([f"cluster={OPTION[name]}"]), nsys)
     refused = platform.refusals(cfg, ["container", "preflight", "training", "export"])
     assert len(refused) == 4 - len(CAN[name]) and all(f"cluster=my-{name}" in line for line in refused)
     jobs = {
@@ -65,8 +72,8 @@ def test_a_refused_stage_is_refused_by_the_checks_and_by_its_job_in_the_same_wor
 
 
 def test_nothing_is_refused_where_nothing_unsupported_is_asked():
-    cfg = {"cluster": {"platform": "bcp", "name": "bcp"}, "profile": {"enabled": False, "tool": "nsys"}}
-    assert platform_of(cfg).refusals(cfg, ["data_preparation", "training"]) == []
+    cfg = changed(compose(["cluster=bcp"]), {"profile.enabled": False, "profile.tool": "nsys"})
+    assert platform_of(cfg.cluster).refusals(cfg, ["data_preparation", "training"]) == []
 
 
 def _jobs(*stages: str) -> list[Job]:
@@ -124,20 +131,22 @@ def _submitted(dependency: str, *stages: str) -> list[Submitted]:
     ],
 )
 def test_the_lines_after_a_submission(name, dependency, expected):
-    platform = platform_of({"cluster": {"platform": name}})
+    platform = PLATFORMS[PlatformName(name)]
     stages = ("data_preparation", "training")
     assert platform.follow(_jobs(*stages), _submitted(dependency, *stages), RUN) == expected
 
 
 def test_jobs_that_run_here_have_no_chain_to_print():
-    local = platform_of({"cluster": {"platform": "local"}})
-    assert local.runs_here and local.chain_as_shell(_jobs("training"), RUN, {}) == []
+    cfg = compose(["cluster=local"])
+    local = platform_of(cfg.cluster)
+    assert local.runs_here and local.chain_as_shell(_jobs("training"), RUN, cfg) == []
 
 
-class Toy(Platform):
+class Toy(Platform[ClusterConfig]):
     """A platform written from base.py's docstring alone: the attributes, the two jobs, its own script."""
 
     name = "toy"
+    cluster_class = ClusterConfig
     suffix = ".toy"
     resubmit = "toysub"
     client = "toysub"
@@ -161,7 +170,7 @@ class Toy(Platform):
 
 def test_a_new_platform_needs_only_what_the_docstring_lists():
     toy = Toy()
-    cfg = {"cluster": {"platform": "toy", "name": "toy"}, "profile": {"enabled": False}}
+    cfg = changed(compose(["cluster=bcm"]), {"cluster.name": "toy", "profile.enabled": False})
     job, command = toy.training_job(cfg, None, RUN, toy.rank_entry(cfg, RUN))
     assert job.script == "submission.toy" and command == f"python -m recipes.train --run-dir {RUN}"
     text = toy.render(job, cfg, RUN)["submission.toy"]

@@ -37,7 +37,7 @@ def _runs(tmp_path, step_times: dict[str, float]):
             ]
         )
         prepared = prepare(cfg)
-        write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs)
+        write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs, prepared.platform)
         (prepared.run_dir / "metrics.jsonl").write_text(
             "".join(json.dumps({"step": i + 1, "loss": 9.0, "step_time_s": step_times[name]}) + "\n" for i in range(10))
         )

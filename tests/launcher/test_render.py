@@ -7,7 +7,6 @@ import re
 
 
 from launcher.cli import prepare
-from launcher.jobs.rundir import rendered_files
 
 from launcher_helpers import ONE_H100, REPO, check_golden, rendered, run_main
 
@@ -149,7 +148,7 @@ def test_apptainer_container_stage_builds_a_sif_from_a_definition_file(cfg_for, 
         )
     )
     (job,) = prepared.stages.jobs
-    files = rendered_files(job, prepared.cfg, prepared.run_dir)
+    files = prepared.platform.render(job, prepared.cfg, prepared.run_dir)
     assert list(files) == ["container.sbatch", "container.def"]
     check_golden("8b_bcm_apptainer_container.sbatch", files["container.sbatch"], tmp_path)
     check_golden("8b_bcm_apptainer_container.def", files["container.def"], tmp_path, shell=False)

@@ -61,9 +61,7 @@ def test_the_chain_is_submitted_up_front_each_job_after_the_one_before_ends(cfg_
             "cluster.gpus_per_node=2",
         )
     )
-    from launcher.platforms import platform_of
-
-    lines = platform_of(prepared.cfg).chain_as_shell(prepared.stages.jobs, prepared.run_dir, prepared.cfg)
+    lines = prepared.platform.chain_as_shell(prepared.stages.jobs, prepared.run_dir, prepared.cfg)
     deps = [re.search(r"--dependency=(\S+)", line).group(1) if "--dependency" in line else None for line in lines]
     assert deps == [None, "afterok:$JOB1", "afterany:$JOB2", "afterany:$JOB3"]
     assert [line.split()[-1].rsplit("/", 1)[-1].rstrip(")") for line in lines] == [

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import prepare
-from launcher.jobs.rundir import rendered_files
 from launcher.plan.errors import PlanError
 
 from launcher_helpers import check_golden, rendered, run_main
@@ -104,7 +103,7 @@ def test_the_image_is_built_with_apptainer(cfg_for, tmp_path):
         cfg_for("cluster=sge", "dry_run=true", "stages=[container]", f"cluster.container={tmp_path}/images/llama31.sif")
     )
     (job,) = prepared.stages.jobs
-    files = rendered_files(job, prepared.cfg, prepared.run_dir)
+    files = prepared.platform.render(job, prepared.cfg, prepared.run_dir)
     assert list(files) == ["container.qsub", "container.def"]
     check_golden("sge_container.qsub", files["container.qsub"], tmp_path)
 

@@ -145,7 +145,7 @@ def run_dir_for(tmp_path: Path, *overrides: str) -> Path:
         ]
     )
     prepared = prepare(cfg, LocalGpus(8, "h100", ("NVIDIA H100 80GB HBM3",) * 8))
-    write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs)
+    write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs, prepared.platform)
     return prepared.run_dir
 
 

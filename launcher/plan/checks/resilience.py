@@ -9,12 +9,11 @@ from typing import Any, Mapping
 
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
-from launcher.platforms import platform_of
 
 
 def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
     res = cfg["resilience"]
-    for line in platform_of(cfg).resilience_refusals(cfg):
+    for line in found.platform.resilience_refusals(cfg) if found.platform else []:
         found.problem(line)
     if res["job_restarts"] > 0 or res["in_job_restarts"] > 0:
         _restarts(cfg, found)

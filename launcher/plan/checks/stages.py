@@ -7,17 +7,14 @@ from typing import Any, Mapping
 
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
-from launcher.platforms import containers, platform_of
 
 
 def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    selected = cfg["stages"]
-    platform = platform_of(cfg)
-    problems, warnings = platform.problems(cfg, selected, found.dry_run)
-    if "container" in selected and platform.supports("container"):
-        problems += containers.build_problems(cfg, platform.runs_here, found.dry_run)[0]
-    # What the stages ask of the platform that it cannot do, one line each (launcher/platforms/base.py).
-    problems += platform.refusals(cfg, selected)
+    if found.platform is None:
+        return
+    # Its own problems, the image the container stage builds, and what the stages ask of the platform that it
+    # cannot do, one line each (launcher/platforms/base.py: stage_problems).
+    problems, warnings = found.platform.stage_problems(cfg, found.dry_run)
     for line in problems:
         found.problem(line)
     for line in warnings:

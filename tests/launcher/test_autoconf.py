@@ -86,7 +86,7 @@ def test_the_reference_layouts_fit_and_rank_near_the_top():
 
 def test_the_memory_filter_is_the_plan_estimate_against_the_gpu_with_the_headroom():
     dp8 = autoconf.Layout(tp=1, pp=1, cp=1, vp=None, micro_batch_size=1, recompute=None, asymmetric=False)
-    unchecked = {**autoconf.candidate_config(auto_cfg("8b", "h100", 8), dp8), "memory_check": False}
+    unchecked = changed(autoconf.candidate_config(auto_cfg("8b", "h100", 8), dp8), {"memory_check": False})
     est = build_plan(unchecked).est_memory_gib_per_gpu
     h100, h200 = gpu_spec("h100").memory_gib, gpu_spec("h200").memory_gib
     assert 0.95 * h100 < est < h200  # 8B on DP8 alone fits an H200 but not (with headroom) an H100

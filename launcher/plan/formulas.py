@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from common.config import ModelConfig
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -12,22 +12,22 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
-def model_flops_per_sample(model: Mapping[str, Any], seq_length: int) -> float:
+def model_flops_per_sample(model: ModelConfig, seq_length: int) -> float:
     """Training FLOPs (fwd + bwd) for one sequence, the formula the public recipes' MFU tables use:
     seq * (attention + mlp + embedding)."""
-    layers, h = model["num_layers"], model["hidden_size"]
-    heads, groups = model["num_attention_heads"], model["num_query_groups"]
+    layers, h = model.num_layers, model.hidden_size
+    heads, groups = model.num_attention_heads, model.num_query_groups
     attention = 12 * layers * h * h * (1 + groups / heads + seq_length / h)
-    mlp = 18 * layers * model["ffn_hidden_size"] * h
-    embedding = 6 * model["vocab_size"] * h
+    mlp = 18 * layers * model.ffn_hidden_size * h
+    embedding = 6 * model.vocab_size * h
     return float(seq_length * (attention + mlp + embedding))
 
 
-def layer_parameters(model: Mapping[str, Any]) -> int:
+def layer_parameters(model: ModelConfig) -> int:
     """Parameters of one decoder layer (attention, SwiGLU MLP, two RMSNorm weights, no biases)."""
-    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
-    q = model["num_attention_heads"] * model["kv_channels"]
-    kv = 2 * model["num_query_groups"] * model["kv_channels"]
+    h, ffn = model.hidden_size, model.ffn_hidden_size
+    q = model.num_attention_heads * model.kv_channels
+    kv = 2 * model.num_query_groups * model.kv_channels
     return h * (q + kv) + q * h + 3 * h * ffn + 2 * h
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from common.config import ModelConfig, Recompute
 from launcher.plan.formulas import layer_parameters
 
 GIB = 1024**3
 
 
 def estimate_memory_gib(
-    model: Mapping[str, Any],
+    model: ModelConfig,
     *,
     tp: int,
     pp: int,
@@ -24,7 +23,7 @@ def estimate_memory_gib(
     distributed_optimizer: bool,
     grad_fp32: bool,
     fp8_params: bool,
-    recompute: str | None,
+    recompute: Recompute | None,
 ) -> float:
     """Peak memory of the most loaded GPU, roughly: weights, gradient buffer and optimizer shard, plus the larger
     of two transient peaks, and a fixed allowance for the CUDA context and workspaces:
@@ -32,16 +31,15 @@ def estimate_memory_gib(
     - the optimizer step: megatron's distributed optimizer copies this rank's shard of the bf16 gradient buffer
       into fp32 `.grad` tensors of the main parameters (`_copy_model_grads_to_main_grads`: `.float()`), which
       live until the next step's `zero_grad`. With few data-parallel shards (a DP1 proxy) this is the peak."""
-    h, ffn = model["hidden_size"], model["ffn_hidden_size"]
-    groups, heads = model["num_query_groups"], model["num_attention_heads"]
+    h, ffn = model.hidden_size, model.ffn_hidden_size
+    groups, heads = model.num_query_groups, model.num_attention_heads
     embed_params = padded_vocab * h
     layer_params = layer_parameters(model)
     worst = 0.0
     for stage, n_layers in enumerate(stage_layers):
-        params = n_layers * layer_params
         first, last = stage == 0, stage == pp - 1
-        params += embed_params * (first + last)  # untied input and output embeddings
-        params /= tp
+        # This stage's layers, the untied input and output embeddings where they live, split over TP.
+        params = (n_layers * layer_params + embed_params * (first + last)) / tp
         weight_bytes = params * (1 if fp8_params else 2)
         grad_bytes = params * (4 if grad_fp32 else 2)
         shards = dp * cp if distributed_optimizer else 1
@@ -52,9 +50,9 @@ def estimate_memory_gib(
         # fc1 input/output and SwiGLU output; the s^2 attention scores are never stored (flash/fused).
         tokens = seq_length * micro_batch_size / cp
         per_layer = 2 * tokens * (5 * h + 2 * h * groups / heads + 3 * ffn) / tp
-        if recompute == "full":
+        if recompute == Recompute.full:
             per_layer = 2 * tokens * h / tp
-        in_flight = 1
+        in_flight: float = 1
         if pp > 1:  # 1F1B keeps pp - stage microbatches alive; interleaving adds a little more
             in_flight = pp - stage
             if vp:

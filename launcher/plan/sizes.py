@@ -5,8 +5,9 @@ that need the size skip, so one bad value never hides another problem or ends in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from common.config import BatchCluster, ClusterConfig, Config
 from launcher.plan.hardware import GpuSpec, LocalGpus, gpu_spec
 
 
@@ -33,23 +34,23 @@ def _positive(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
-def _node_shape(cfg: Mapping[str, Any], num_gpus: int | None, local: LocalGpus) -> tuple[int | None, int | None]:
+def _node_shape(cluster: ClusterConfig, num_gpus: int | None) -> tuple[int | None, int | None]:
     """(ranks per node, nodes) of the job; None where cluster.gpus_per_node / ntasks_per_node do not allow it."""
-    cluster = cfg["cluster"]
     if num_gpus is None:
         return None, None
-    if cluster["platform"] == "local":
+    if cluster.runs_here:
         return num_gpus, 1
-    tasks = _positive(cluster.get("ntasks_per_node")) or _positive(cluster.get("gpus_per_node"))
+    ntasks_per_node = cluster.ntasks_per_node if isinstance(cluster, BatchCluster) else None
+    tasks = _positive(ntasks_per_node) or _positive(cluster.gpus_per_node)
     if tasks is None:
         return None, None
     per_node = min(tasks, num_gpus)
     return per_node, max(1, num_gpus // per_node)
 
 
-def _gpu(cfg: Mapping[str, Any], local: LocalGpus) -> tuple[str | None, GpuSpec | None]:
-    gpu_type = cfg["cluster"].get("gpu_type")
-    if cfg["cluster"]["platform"] == "local":
+def _gpu(cluster: ClusterConfig, local: LocalGpus) -> tuple[str | None, GpuSpec | None]:
+    gpu_type = cluster.gpu_type
+    if cluster.runs_here:
         gpu_type = gpu_type or local.gpu_type
     try:
         return gpu_type, gpu_spec(gpu_type) if gpu_type else None
@@ -57,22 +58,30 @@ def _gpu(cfg: Mapping[str, Any], local: LocalGpus) -> tuple[str | None, GpuSpec 
         return gpu_type, None
 
 
-def sizes_of(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Sizes:
-    par, train = cfg["parallelism"], cfg["training"]
-    tp, pp, cp, num_gpus = (_positive(par.get(k)) for k in ("tp", "pp", "cp", "num_gpus"))
-    vp = _positive(par.get("vp"))
+def _data_parallel(num_gpus: int | None, tp: int | None, pp: int | None, cp: int | None) -> int | None:
+    if num_gpus is None or tp is None or pp is None or cp is None or num_gpus % (tp * pp * cp):
+        return None
+    return num_gpus // (tp * pp * cp)
+
+
+def _microbatches(gbs: int | None, mbs: int | None, dp: int | None) -> int | None:
+    if gbs is None or mbs is None or dp is None or gbs % (mbs * dp):
+        return None
+    return gbs // (mbs * dp)
+
+
+def sizes_of(cfg: Config, local_gpus: LocalGpus | None = None) -> Sizes:
+    par, train, cluster = cfg.parallelism, cfg.training, cfg.cluster
+    tp, pp, cp, num_gpus = (_positive(size) for size in (par.tp, par.pp, par.cp, par.num_gpus))
+    vp = _positive(par.vp)
     vp = vp if vp and vp > 1 and pp and pp > 1 else None
-    dp = None
-    if None not in (tp, pp, cp, num_gpus) and num_gpus % (tp * pp * cp) == 0:
-        dp = num_gpus // (tp * pp * cp)
-    mbs, gbs = _positive(train.get("micro_batch_size")), _positive(train.get("global_batch_size"))
-    microbatches = gbs // (mbs * dp) if None not in (mbs, gbs, dp) and gbs % (mbs * dp) == 0 else None
+    dp = _data_parallel(num_gpus, tp, pp, cp)
+    mbs, gbs = _positive(train.micro_batch_size), _positive(train.global_batch_size)
     local = local_gpus or LocalGpus(0, None, ())
-    per_node, nodes = _node_shape(cfg, num_gpus, local)
-    gpu_type, spec = _gpu(cfg, local)
-    is_local = cfg["cluster"]["platform"] == "local"
+    per_node, nodes = _node_shape(cluster, num_gpus)
+    gpu_type, spec = _gpu(cluster, local)
     reason = None
-    if is_local and local.count == 0:
+    if cluster.runs_here and local.count == 0:
         reason = "no NVIDIA GPU is visible on this machine (nvidia-smi found none), so cluster=local cannot train here"
     return Sizes(
         num_gpus=num_gpus,
@@ -83,11 +92,11 @@ def sizes_of(cfg: Mapping[str, Any], local_gpus: LocalGpus | None = None) -> Siz
         dp=dp,
         micro_batch_size=mbs,
         global_batch_size=gbs,
-        num_microbatches=microbatches,
+        num_microbatches=_microbatches(gbs, mbs, dp),
         gpus_per_node=per_node,
         num_nodes=nodes,
         gpu_type=gpu_type,
         spec=spec,
-        local_gpus=local.count if is_local else None,
+        local_gpus=local.count if cluster.runs_here else None,
         cannot_train_reason=reason,
     )

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from common.config import Config
 from common.plan import Plan
 from launcher.plan.hardware import gpu_spec
 
@@ -18,13 +17,13 @@ def layout(tp: int, pp: int, cp: int, vp: int | None, dp: int | None = None) -> 
     return " ".join(parts)
 
 
-def format_plan(plan: Plan, cfg: Mapping[str, Any]) -> str:
-    cluster = cfg["cluster"]
+def format_plan(plan: Plan, cfg: Config) -> str:
+    cluster = cfg.cluster
     gpu = plan.gpu_type or "GPU type unknown"
     where = (
-        f"{plan.num_nodes} node{'s' if plan.num_nodes > 1 else ''} x {plan.gpus_per_node}"
-        if cluster["platform"] != "local"
-        else "this machine"
+        "this machine"
+        if cluster.runs_here
+        else f"{plan.num_nodes} node{'s' if plan.num_nodes > 1 else ''} x {plan.gpus_per_node}"
     )
     features = [
         name
@@ -52,7 +51,7 @@ def format_plan(plan: Plan, cfg: Mapping[str, Any]) -> str:
     step_flops = plan.model_flops_per_sample * plan.global_batch_size
     rows = [
         ("model", f"{plan.model}  {plan.num_parameters / 1e9:.3g}B parameters  {plan.dtype}"),
-        ("GPUs", f"{plan.num_gpus} ({where}, {gpu}), cluster={cluster['name']}"),
+        ("GPUs", f"{plan.num_gpus} ({where}, {gpu}), cluster={cluster.name}"),
         (
             "layout",
             layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp) + (f"  [{', '.join(features)}]" if features else ""),

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
-from common.config import Config
+from common.config import Config, Stage
 from common.plan import Plan
 from launcher.jobs.rundir import default_run_name
 from launcher.jobs.stages import stage_order
@@ -40,7 +40,7 @@ from launcher.plan.findings import Findings, PlatformChecks
 from launcher.plan.hardware import LocalGpus
 from launcher.plan.sizes import Sizes, sizes_of
 
-Check = Callable[[Mapping[str, Any], Sizes, Findings], None]
+Check = Callable[[Config, Sizes, Findings], None]
 
 # What a layout decides: the auto-configurator runs these for every layout it tries.
 LAYOUT_CHECKS: tuple[Check, ...] = (
@@ -68,7 +68,7 @@ CHECKS: tuple[Check, ...] = (
 
 @dataclass
 class Validated:
-    cfg: dict[str, Any]  # as normalized() made it: what config.yaml records
+    cfg: Config  # as normalized() made it: what config.yaml records
     plan: Plan
     warnings: list[str]
 
@@ -76,14 +76,16 @@ class Validated:
 def normalized(cfg: Config) -> Config:
     """The config as every later step reads it: stages in run order, results_dir absolute, the run named."""
     cfg = dataclasses.replace(
-        cfg, stages=stage_order(cfg.stages), results_dir=str(Path(cfg.results_dir).expanduser().absolute())
+        cfg,
+        stages=[Stage(name) for name in stage_order(cfg.stages)],
+        results_dir=str(Path(cfg.results_dir).expanduser().absolute()),
     )
-    cfg.run_name = cfg.run_name or default_run_name(cfg)
-    return cfg
+    # The default name describes the run, stages included, so it is made from the config normalized so far.
+    return dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name(cfg))
 
 
 def validate(
-    cfg: Mapping[str, Any],
+    cfg: Config,
     local_gpus: LocalGpus | None = None,
     checks: tuple[Check, ...] = CHECKS,
     ranges_checked: bool = False,
@@ -98,7 +100,7 @@ def validate(
     if out_of_range:
         raise PlanError(out_of_range)
     sizes = sizes_of(cfg, local_gpus)
-    found = Findings(dry_run=bool(cfg.get("dry_run")), platform=platform)
+    found = Findings(dry_run=cfg.dry_run, platform=platform)
     for check in checks:
         check(cfg, sizes, found)
     if found.problems:

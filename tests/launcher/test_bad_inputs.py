@@ -165,7 +165,7 @@ def corrupt_safetensors(tmp: Path) -> tuple[list[str], str]:
     weights = tmp / "Llama-3.1-8B"
     weights.mkdir()
     config = hf_config.llama_config(
-        compose(["training=llama31/8b"])["training"]["model"], torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2
+        compose(["training=llama31/8b"]).training.model, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2
     )
     (weights / "config.json").write_text(json.dumps(config))
     (weights / "model.safetensors").write_bytes(os.urandom(4096))  # a download cut off and overwritten

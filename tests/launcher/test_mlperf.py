@@ -84,16 +84,16 @@ def _subset(expected: dict, actual: dict) -> dict:
 
 def test_8b_config_holds_the_benchmark_values(cfg_for):
     cfg = cfg_for("training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true")
-    train = cfg["training"]
+    train = cfg.training
     assert _subset(LLAMA31_8B, train) == LLAMA31_8B
-    model = train["model"]
-    assert (model["num_layers"], model["hidden_size"], model["ffn_hidden_size"]) == (32, 4096, 14336)
-    assert (model["num_attention_heads"], model["num_query_groups"], model["vocab_size"]) == (32, 8, 128256)
-    assert train["val_interval"] * train["global_batch_size"] == 12288  # the reference's evaluation frequency
-    assert train["data"]["blend"] == [f"{cfg['mlperf']['data_dir']}/c4-train.en_6_text_document"]
-    assert train["data"]["valid_blend"] == [f"{cfg['mlperf']['data_dir']}/c4-validation-91205-samples.en_text_document"]
-    assert not train["data"]["mock"] and train["data"]["split"] == "100,0,0"
-    assert (cfg["mlperf"]["benchmark"], cfg["mlperf"]["ruleset"], cfg["mlperf"]["result_runs"]) == (
+    model = train.model
+    assert (model.num_layers, model.hidden_size, model.ffn_hidden_size) == (32, 4096, 14336)
+    assert (model.num_attention_heads, model.num_query_groups, model.vocab_size) == (32, 8, 128256)
+    assert train.val_interval * train.global_batch_size == 12288  # the reference's evaluation frequency
+    assert train.data.blend == [f"{cfg.mlperf.data_dir}/c4-train.en_6_text_document"]
+    assert train.data.valid_blend == [f"{cfg.mlperf.data_dir}/c4-validation-91205-samples.en_text_document"]
+    assert not train.data.mock and train.data.split == "100,0,0"
+    assert (cfg.mlperf.benchmark, cfg.mlperf.ruleset, cfg.mlperf.result_runs) == (
         "llama31_8b",
         "6.1.0",
         10,
@@ -102,49 +102,49 @@ def test_8b_config_holds_the_benchmark_values(cfg_for):
     # The RCP the batch size, LR and warmup come from.
     rcps = json.loads(_package_file("rcp_checker", "training_6.1.0", "rcps_llama31_8b.json").read_text())
     rcp = rcps["llama31_8b_ref_32"]
-    assert rcp["BS"] == train["global_batch_size"]
-    assert rcp["Hyperparams"]["opt_base_learning_rate"] == train["optimizer"]["lr"]
+    assert rcp["BS"] == train.global_batch_size
+    assert rcp["Hyperparams"]["opt_base_learning_rate"] == train.optimizer.lr
     assert rcp["Hyperparams"]["opt_learning_rate_warmup_samples"] == 128 * 32
 
     # The compliance rules' own checks, on the values this config trains with.
-    checks = _rule_checks(cfg["mlperf"]["ruleset"], "llama31_8b")
-    opt, sched, state = train["optimizer"], train["scheduler"], {"opt_learning_rate_warmup_steps": 128}
+    checks = _rule_checks(cfg.mlperf.ruleset, "llama31_8b")
+    opt, sched, state = train.optimizer, train.scheduler, {"opt_learning_rate_warmup_steps": 128}
     for key, value in [
-        ("max_sequence_length", train["seq_length"]),
-        ("opt_adamw_beta_1", opt["adam_beta1"]),
-        ("opt_adamw_beta_2", opt["adam_beta2"]),
-        ("opt_adamw_epsilon", opt["adam_eps"]),
-        ("opt_adamw_weight_decay", opt["weight_decay"]),
-        ("opt_gradient_clip_norm", opt["clip_grad"]),
-        ("eval_samples", train["val_samples"]),
-        ("max_steps", sched["decay_steps"]),
-        ("opt_learning_rate_decay_steps", sched["decay_steps"] - sched["warmup_steps"]),
+        ("max_sequence_length", train.seq_length),
+        ("opt_adamw_beta_1", opt.adam_beta1),
+        ("opt_adamw_beta_2", opt.adam_beta2),
+        ("opt_adamw_epsilon", opt.adam_eps),
+        ("opt_adamw_weight_decay", opt.weight_decay),
+        ("opt_gradient_clip_norm", opt.clip_grad),
+        ("eval_samples", train.val_samples),
+        ("max_steps", sched.decay_steps),
+        ("opt_learning_rate_decay_steps", sched.decay_steps - sched.warmup_steps),
     ]:
         assert _passes(checks[key], "CHECK", value, state), key
-    assert _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train["target_val_loss"], state)
-    assert not _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train["target_val_loss"] + 0.01, state)
+    assert _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train.target_val_loss, state)
+    assert not _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train.target_val_loss + 0.01, state)
 
     from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
 
-    assert _ALL_RESULT_FILE_COUNTS["training"]["llama31_8b"] == cfg["mlperf"]["result_runs"]
+    assert _ALL_RESULT_FILE_COUNTS["training"]["llama31_8b"] == cfg.mlperf.result_runs
 
 
 def test_405b_config_holds_the_benchmark_values(cfg_for):
     cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true")
-    train = cfg["training"]
+    train = cfg.training
     assert _subset(LLAMA31_405B, train) == LLAMA31_405B
-    model = train["model"]
-    assert (model["num_layers"], model["hidden_size"], model["ffn_hidden_size"]) == (126, 16384, 53248)
-    assert (model["num_attention_heads"], model["num_query_groups"], model["vocab_size"]) == (128, 8, 32768)
-    assert train["val_interval"] * train["global_batch_size"] == 46080
-    data_dir = cfg["mlperf"]["data_dir"]
-    assert train["data"]["blend"] == [
+    model = train.model
+    assert (model.num_layers, model.hidden_size, model.ffn_hidden_size) == (126, 16384, 53248)
+    assert (model.num_attention_heads, model.num_query_groups, model.vocab_size) == (128, 8, 32768)
+    assert train.val_interval * train.global_batch_size == 46080
+    data_dir = cfg.mlperf.data_dir
+    assert train.data.blend == [
         50,
         f"{data_dir}/c4-train.en_6_text_document",
         50,
         f"{data_dir}/c4-train.en_7_text_document",
     ]
-    assert (cfg["mlperf"]["benchmark"], cfg["mlperf"]["ruleset"], cfg["mlperf"]["result_runs"]) == (
+    assert (cfg.mlperf.benchmark, cfg.mlperf.ruleset, cfg.mlperf.result_runs) == (
         "llama31_405b",
         "6.0.0",
         3,
@@ -152,22 +152,20 @@ def test_405b_config_holds_the_benchmark_values(cfg_for):
     rcp = json.loads(_package_file("rcp_checker", "training_6.0.0", "rcps_llama31_405b.json").read_text())[
         "llama31_405b_ref_1152"
     ]
-    assert rcp["BS"] == train["global_batch_size"]
-    assert rcp["Hyperparams"]["opt_base_learning_rate"] == train["optimizer"]["lr"]
-    assert rcp["Hyperparams"]["opt_learning_rate_warmup_steps"] == train["scheduler"]["warmup_steps"]
+    assert rcp["BS"] == train.global_batch_size
+    assert rcp["Hyperparams"]["opt_base_learning_rate"] == train.optimizer.lr
+    assert rcp["Hyperparams"]["opt_learning_rate_warmup_steps"] == train.scheduler.warmup_steps
 
     checks = _rule_checks("6.0.0", "llama31_405b")
-    state = {"global_batch_size": train["global_batch_size"]}
+    state = {"global_batch_size": train.global_batch_size}
     exec(checks["opt_learning_rate_warmup_steps"]["POST"].strip(), {"s": state, "math": math}, {})
-    sched = train["scheduler"]
-    assert state["opt_learning_rate_warmup_steps"] == sched["warmup_steps"]
-    assert _passes(checks["opt_base_learning_rate"], "CHECK", train["optimizer"]["lr"], state)
-    assert _passes(
-        checks["opt_learning_rate_decay_steps"], "CHECK", sched["decay_steps"] - sched["warmup_steps"], state
-    )
-    assert _passes(checks["eval_samples"], "CHECK", train["val_samples"], state)
+    sched = train.scheduler
+    assert state["opt_learning_rate_warmup_steps"] == sched.warmup_steps
+    assert _passes(checks["opt_base_learning_rate"], "CHECK", train.optimizer.lr, state)
+    assert _passes(checks["opt_learning_rate_decay_steps"], "CHECK", sched.decay_steps - sched.warmup_steps, state)
+    assert _passes(checks["eval_samples"], "CHECK", train.val_samples, state)
     assert _passes(checks["init_checkpoint_step"], "CHECK", 0, state)
-    assert _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train["target_val_loss"], state)
+    assert _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train.target_val_loss, state)
 
 
 def test_8b_dry_run_plans_one_8_gpu_node(tmp_path):
@@ -214,7 +212,7 @@ def test_4_gpu_h100_nodes_are_refused_by_the_memory_check(tmp_path):
 
 
 def mlperf_findings(cfg) -> Findings:
-    found = Findings(dry_run=bool(cfg.get("dry_run")))
+    found = Findings(dry_run=cfg.dry_run)
     mlperf.check(cfg, sizes_of(cfg), found)
     return found
 
@@ -234,7 +232,7 @@ def test_405b_refuses_random_weights_unless_allowed(cfg_for):
 
 def test_settings_that_leave_the_rules_are_named_with_the_value_they_need(cfg_for):
     cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true", "training.global_batch_size=2304")
-    named = {key: want for key, _, want, _ in mlperf.deviations(cfg, 2304)}
+    named = {key: want for key, _, want, _ in mlperf.deviations(cfg.training, cfg.mlperf.rules, 2304)}
     # LR x 1152 = GBS x 8e-5; warmup ceil(8000 x 1152 / GBS); horizon ceil(1.2M x 1152 / GBS); 46,080 / GBS
     assert named == {
         "training.optimizer.lr": 1.6e-4,
@@ -280,12 +278,12 @@ def test_evaluation_sizes_that_cannot_run_are_errors(cfg_for, overrides, message
 
 def _shards(cfg_for, benchmark):
     cfg = cfg_for(f"training=mlperf/{benchmark}", f"data_preparation=mlperf_{benchmark}", "cluster=bcm")
-    return cfg, list_shards(cfg["data_preparation"])
+    return cfg, list_shards(cfg.data_preparation)
 
 
 def test_data_preparation_makes_exactly_the_8b_files(cfg_for):
     cfg, shards = _shards(cfg_for, "llama31_8b")
-    data_dir = cfg["mlperf"]["data_dir"]
+    data_dir = cfg.mlperf.data_dir
     assert [s.output_prefix for s in shards] == [
         f"{data_dir}/c4-train.en_6_text_document",
         f"{data_dir}/c4-validation-91205-samples.en_text_document",
@@ -296,11 +294,11 @@ def test_data_preparation_makes_exactly_the_8b_files(cfg_for):
     assert len(names) == 128 and train.max_documents is None
     assert [src.file_name for src in valid.sources] == [f"c4-validation.{i:05d}-of-00008.json.gz" for i in range(8)]
     assert valid.max_documents == 91205
-    dp = cfg["data_preparation"]
-    assert dp["append_eod"] is False and dp["tokenizer"] == cfg["training"]["tokenizer"]
+    dp = cfg.data_preparation
+    assert dp.append_eod is False and dp.tokenizer == cfg.training.tokenizer
     assert [s.output_prefix for s in shards] == [
-        *cfg["training"]["data"]["blend"],
-        *cfg["training"]["data"]["valid_blend"],
+        *cfg.training.data.blend,
+        *cfg.training.data.valid_blend,
     ]
 
 
@@ -310,10 +308,10 @@ def test_data_preparation_makes_exactly_the_405b_files(cfg_for):
     assert names[0] == "c4-train.00768-of-01024.json.gz" and names[-1] == "c4-train.01023-of-01024.json.gz"
     assert len(names) == 256 and shards[2].max_documents == 91205
     assert [s.output_prefix for s in shards] == [
-        *cfg["training"]["data"]["blend"][1::2],
-        *cfg["training"]["data"]["valid_blend"],
+        *cfg.training.data.blend[1::2],
+        *cfg.training.data.valid_blend,
     ]
-    assert cfg["data_preparation"]["tokenizer"]["path"] == "mistralai/Mixtral-8x22B-v0.1"
+    assert cfg.data_preparation.tokenizer.path == "mistralai/Mixtral-8x22B-v0.1"
 
 
 def test_a_sweep_of_seeds_gives_one_run_directory_per_seed(tmp_path):

@@ -64,23 +64,23 @@ def _overrides(model, dtype, layout, cluster):
 
 
 def _check_consistent(plan, cfg):
-    model = cfg["training"]["model"]
+    model = cfg.training.model
     assert plan.tp * plan.pp * plan.cp * plan.dp == plan.num_gpus
     assert plan.num_nodes * plan.gpus_per_node == plan.num_gpus
     assert plan.micro_batch_size * plan.dp * plan.num_microbatches == plan.global_batch_size
     assert len(plan.layers_per_pipeline_stage) == plan.pp
-    assert sum(plan.layers_per_pipeline_stage) == model["num_layers"]
+    assert sum(plan.layers_per_pipeline_stage) == model.num_layers
     if plan.vp:
-        slots = (model["num_layers"] + 2 * plan.asymmetric_pipeline) // plan.pp  # layer slots per stage
+        slots = (model.num_layers + 2 * plan.asymmetric_pipeline) // plan.pp  # layer slots per stage
         assert slots % plan.vp == 0
     if plan.asymmetric_pipeline:
         first, *middle, last = plan.layers_per_pipeline_stage
-        assert first + 1 == last + 1 == (model["num_layers"] + 2) // plan.pp
+        assert first + 1 == last + 1 == (model.num_layers + 2) // plan.pp
         assert all(m == first + 1 for m in middle)
     assert plan.est_memory_gib_per_gpu <= gpu_spec("h100").memory_gib
     assert ("CUDA_DEVICE_MAX_CONNECTIONS" in plan.env) == (plan.tp > 1 or plan.cp > 1)
     assert ("NCCL_P2P_NET_CHUNKSIZE" in plan.env) == (plan.pp > 1)
-    assert plan.fp8 == ("hybrid" if cfg["dtype"]["name"] == "fp8" else None)
+    assert plan.fp8 == ("hybrid" if cfg.dtype.name == "fp8" else None)
 
 
 @pytest.mark.parametrize(

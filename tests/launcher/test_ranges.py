@@ -3,7 +3,6 @@ line naming the key, before any other check (launcher/plan/checks/ranges.py)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import math
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from common import config as schema
+from common.typed import changed, to_plain
 from launcher.config.compose import compose
 from launcher.plan.checks import ranges
 from launcher.plan.errors import PlanError
@@ -79,21 +79,24 @@ KEYS = {(path, base_of(path, base)): f for kind, prefix, base in ROOTS for path,
 
 
 @functools.lru_cache(maxsize=None)
-def composed(base: str) -> dict:
+def composed(base: str) -> schema.Config:
     return compose([*BASES[base], "results_dir=/tmp/results-never-written"])
 
 
 def outside(bounds: schema.Range, integer: bool) -> float:
-    """A value just outside the range."""
+    """A value just outside the range, of the key's type (the typed config holds a float key's 0 as 0.0)."""
     step = 1 if integer else 0.5
     if bounds.low is not None:
-        return bounds.low if bounds.low_open else bounds.low - step
-    return bounds.high if bounds.high_open else bounds.high + step
+        value = bounds.low if bounds.low_open else bounds.low - step
+    else:
+        assert bounds.high is not None
+        value = bounds.high if bounds.high_open else bounds.high + step
+    return value if integer else float(value)
 
 
 def set_path(cfg: dict, path: str, value: Any) -> str:
-    """Put `value` at `path` (`[0]` and `.*` as numeric_keys writes them; a null or empty list or mapping of
-    numbers becomes one holding the value); returns the key as the plan's message names it."""
+    """Put `value` at `path` of a plain config (`[0]` and `.*` as numeric_keys writes them; a null or empty list or
+    mapping of numbers becomes one holding the value); returns the key as the plan's message names it."""
     parts = path.replace("[0]", ".[0]").split(".")
     node: Any = cfg
     key = ""
@@ -139,11 +142,10 @@ def test_a_value_outside_the_range_is_refused_by_name(tmp_path, path, base):
     f = KEYS[(path, base)]
     bounds = schema.range_of(f)
     value = outside(bounds, _is_integer(f))
-    cfg = copy.deepcopy(composed(base))
-    cfg["results_dir"] = str(tmp_path / "results")
-    key = set_path(cfg, path, value)
+    plain = to_plain(changed(composed(base), {"results_dir": str(tmp_path / "results")}))
+    key = set_path(plain, path, value)
     with pytest.raises(PlanError) as err:
-        validate(cfg)
+        validate(schema.load_config(plain))
     (line,) = err.value.problems
     assert line.startswith(f"{key}={value} must be {bounds.words()}"), line
     assert line.endswith(f": {f.metadata['doc']}"), line
@@ -152,7 +154,6 @@ def test_a_value_outside_the_range_is_refused_by_name(tmp_path, path, base):
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_not_a_number_and_infinity_are_refused(value):
-    cfg = copy.deepcopy(composed("default"))
-    cfg["training"]["optimizer"]["lr"] = value
+    cfg = changed(composed("default"), {"training.optimizer.lr": value})
     (line,) = ranges.problems(cfg)
     assert line.startswith(f"training.optimizer.lr={value} must be positive"), line

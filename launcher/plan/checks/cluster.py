@@ -4,8 +4,8 @@ the container, and the environment the ranks get."""
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
 
+from common.config import BatchCluster, ClusterConfig, Config, ContainerCluster, ContainerRuntime
 from launcher.plan.findings import Findings
 from launcher.plan.hardware import GPUS
 from launcher.plan.sizes import Sizes
@@ -15,22 +15,26 @@ ATTENTION_VARIABLES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX shells' names
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    cluster = cfg["cluster"]
-    if cluster["platform"] == "local":
-        _this_machine(cfg, sizes, found)
-    else:
-        _nodes(cfg, sizes, found)
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    cluster = cfg.cluster
+    if cluster.runs_here:
+        _this_machine(cluster, sizes, found)
+    elif isinstance(cluster, BatchCluster):
+        _nodes(cluster, sizes, found)
     if sizes.gpu_type and sizes.spec is None:
         found.problem(f"unknown cluster.gpu_type={sizes.gpu_type!r}; known: {', '.join(GPUS)}")
-    runs_in_container = cluster["platform"] in ("slurm", "sge")  # local jobs never do; bcp and k8s always do
-    if runs_in_container and not cluster.get("container") and cluster["container_runtime"] != "none":
+    # Slurm and Grid Engine jobs may run in a container; local jobs never do, bcp and k8s always do.
+    if (
+        isinstance(cluster, ContainerCluster)
+        and not cluster.container
+        and cluster.container_runtime != ContainerRuntime.none
+    ):
         found.problem(
-            f"cluster.container=null gives cluster.container_runtime={cluster['container_runtime']} no "
+            f"cluster.container=null gives cluster.container_runtime={cluster.container_runtime} no "
             "image: set cluster.container, or cluster.container_runtime=none to run bare metal"
         )
-    _environment(cluster.get("env") or {}, found)
-    conflicting = sorted(k for k in ATTENTION_VARIABLES if k in (cluster.get("env") or {}))
+    _environment(cluster.env, found)
+    conflicting = sorted(k for k in ATTENTION_VARIABLES if k in cluster.env)
     if conflicting:
         found.problem(
             f"cluster.env sets {', '.join(conflicting)}: choose the attention backend with "
@@ -38,7 +42,7 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         )
 
 
-def _environment(env: Mapping[str, Any], found: Findings) -> None:
+def _environment(env: dict[str, str], found: Findings) -> None:
     """Names every shell can export (the job scripts export them): `export BAD-NAME=1` kills the job after its
     queue wait."""
     for name in env:
@@ -51,8 +55,8 @@ def _environment(env: Mapping[str, Any], found: Findings) -> None:
             )
 
 
-def _this_machine(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    asked, here = cfg["cluster"].get("gpus_per_node"), sizes.local_gpus or 0
+def _this_machine(cluster: ClusterConfig, sizes: Sizes, found: Findings) -> None:
+    asked, here = cluster.gpus_per_node, sizes.local_gpus or 0
     if asked and asked > here:
         found.problem(
             f"cluster.gpus_per_node={asked} but this machine has {here} GPUs; set "
@@ -66,9 +70,8 @@ def _this_machine(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None
         )
 
 
-def _nodes(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    cluster = cfg["cluster"]
-    gpus, tasks = cluster.get("gpus_per_node"), cluster.get("ntasks_per_node")
+def _nodes(cluster: BatchCluster, sizes: Sizes, found: Findings) -> None:
+    gpus, tasks = cluster.gpus_per_node, cluster.ntasks_per_node
     if gpus is None and tasks is None:
         found.problem("cluster.gpus_per_node is null (no GRES): set cluster.ntasks_per_node to the GPUs per node")
         return

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from common.config import Config, CudaGraphs, Recompute
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    train, par = cfg["training"], cfg["parallelism"]
-    mode = train.get("cuda_graphs") or "none"
-    warmup = train["cuda_graph_warmup_steps"]
-    if mode == "none":
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    train, par = cfg.training, cfg.parallelism
+    mode, warmup = train.cuda_graphs, train.cuda_graph_warmup_steps
+    if mode == CudaGraphs.none:
         return
     if warmup == 0:
         # The trainer's first step runs without the parameter all-gather hooks (a bad load then fails loudly
@@ -22,13 +20,13 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
             "without the parameter all-gather hooks, which a graph captured in it would lack; set "
             "training.cuda_graph_warmup_steps=1 or more"
         )
-    if mode == "per_layer" and par.get("recompute_granularity") == "full":
+    if mode == CudaGraphs.per_layer and par.recompute_granularity == Recompute.full:
         found.problem(
             "training.cuda_graphs=per_layer with parallelism.recompute_granularity=full: megatron-core "
             "graphs full recomputation only inside a full-iteration graph; use "
             "training.cuda_graphs=full_iteration or parallelism.recompute_granularity=selective"
         )
-    register = (cfg["cluster"].get("env") or {}).get("NCCL_GRAPH_REGISTER")
+    register = cfg.cluster.env.get("NCCL_GRAPH_REGISTER")
     if register is not None and str(register) != "0":
         found.problem(
             f"cluster.env.NCCL_GRAPH_REGISTER={register} with training.cuda_graphs={mode}: graphs with "

@@ -4,8 +4,9 @@ with training's tokenizer (data_prep/checks.py reads their headers and done mark
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any
 
+from common.config import Config, DataConfig, Stage
 from data_prep.checks import prepared_data_problems
 from data_prep.tokenizer import tokenizer_problem, vocabulary_size
 from launcher.plan.findings import Findings
@@ -29,14 +30,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def missing_data(cfg: Mapping[str, Any]) -> list[str]:
+def _named_blends(data: DataConfig) -> tuple[tuple[str, list[Any] | None], ...]:
+    """(key under training.data, value) of the training blend and the validation blend."""
+    return ("blend", data.blend), ("valid_blend", data.valid_blend)
+
+
+def missing_data(data: DataConfig) -> list[str]:
     """One line per blend (training.data.blend, valid_blend) whose .bin/.idx files are not there (real data)."""
-    data = cfg["training"]["data"]
-    if data.get("mock"):
+    if data.mock:
         return []
     lines = []
-    for key in ("blend", "valid_blend"):
-        missing = [p for p in blend_prefixes(data.get(key)) or [] if not _prepared(p)]
+    for key, blend in _named_blends(data):
+        missing = [p for p in blend_prefixes(blend) or [] if not _prepared(p)]
         if missing:
             lines.append(
                 f"training.data.{key}: no .bin/.idx for {', '.join(missing)}; run the data_preparation "
@@ -49,12 +54,12 @@ def _prepared(prefix: str) -> bool:
     return os.path.exists(prefix + ".bin") and os.path.exists(prefix + ".idx")
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    data = cfg["training"]["data"]
-    _split(data["split"], found)
-    if data["mock"]:
-        for key in ("blend", "valid_blend"):
-            if data.get(key):
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    data = cfg.training.data
+    _split(data.split, found)
+    if data.mock:
+        for key, blend in _named_blends(data):
+            if blend:
                 found.problem(
                     f"training.data.mock=true ignores training.data.{key}: set training.data.mock=false "
                     f"to train on it, or training.data.{key}=null"
@@ -62,36 +67,36 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
         return
     if not _blends(data, found):
         return
-    tokenizer = cfg["training"]["tokenizer"]
-    problem = tokenizer_problem(tokenizer["type"], tokenizer["path"], key="training.tokenizer")
+    tokenizer = cfg.training.tokenizer
+    problem = tokenizer_problem(tokenizer.type, tokenizer.path, key="training.tokenizer")
     if problem:
         found.problem(problem)
     else:
         _vocabulary(cfg, found)
-    if "data_preparation" in cfg["stages"]:
+    if Stage.data_preparation in cfg.stages:
         return  # the chain prepares the data before training reads it
-    for line in missing_data(cfg):
+    for line in missing_data(data):
         found.problem_unless_dry_run(line)
-    for key in ("blend", "valid_blend"):
-        present = [p for p in blend_prefixes(data.get(key)) or [] if _prepared(p)]
+    for key, blend in _named_blends(data):
+        present = [p for p in blend_prefixes(blend) or [] if _prepared(p)]
         for line in prepared_data_problems(f"training.data.{key}", present, tokenizer):
             found.problem(line)
 
 
-def _vocabulary(cfg: Mapping[str, Any], found: Findings) -> None:
+def _vocabulary(cfg: Config, found: Findings) -> None:
     """Every token id the tokenizer can give needs an embedding row: the trainer refuses a larger vocabulary on the
     ranks, after the queue wait."""
-    tokenizer, vocab = cfg["training"]["tokenizer"], cfg["training"]["model"]["vocab_size"]
-    size = vocabulary_size(tokenizer["type"], tokenizer["path"])
+    tokenizer, vocab = cfg.training.tokenizer, cfg.training.model.vocab_size
+    size = vocabulary_size(tokenizer.type, tokenizer.path)
     if size is not None and size > vocab:
         found.problem(
-            f"training.tokenizer.path={tokenizer['path']} has {size:,} token ids but training.model.vocab_size="
+            f"training.tokenizer.path={tokenizer.path} has {size:,} token ids but training.model.vocab_size="
             f"{vocab}: set training.model.vocab_size={size} (or more), or use the model's tokenizer"
         )
 
 
-def _blends(data: Mapping[str, Any], found: Findings) -> bool:
-    blend, valid = data.get("blend"), data.get("valid_blend")
+def _blends(data: DataConfig, found: Findings) -> bool:
+    blend, valid = data.blend, data.valid_blend
     if not blend:
         found.problem(f"training.data.mock=false needs training.data.blend: {BLEND_FORMS} from data preparation")
         return False

@@ -3,19 +3,18 @@ any job is written, on every platform and in dry runs."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from common.config import Config, Stage
 from data_prep.checks import preparation_problems
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    if "data_preparation" not in cfg["stages"]:
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    if Stage.data_preparation not in cfg.stages:
         return
-    for line in preparation_problems(cfg["data_preparation"]):
+    for line in preparation_problems(cfg.data_preparation):
         found.problem(line)
-    if "training" in cfg["stages"] and cfg["training"]["data"]["mock"]:
+    if Stage.training in cfg.stages and cfg.training.data.mock:
         found.warning(
             "training.data.mock=true: training will not read the prepared data; set "
             "training.data.mock=false and training.data.blend to the prepared prefixes "

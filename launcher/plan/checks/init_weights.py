@@ -6,29 +6,29 @@ too, common/hf_config.py and common/safetensors_io.py, are plain Python."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
 
 from common import hf_config
+from common.config import Config
 from common.safetensors_io import SafetensorsFileError, SafetensorsFiles
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
     for line in init_problems(cfg, sizes.num_nodes or 1):
         found.problem(line)
 
 
-def init_problems(cfg: Mapping[str, Any], num_nodes: int) -> list[str]:
-    ckpt = cfg["training"]["checkpoint"]
-    value = ckpt.get("init_from_hf")
+def init_problems(cfg: Config, num_nodes: int) -> list[str]:
+    ckpt = cfg.training.checkpoint
+    value = ckpt.init_from_hf
     if not value:
         return []
-    value = str(value)
     key = hf_config.KEY
-    if ckpt.get("init_from"):
+    if ckpt.init_from:
         return [f"training.checkpoint.init_from and {key} are both set; keep one"]
-    local = cfg["cluster"]["name"] == "local"
+    # Jobs that run here see this machine's paths; elsewhere a path may exist only on the compute nodes.
+    local = cfg.cluster.runs_here
     if hf_config.is_hub_id(value):
         if num_nodes > 1:
             return [
@@ -53,7 +53,7 @@ def init_problems(cfg: Mapping[str, Any], num_nodes: int) -> list[str]:
                     "hub id such as meta-llama/Llama-3.1-8B)"
                 ]
             )
-    model = cfg["training"]["model"]
+    model = cfg.training.model
     try:
         hf_config.check_directory(directory, model, source=value)
         # The headers only (milliseconds): a truncated or damaged file, a missing tensor or one of another shape

@@ -4,16 +4,15 @@ accepts the risk. It runs on the derived plan, once every other check has passed
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from common.config import Config
 from common.plan import Plan
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, plan: Plan, found: Findings) -> None:
+def check(cfg: Config, sizes: Sizes, plan: Plan, found: Findings) -> None:
     spec = sizes.spec
-    if spec is None or not cfg["memory_check"] or plan.est_memory_gib_per_gpu <= spec.memory_gib:
+    if spec is None or not cfg.memory_check or plan.est_memory_gib_per_gpu <= spec.memory_gib:
         return
     found.problem(
         f"estimated {plan.est_memory_gib_per_gpu} GiB per GPU exceeds the {spec.memory_gib} GiB of "

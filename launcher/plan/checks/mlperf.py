@@ -9,8 +9,9 @@ checkpoint with random weights is an error unless `mlperf.allow_random_init=true
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
 
+from common.config import Config, MLPerfConfig, MLPerfRules, TrainingConfig
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -18,92 +19,93 @@ from launcher.plan.sizes import Sizes
 RULESETS = {"llama31_8b": ("5.1.0", "6.0.0", "6.1.0"), "llama31_405b": ("5.1.0", "6.0.0")}
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
     """An MLPerf run's settings against the benchmark's rules; nothing for other runs."""
-    ml = cfg.get("mlperf")
-    if not ml:
+    ml = cfg.mlperf
+    if ml is None:
         return
-    known = RULESETS.get(ml["benchmark"], ())
-    if ml["ruleset"] not in known:
+    known = RULESETS.get(ml.benchmark, ())
+    if ml.ruleset not in known:
         found.problem(
-            f"mlperf.ruleset={ml['ruleset']} has no compliance rules for {ml['benchmark']}: use one of "
+            f"mlperf.ruleset={ml.ruleset} has no compliance rules for {ml.benchmark}: use one of "
             f"{', '.join(known) or '(none known)'}"
         )
     if sizes.global_batch_size:
-        for key, have, want, why in deviations(cfg, sizes.global_batch_size):
+        for key, have, want, why in deviations(cfg.training, ml.rules, sizes.global_batch_size):
             found.warning(
-                f"mlperf {ml['benchmark']}: {key}={have} differs from the benchmark's {want} ({why}): "
+                f"mlperf {ml.benchmark}: {key}={have} differs from the benchmark's {want} ({why}): "
                 "this run is not a valid MLPerf result"
             )
-    init = initial_weights_problem(cfg)
+    init = initial_weights_problem(ml, cfg.training)
     if init:
         found.problem_unless_dry_run(init)
 
 
-def expected_settings(rules: Mapping[str, Any], gbs: int) -> dict[str, tuple[Any, str]]:
+def expected_settings(rules: MLPerfRules, gbs: int) -> dict[str, tuple[Any, str]]:
     """training.* key -> (the value the benchmark needs at this global batch size, where the rule comes from)."""
-    want = {
-        "seq_length": (rules["seq_length"], "max_sequence_length"),
-        "val_samples": (rules["eval_samples"], "eval_samples"),
+    want: dict[str, tuple[Any, str]] = {
+        "seq_length": (rules.seq_length, "max_sequence_length"),
+        "val_samples": (rules.eval_samples, "eval_samples"),
         "val_interval": (
-            math.ceil(rules["eval_every_samples"] / gbs),
-            f"an evaluation every {rules['eval_every_samples']} sequences at GBS {gbs}",
+            math.ceil(rules.eval_every_samples / gbs),
+            f"an evaluation every {rules.eval_every_samples} sequences at GBS {gbs}",
         ),
-        "target_val_loss": (rules["target"], "the quality target"),
-        "optimizer.adam_beta1": (rules["adam_beta1"], "opt_adamw_beta_1"),
-        "optimizer.adam_beta2": (rules["adam_beta2"], "opt_adamw_beta_2"),
-        "optimizer.adam_eps": (rules["adam_eps"], "opt_adamw_epsilon"),
-        "optimizer.weight_decay": (rules["weight_decay"], "opt_adamw_weight_decay"),
-        "optimizer.clip_grad": (rules["clip_grad"], "opt_gradient_clip_norm"),
+        "target_val_loss": (rules.target, "the quality target"),
+        "optimizer.adam_beta1": (rules.adam_beta1, "opt_adamw_beta_1"),
+        "optimizer.adam_beta2": (rules.adam_beta2, "opt_adamw_beta_2"),
+        "optimizer.adam_eps": (rules.adam_eps, "opt_adamw_epsilon"),
+        "optimizer.weight_decay": (rules.weight_decay, "opt_adamw_weight_decay"),
+        "optimizer.clip_grad": (rules.clip_grad, "opt_gradient_clip_norm"),
     }
-    reference_gbs = rules.get("reference_gbs")
+    reference_gbs = rules.reference_gbs
     if reference_gbs:  # LR, warmup and the schedule's horizon scale with the batch size
+        # A benchmark whose rules scale with the batch size gives all three (conf/training/mlperf/llama31_405b.yaml).
+        assert rules.lr_at_reference_gbs is not None and rules.warmup_steps_at_reference_gbs is not None
         want["optimizer.lr"] = (
-            round(rules["lr_at_reference_gbs"] * gbs / reference_gbs, 8),
-            f"opt_base_learning_rate x {reference_gbs} = GBS {gbs} x {rules['lr_at_reference_gbs']}",
+            round(rules.lr_at_reference_gbs * gbs / reference_gbs, 8),
+            f"opt_base_learning_rate x {reference_gbs} = GBS {gbs} x {rules.lr_at_reference_gbs}",
         )
         want["scheduler.warmup_steps"] = (
-            math.ceil(rules["warmup_steps_at_reference_gbs"] * reference_gbs / gbs),
+            math.ceil(rules.warmup_steps_at_reference_gbs * reference_gbs / gbs),
             f"opt_learning_rate_warmup_steps at GBS {gbs}",
         )
         want["scheduler.decay_steps"] = (
-            math.ceil(rules["max_steps"] * reference_gbs / gbs),
+            math.ceil(rules.max_steps * reference_gbs / gbs),
             f"the schedule's horizon at GBS {gbs}, warmup + opt_learning_rate_decay_steps",
         )
     else:
-        want["scheduler.decay_steps"] = (rules["max_steps"], "max_steps")
+        want["scheduler.decay_steps"] = (rules.max_steps, "max_steps")
     return want
 
 
-def deviations(cfg: Mapping[str, Any], gbs: int) -> list[tuple[str, Any, Any, str]]:
+def deviations(training: TrainingConfig, rules: MLPerfRules, gbs: int) -> list[tuple[str, Any, Any, str]]:
     """(training key, its value, the benchmark's value, rule) for every setting that differs from the rules."""
-    train = cfg["training"]
     out = []
-    for key, (want, why) in expected_settings(cfg["mlperf"]["rules"], gbs).items():
-        have = _lookup(train, key)
+    for key, (want, why) in expected_settings(rules, gbs).items():
+        have = _lookup(training, key)
         if not _same(have, want):
             out.append((f"training.{key}", have, want, why))
     return out
 
 
-def initial_weights_problem(cfg: Mapping[str, Any]) -> str | None:
+def initial_weights_problem(ml: MLPerfConfig, training: TrainingConfig) -> str | None:
     """A benchmark that starts from a checkpoint, given none (and random weights not allowed explicitly)."""
-    ml = cfg["mlperf"]
-    ckpt = cfg["training"]["checkpoint"]
-    if not ml["rules"].get("starts_from_checkpoint") or ml.get("allow_random_init"):
+    ckpt = training.checkpoint
+    if not ml.rules.starts_from_checkpoint or ml.allow_random_init:
         return None
-    if ckpt.get("init_from") or ckpt.get("init_from_hf"):
+    if ckpt.init_from or ckpt.init_from_hf:
         return None
     return (
-        f"mlperf {ml['benchmark']} starts from Meta's checkpoint (init_checkpoint_step 0): set "
+        f"mlperf {ml.benchmark} starts from Meta's checkpoint (init_checkpoint_step 0): set "
         "training.checkpoint.init_from_hf=<directory of meta-llama/Llama-3.1-405B> (or "
         "training.checkpoint.init_from=<checkpoint directory>), or mlperf.allow_random_init=true for a smoke test"
     )
 
 
-def _lookup(section: Mapping[str, Any], dotted: str) -> Any:
+def _lookup(section: Any, dotted: str) -> Any:
+    """The value at a dotted key under a config section: `optimizer.lr` of training."""
     for part in dotted.split("."):
-        section = section[part]
+        section = getattr(section, part)
     return section
 
 

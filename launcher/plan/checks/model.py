@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from common.config import Config
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -20,10 +19,10 @@ POSITIVE = (
 )
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    model = cfg["training"]["model"]
-    if model["num_attention_heads"] % model["num_query_groups"]:
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    model = cfg.training.model
+    if model.num_attention_heads % model.num_query_groups:
         found.problem(
-            f"training.model.num_attention_heads={model['num_attention_heads']} must be a multiple of "
-            f"training.model.num_query_groups={model['num_query_groups']}"
+            f"training.model.num_attention_heads={model.num_attention_heads} must be a multiple of "
+            f"training.model.num_query_groups={model.num_query_groups}"
         )

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from common.config import Config, Fp8Recipe
 from launcher.plan.findings import Findings
 from launcher.plan.hardware import GpuSpec, gpu_types_with
 from launcher.plan.sizes import Sizes
 
 # Recipes whose scales are per block of elements: Blackwell's tensor cores (compute capability 10.0) only.
-BLOCK_SCALED_FP8 = ("mxfp8",)
+BLOCK_SCALED_FP8 = (Fp8Recipe.mxfp8,)
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    dtype, par = cfg["dtype"], cfg["parallelism"]
-    fp8, fp4, recipe = dtype.get("fp8"), dtype.get("fp4"), dtype.get("fp8_recipe")
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    dtype, par = cfg.dtype, cfg.parallelism
+    fp8, fp4, recipe = dtype.fp8, dtype.fp4, dtype.fp8_recipe
     if fp8 and not recipe:
         found.problem("dtype.fp8 is set but dtype.fp8_recipe is null: use delayed, tensorwise, blockwise or mxfp8")
     if fp8 and fp4:
@@ -22,37 +21,40 @@ def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
             f"dtype.fp4={fp4} and dtype.fp8={fp8} cannot be combined (megatron-core runs one low "
             "precision): use dtype=nvfp4, or set dtype.fp8=null"
         )
-    for key in ("fp8_param_gather", "fp8_dot_product_attention", "fp8_output_layer"):
-        if dtype.get(key) and not fp8:
+    fp8_only = {
+        "fp8_param_gather": dtype.fp8_param_gather,
+        "fp8_dot_product_attention": dtype.fp8_dot_product_attention,
+        "fp8_output_layer": dtype.fp8_output_layer,
+    }
+    for key, on in fp8_only.items():
+        if on and not fp8:
             found.problem(f"dtype.{key}=true needs dtype.fp8 (use dtype=fp8)")
-    if dtype.get("fp8_param_gather") and not par["use_distributed_optimizer"]:
+    if dtype.fp8_param_gather and not par.use_distributed_optimizer:
         found.problem("dtype.fp8_param_gather=true needs parallelism.use_distributed_optimizer=true")
-    if fp8 and dtype.get("fp8_output_layer") and recipe not in BLOCK_SCALED_FP8:
+    if fp8 and dtype.fp8_output_layer and recipe not in BLOCK_SCALED_FP8:
         found.problem(
             f"dtype.fp8_output_layer=true needs dtype.fp8_recipe=mxfp8 (megatron-core runs the output layer "
             f"in FP8 only with MXFP8), not {recipe}; set dtype.fp8_output_layer=false"
         )
-    if dtype["fp8_amax_compute_algo"] not in ("max", "most_recent"):
-        found.problem(f"dtype.fp8_amax_compute_algo={dtype['fp8_amax_compute_algo']!r}: use max or most_recent")
-    spec = sizes.spec
-    if spec is None:
+    if dtype.fp8_amax_compute_algo not in ("max", "most_recent"):
+        found.problem(f"dtype.fp8_amax_compute_algo={dtype.fp8_amax_compute_algo!r}: use max or most_recent")
+    spec, gpu_type = sizes.spec, sizes.gpu_type
+    if spec is None or gpu_type is None:  # a spec comes only from a GPU type
         return
     if fp8 and spec.fp8_peak_flops is None:
         found.problem(
-            f"dtype=fp8 needs FP8 tensor cores (Hopper or newer); cluster.gpu_type={sizes.gpu_type} has "
-            "none; use dtype=bf16"
+            f"dtype=fp8 needs FP8 tensor cores (Hopper or newer); cluster.gpu_type={gpu_type} has none; use dtype=bf16"
         )
     elif fp8 and recipe in BLOCK_SCALED_FP8 and not spec.block_scaled:
         found.problem(
-            f"dtype.fp8_recipe={recipe} needs {_blackwell()}; cluster.gpu_type={sizes.gpu_type} has no "
+            f"dtype.fp8_recipe={recipe} needs {_blackwell()}; cluster.gpu_type={gpu_type} has no "
             "MXFP8 tensor cores; use dtype.fp8_recipe=delayed or tensorwise"
         )
     if fp8 and dtype.fp8_dot_product_attention:
-        _fp8_attention_head_size(cfg.training.model.kv_channels, spec, sizes.gpu_type, found)
+        _fp8_attention_head_size(cfg.training.model.kv_channels, spec, gpu_type, found)
     if fp4 and not spec.block_scaled:
         found.problem(
-            f"dtype.fp4={fp4} needs {_blackwell()}; cluster.gpu_type={sizes.gpu_type} has no FP4 tensor "
-            "cores; use dtype=fp8"
+            f"dtype.fp4={fp4} needs {_blackwell()}; cluster.gpu_type={gpu_type} has no FP4 tensor cores; use dtype=fp8"
         )
 
 

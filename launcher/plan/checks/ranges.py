@@ -5,7 +5,6 @@ combinations that follow may divide by sizes and count steps without guarding ea
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from typing import Any, Iterator, Mapping
 
@@ -28,7 +27,7 @@ def _line(key: str, value: Any, f: dataclasses.Field, hint: Any) -> str:
     return f"{key}={value} must be {bounds.words()}{why}{nullable}: {f.metadata['doc']}"
 
 
-def _section(section: Any, prefix: str) -> Found:
+def _section(section: object, prefix: str) -> Found:
     """A section's own class (the cluster's platform, the data preparation's source) declares its keys' ranges."""
     for f, hint in _fields(type(section)):
         yield from _values(getattr(section, f.name), hint, f, hint, f"{prefix}{f.name}")
@@ -61,8 +60,12 @@ def _unwrap_optional(kind: Any) -> Any:
     return kind
 
 
-@functools.lru_cache(maxsize=None)
+_FIELDS: dict[type, tuple[tuple[dataclasses.Field, Any], ...]] = {}
+
+
 def _fields(kind: type) -> tuple[tuple[dataclasses.Field, Any], ...]:
     """A schema class's fields with their resolved types (resolved once: typing.get_type_hints is slow)."""
-    hints = typing.get_type_hints(kind)
-    return tuple((f, hints[f.name]) for f in dataclasses.fields(kind))
+    if kind not in _FIELDS:
+        hints = typing.get_type_hints(kind)
+        _FIELDS[kind] = tuple((f, hints[f.name]) for f in dataclasses.fields(kind))
+    return _FIELDS[kind]

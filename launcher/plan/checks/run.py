@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
 
-from common.config import Stage
+from common.config import Config, Stage
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -19,21 +18,22 @@ BATCH_PATH = re.compile(r"[A-Za-z0-9/._=+,@%:-]+")
 MAX_RUN_NAME = 200  # file names stop at 255 bytes; the name also goes into job and log names
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    name = cfg["run_name"]
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    name = cfg.run_name
+    assert name is not None  # normalized() names the run before the checks run
     problem = run_name_problem(name)
     if problem:
         found.problem(problem)
-    results = Path(cfg["results_dir"]).expanduser()
+    results = Path(cfg.results_dir).expanduser()
     problem = directory_problem(results)
     if problem:
-        found.problem(f"results_dir={cfg['results_dir']} {problem}")
-    if cfg["cluster"]["platform"] != "local" and not BATCH_PATH.fullmatch(str(results)):
+        found.problem(f"results_dir={cfg.results_dir} {problem}")
+    if not cfg.cluster.runs_here and not BATCH_PATH.fullmatch(str(results)):
         found.problem(
-            f"results_dir={cfg['results_dir']!r} has a space, quote or other character that #SBATCH and "
+            f"results_dir={cfg.results_dir!r} has a space, quote or other character that #SBATCH and "
             "#$ lines cannot carry in log paths; choose a path of letters, digits and / . _ - + = only"
         )
-    _stages(cfg["stages"], found)
+    _stages(cfg.stages, found)
 
 
 def run_name_problem(name: str) -> str | None:
@@ -70,7 +70,7 @@ def _read_only(path: Path) -> bool:
     return bool(flags & os.ST_RDONLY) or str(path).startswith(("/proc", "/sys"))
 
 
-def _stages(stages: list[str], found: Findings) -> None:
+def _stages(stages: list[Stage], found: Findings) -> None:
     if not stages:
         found.problem(f"stages is empty; pick from {', '.join(s.name for s in Stage)} (default: [training])")
     twice = sorted({s for s in stages if stages.count(s) > 1})

@@ -13,6 +13,8 @@ from typing import Any, Iterator, Mapping
 import yaml
 
 from common.checkpoints import damaged_checkpoints, latest_checkpoint
+from common.config import Config, Stage
+from common.typed import to_plain
 from launcher.plan.findings import Findings
 from launcher.plan.formulas import padded_vocab_size
 from launcher.plan.sizes import Sizes
@@ -49,29 +51,32 @@ OPERATIONAL = (
 SHOWN = 4  # differing keys named in the message
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
-    run_dir = Path(cfg["results_dir"]).expanduser().absolute() / cfg["run_name"]
-    before = _load(run_dir / "config.yaml")
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    assert cfg.run_name is not None  # normalized() names the run before the checks run
+    run_dir = Path(cfg.results_dir).expanduser().absolute() / cfg.run_name
+    before = _load(run_dir / "config.yaml")  # plain: it may come from another version of the recipes
     newest = latest_checkpoint(str(run_dir / "checkpoints"))
-    _damaged_newest(run_dir, newest, cfg, found)
-    if "export" in cfg["stages"] and "training" not in cfg["stages"] and newest is None:
+    _damaged_newest(run_dir, newest, cfg.stages, found)
+    if Stage.export in cfg.stages and Stage.training not in cfg.stages and newest is None:
         found.problem(
             f"stages has export but not training, and {run_dir} has no complete checkpoint to export: "
             "check run_name (and results_dir), or add training to stages"
         )
     if before is None:
         return
-    differing = [key for key in _differing(before, cfg) if not _operational(key) and _matters(key, before, cfg)]
+    now = to_plain(cfg)
+    data_only = all(stages == [Stage.data_preparation] for stages in (before.get("stages"), cfg.stages))
+    differing = [key for key in _differing(before, now) if not _operational(key) and _matters(key, data_only)]
     if differing:
-        found.problem(_collision(run_dir, differing, before, cfg, has_checkpoints=newest is not None))
-    elif newest is not None and "training" in cfg["stages"] and sizes.tp:
-        _resharding(run_dir, before, cfg, sizes, found)
+        found.problem(_collision(run_dir, differing, before, now, has_checkpoints=newest is not None))
+    elif newest is not None and Stage.training in cfg.stages and sizes.tp:
+        _resharding(run_dir, before, cfg, sizes.tp, found)
 
 
-def _damaged_newest(run_dir: Path, newest: tuple[int, str] | None, cfg: Mapping[str, Any], found: Findings) -> None:
+def _damaged_newest(run_dir: Path, newest: tuple[int, str] | None, stages: list[Stage], found: Findings) -> None:
     """A checkpoint directory newer than the newest complete one whose state file is missing or damaged (a disk
     that filled up, a truncated copy): resuming or exporting would silently go back to the older one."""
-    if not {"training", "export"} & set(cfg["stages"]):
+    if not {Stage.training, Stage.export} & set(stages):
         return
     damaged = damaged_checkpoints(str(run_dir / "checkpoints"))
     newer = [d for d in damaged if newest is None or d[0] > newest[0]]
@@ -85,10 +90,9 @@ def _damaged_newest(run_dir: Path, newest: tuple[int, str] | None, cfg: Mapping[
     )
 
 
-def _matters(key: str, before: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
-    """Whether a key makes two invocations different runs: for data preparation alone (now and before), only the
-    data_preparation keys; training's keys do not change the data."""
-    data_only = all(c.get("stages") == ["data_preparation"] for c in (before, cfg))
+def _matters(key: str, data_only: bool) -> bool:
+    """Whether a key makes two invocations different runs: for data preparation alone (now and before: data_only),
+    only the data_preparation keys; training's keys do not change the data."""
     return key.startswith("data_preparation.") or not data_only
 
 
@@ -134,24 +138,22 @@ def _collision(
     )
 
 
-def _resharding(
-    run_dir: Path, before: Mapping[str, Any], cfg: Mapping[str, Any], sizes: Sizes, found: Findings
-) -> None:
+def _resharding(run_dir: Path, before: Mapping[str, Any], cfg: Config, tp: int, found: Findings) -> None:
     """A layout change resumes by resharding the checkpoints, except where the tensors themselves differ: the
-    padded vocabulary (it follows TP) and the optimizer state's form."""
-    model = cfg["training"]["model"]
+    padded vocabulary (it follows TP) and the optimizer state's form. `before`: the plain config.yaml there."""
+    model = cfg.training.model
     try:
         saved_vocab = json.loads((run_dir / "plan.json").read_text())["padded_vocab_size"]
     except (OSError, ValueError, KeyError):
         saved_vocab = None
-    vocab = padded_vocab_size(model["vocab_size"], model["make_vocab_size_divisible_by"], sizes.tp)
+    vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
     if saved_vocab is not None and saved_vocab != vocab:
         found.problem(
-            f"parallelism.tp={sizes.tp} pads the vocabulary to {vocab} rows but the checkpoints in "
+            f"parallelism.tp={tp} pads the vocabulary to {vocab} rows but the checkpoints in "
             f"{run_dir} hold {saved_vocab} (saved with parallelism.tp={before['parallelism']['tp']}): "
             "resume with that TP, or start a new run (run_name=...)"
         )
-    old, new = before["parallelism"]["use_distributed_optimizer"], cfg["parallelism"]["use_distributed_optimizer"]
+    old, new = before["parallelism"]["use_distributed_optimizer"], cfg.parallelism.use_distributed_optimizer
     if old != new:
         found.problem(
             f"the checkpoints in {run_dir} hold the optimizer state of parallelism."

@@ -3,13 +3,12 @@ the container stage builds, and data preparation having something to prepare."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from common.config import Config
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
 
-def check(cfg: Mapping[str, Any], sizes: Sizes, found: Findings) -> None:
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
     if found.platform is None:
         return
     # Its own problems, the image the container stage builds, and what the stages ask of the platform that it

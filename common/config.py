@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 import math
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional
 
-from common.typed import DictAccess, StrEnum, Variants, from_plain
+from common.typed import StrEnum, Variants, from_plain
 
 # OmegaConf's mark of a value the YAML must set (its MISSING), without importing OmegaConf.
 MISSING = "???"
@@ -215,7 +215,7 @@ class TextDocument(StrEnum):
 
 # --------------------------------------------------------------------------- training
 @dataclass
-class ModelConfig(DictAccess):
+class ModelConfig:
     num_layers: int = key("decoder layers", within=COUNT)
     hidden_size: int = key("hidden size", within=COUNT)
     ffn_hidden_size: int = key("SwiGLU MLP width", within=COUNT)
@@ -240,7 +240,7 @@ class ModelConfig(DictAccess):
 
 
 @dataclass
-class OptimizerConfig(DictAccess):
+class OptimizerConfig:
     lr: float = key("peak learning rate (AdamW)", within=POSITIVE)
     min_lr: float = key("learning rate at the end of the cosine decay", within=NON_NEGATIVE)
     weight_decay: float = key("AdamW weight decay", within=NON_NEGATIVE)
@@ -251,13 +251,13 @@ class OptimizerConfig(DictAccess):
 
 
 @dataclass
-class SchedulerConfig(DictAccess):
+class SchedulerConfig:
     warmup_steps: int = key("linear warmup steps", within=NON_NEGATIVE)
     decay_steps: Optional[int] = key("cosine decay horizon in steps; null: train_steps", within=COUNT)
 
 
 @dataclass
-class DataConfig(DictAccess):
+class DataConfig:
     mock: bool = key("megatron's synthetic data (benchmarks); false reads blend")
     blend: Optional[List[Any]] = key("[weight, prefix, weight, prefix, ...] or [prefix, ...] from data preparation")
     split: str = key('train,validation,test shares of blend, e.g. "99,1,0"')
@@ -268,7 +268,7 @@ class DataConfig(DictAccess):
 
 
 @dataclass
-class TokenizerConfig(DictAccess):
+class TokenizerConfig:
     type: TokenizerType = key(
         "huggingface (hub id, directory with tokenizer.json, or the file) or sentencepiece (.model file)"
     )
@@ -276,7 +276,7 @@ class TokenizerConfig(DictAccess):
 
 
 @dataclass
-class CheckpointConfig(DictAccess):
+class CheckpointConfig:
     interval: int = key("save every N steps (0: only on a stop signal and at the end)", within=NON_NEGATIVE)
     save_at_end: bool = key("save when training ends")
     keep_last: int = key("complete checkpoints kept; older ones are deleted", within=NON_NEGATIVE)
@@ -292,7 +292,7 @@ class CheckpointConfig(DictAccess):
 
 
 @dataclass
-class TrainingConfig(DictAccess):
+class TrainingConfig:
     name: str = key("model name in run names and reports")
     model: ModelConfig = group(ModelConfig, "architecture")
     seq_length: int = key("tokens per sequence", within=COUNT)
@@ -323,7 +323,7 @@ class TrainingConfig(DictAccess):
 
 # --------------------------------------------------------------------------- precision
 @dataclass
-class DtypeConfig(DictAccess):
+class DtypeConfig:
     name: str = key("bf16, fp8 or nvfp4, in run names")
     fp8: Optional[Fp8Format] = key("FP8 format: hybrid (E4M3 forward, E5M2 backward) or e4m3; null: bf16 only")
     fp8_recipe: Optional[Fp8Recipe] = key(
@@ -351,7 +351,7 @@ class DtypeConfig(DictAccess):
 
 # --------------------------------------------------------------------------- parallelism
 @dataclass
-class SearchSpace(DictAccess):
+class SearchSpace:
     tp: List[int] = key("tensor-parallel sizes tried", within=COUNT)
     pp: List[int] = key("pipeline-parallel sizes tried", within=COUNT)
     cp: List[int] = key("context-parallel sizes tried", within=COUNT)
@@ -362,45 +362,45 @@ class SearchSpace(DictAccess):
 
 
 @dataclass
-class UserbufferPreset(DictAccess):
+class UserbufferPreset:
     tp: int = key("tensor-parallel size the preset is for", within=COUNT)
     preset: str = key("conf/userbuffers/ file")
 
 
 @dataclass
-class TunedSize(DictAccess):
+class TunedSize:
     hidden_size: int = key("hidden size these settings apply to", within=COUNT)
     wgrad_deferral_limit: int = key("embedding weight-gradient GEMMs deferred with PP", within=NON_NEGATIVE)
     userbuffers: List[UserbufferPreset] = key("userbuffer preset per TP size")
 
 
 @dataclass
-class ByDtype(DictAccess):
+class ByDtype:
     bf16: float = key("for bf16", within=SHARE_ABOVE_0)
     fp8: float = key("for fp8", within=SHARE_ABOVE_0)
 
 
 @dataclass
-class Exposed(DictAccess):
+class Exposed:
     overlap: float = key("with overlap", within=SHARE)
     no_overlap: float = key("without overlap", within=SHARE)
 
 
 @dataclass
-class ElementwiseBytes(DictAccess):
+class ElementwiseBytes:
     hidden: int = key("bytes per token and layer per hidden unit", within=NON_NEGATIVE)
     ffn: int = key("bytes per token and layer per FFN unit", within=NON_NEGATIVE)
 
 
 @dataclass
-class GpuBandwidth(DictAccess):
+class GpuBandwidth:
     hbm_gb_s: float = key("HBM bandwidth, GB/s", within=POSITIVE)
     nvlink_gb_s: float = key("NVLink bandwidth per GPU and direction, GB/s", within=POSITIVE)
     network_gb_s: float = key("network bandwidth per GPU and direction, GB/s", within=POSITIVE)
 
 
 @dataclass
-class StepTimeConstants(DictAccess):
+class StepTimeConstants:
     gemm_efficiency: ByDtype = group(ByDtype, "share of the dtype's dense peak a large GEMM reaches")
     gemm_half_dim: int = key("GEMM efficiency x d / (d + this), d the narrowest dimension", within=NON_NEGATIVE)
     attention_efficiency: float = key("causal attention core as a share of the bf16 peak", within=SHARE_ABOVE_0)
@@ -426,7 +426,7 @@ class StepTimeConstants(DictAccess):
 
 
 @dataclass
-class AutoConfig(DictAccess):
+class AutoConfig:
     pick: int = key("which ranked layout becomes the run's (0: the fastest predicted)", within=NON_NEGATIVE)
     top: int = key("rows of the printed ranking", within=COUNT)
     memory_headroom: float = key("share of GPU memory a layout must leave free", within=SHARE_BELOW_1)
@@ -436,7 +436,7 @@ class AutoConfig(DictAccess):
 
 
 @dataclass
-class ParallelismConfig(DictAccess):
+class ParallelismConfig:
     name: str = key("layout name, in run names")
     num_gpus: int = key("GPUs of the job; DP = num_gpus / (tp x pp x cp)", within=COUNT)
     tp: int = key("tensor-parallel size", within=COUNT)
@@ -474,7 +474,7 @@ class ParallelismConfig(DictAccess):
 
 # --------------------------------------------------------------------------- cluster, one class per platform
 @dataclass
-class ClusterConfig(DictAccess):
+class ClusterConfig:
     name: str = key("cluster name, in messages")
     platform: PlatformName = key("which renderer and submitter: local, slurm, sge, bcp or k8s")
     gpus_per_node: Optional[int] = key("GPUs per node; null: no GRES (Slurm) or count them (local)", within=COUNT)
@@ -553,14 +553,14 @@ class SgeCluster(ContainerCluster):
 
 
 @dataclass
-class Workspace(DictAccess):
+class Workspace:
     id: str = key("workspace id")
     mount: str = key("mount path, the same as where main.py runs")
     mode: str = key("RW or RO", default="RW")
 
 
 @dataclass
-class Dataset(DictAccess):
+class Dataset:
     id: str = key("dataset id")
     mount: str = key("mount path")
 
@@ -581,7 +581,7 @@ class BcpCluster(BatchCluster):
 
 
 @dataclass
-class Volume(DictAccess):
+class Volume:
     claim: str = key("PersistentVolumeClaim name")
     mount: str = key("mount path, the same as on the machine that runs main.py")
 
@@ -603,7 +603,7 @@ class K8sCluster(BatchCluster):
 
 # --------------------------------------------------------------------------- data preparation, one class per source
 @dataclass
-class DownloadConfig(DictAccess):
+class DownloadConfig:
     retries: int = key("attempts after the first", within=NON_NEGATIVE)
     backoff_s: float = key("first wait between attempts (doubles each time)", within=NON_NEGATIVE)
     max_backoff_s: float = key("longest wait between attempts", within=NON_NEGATIVE)
@@ -611,14 +611,14 @@ class DownloadConfig(DictAccess):
 
 
 @dataclass
-class DataJobConfig(DictAccess):
+class DataJobConfig:
     time_limit: str = key("time limit of each data-preparation task")
     cpus_per_task: Optional[int] = key("CPUs per task; null: a whole node", within=COUNT)
     max_parallel: Optional[int] = key("at most this many tasks at once; null: no limit", within=COUNT)
 
 
 @dataclass
-class DataPreparationConfig(DictAccess):
+class DataPreparationConfig:
     name: str = key("source name")
     output_dir: str = key("where .bin/.idx are written (absolute)")
     download_dir: str = key("where downloads land")
@@ -645,7 +645,7 @@ class PileData(DataPreparationConfig):
 
 
 @dataclass
-class C4Train(DictAccess):
+class C4Train:
     file_template: str = key("train file name, formatted with its number")
     num_files: int = key("train files", within=COUNT)
     merged_files: int = key("groups of consecutive files merged into one", within=COUNT)
@@ -654,7 +654,7 @@ class C4Train(DictAccess):
 
 
 @dataclass
-class C4Validation(DictAccess):
+class C4Validation:
     enabled: bool = key("prepare the validation subset")
     file_template: str = key("validation file name, formatted with its number")
     num_files: int = key("validation files", within=COUNT)
@@ -678,7 +678,7 @@ class FilesData(DataPreparationConfig):
 
 # --------------------------------------------------------------------------- observability
 @dataclass
-class WandbConfig(DictAccess):
+class WandbConfig:
     enabled: bool = key("log to Weights & Biases")
     project: str = key("W&B project")
     entity: Optional[str] = key("W&B entity")
@@ -687,13 +687,13 @@ class WandbConfig(DictAccess):
 
 
 @dataclass
-class LoggingConfig(DictAccess):
+class LoggingConfig:
     tensorboard: bool = key("TensorBoard event files in RUN_DIR/tensorboard/")
     wandb: WandbConfig = group(WandbConfig, "Weights & Biases")
 
 
 @dataclass
-class ProfileConfig(DictAccess):
+class ProfileConfig:
     enabled: bool = key("profile a window of steps")
     tool: ProfileTool = key("torch (torch.profiler traces) or nsys (Nsight Systems)")
     start_step: int = key("first profiled step", within=COUNT)
@@ -705,7 +705,7 @@ class ProfileConfig(DictAccess):
 
 
 @dataclass
-class TelemetryConfig(DictAccess):
+class TelemetryConfig:
     enabled: bool = key("sample GPU utilisation, memory, power, clocks into RUN_DIR/telemetry/")
     interval_s: float = key("seconds between samples", within=POSITIVE)
     flag_utilization_below: float = key(
@@ -715,7 +715,7 @@ class TelemetryConfig(DictAccess):
 
 
 @dataclass
-class PreflightConfig(DictAccess):
+class PreflightConfig:
     min_busbw_gbps: Optional[float] = key(
         "fail below this all-reduce bus bandwidth, GB/s; null: the GPU type's", within=POSITIVE
     )
@@ -732,14 +732,14 @@ class PreflightConfig(DictAccess):
 
 # --------------------------------------------------------------------------- long runs
 @dataclass
-class StragglerConfig(DictAccess):
+class StragglerConfig:
     enabled: bool = key("rank the GPUs by their relative speed every interval_steps (nvidia-resiliency-ext)")
     interval_steps: int = key("steps between reports", within=COUNT)
     threshold: float = key("name the GPUs below this share of the fastest one's speed", within=SHARE_ABOVE_0)
 
 
 @dataclass
-class FaultConfig(DictAccess):
+class FaultConfig:
     kind: Optional[FaultKind] = key(
         "null (none), hang, crash (os._exit), kill (SIGKILL) or enospc (a full disk under the checkpoint being "
         "written, with during=save): once, never again after the restart it causes"
@@ -750,7 +750,7 @@ class FaultConfig(DictAccess):
 
 
 @dataclass
-class ResilienceConfig(DictAccess):
+class ResilienceConfig:
     job_restarts: int = key(
         "more jobs queued after the first, each continuing from the newest checkpoint after "
         "a time limit or a failure (Slurm, Grid Engine)",
@@ -778,13 +778,13 @@ class ResilienceConfig(DictAccess):
 
 # --------------------------------------------------------------------------- the training stack
 @dataclass
-class PythonVersion(DictAccess):
+class PythonVersion:
     tested: str = key("version the GPU tests ran on")
     supported: str = key("versions the check accepts (PEP 440)")
 
 
 @dataclass
-class StackPackage(DictAccess):
+class StackPackage:
     module: str = key("module imported to find it")
     distribution: str = key("distribution name on the package index")
     extras: List[str] = key("extras installed with it")
@@ -799,7 +799,7 @@ class TorchPackage(StackPackage):
 
 
 @dataclass
-class StackConfig(DictAccess):
+class StackConfig:
     python: PythonVersion = group(PythonVersion, "the interpreter")
     torch: TorchPackage = group(TorchPackage, "from the base image, never reinstalled")
     megatron_core: StackPackage = group(StackPackage, "megatron-core")
@@ -810,7 +810,7 @@ class StackConfig(DictAccess):
 
 # --------------------------------------------------------------------------- MLPerf
 @dataclass
-class MLPerfRules(DictAccess):
+class MLPerfRules:
     seq_length: int = key("max_sequence_length", within=COUNT)
     eval_samples: int = key("eval_samples", within=COUNT)
     eval_every_samples: int = key("training sequences between evaluations", within=COUNT)
@@ -828,7 +828,7 @@ class MLPerfRules(DictAccess):
 
 
 @dataclass
-class MLPerfConfig(DictAccess):
+class MLPerfConfig:
     benchmark: str = key("submission_benchmark")
     ruleset: str = key("compliance checker ruleset, e.g. 6.1.0")
     division: str = key("closed or open")
@@ -845,7 +845,7 @@ class MLPerfConfig(DictAccess):
 
 # --------------------------------------------------------------------------- the whole config
 @dataclass
-class Config(DictAccess):
+class Config:
     training: TrainingConfig = group(TrainingConfig, "model, optimizer, schedule, data, checkpoints")
     dtype: DtypeConfig = group(DtypeConfig, "precision")
     parallelism: ParallelismConfig = group(ParallelismConfig, "the layout")

@@ -158,45 +158,6 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-class DictAccess:
-    """Dict-style reads and writes of a config dataclass (`cfg["training"]["seq_length"]`, `.get`, `in`), for the code
-    that still reads the config as the plain dict it was; attribute access is the way."""
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
-            raise KeyError(key)
-        setattr(self, key, value)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in self.__dataclass_fields__ else default  # type: ignore[attr-defined]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.__dataclass_fields__  # type: ignore[attr-defined]
-
-    def keys(self) -> list[str]:
-        return list(self.__dataclass_fields__)  # type: ignore[attr-defined]
-
-    def __iter__(self):
-        return iter(self.keys())
-
-    def __len__(self) -> int:
-        return len(self.keys())
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, getattr(self, k)) for k in self.keys()]
-
-    def values(self) -> list[Any]:
-        return [getattr(self, k) for k in self.keys()]
-
-
-Mapping.register(DictAccess)
-
-
 def changed(obj: T, changes: Mapping[str, Any]) -> T:
     """A copy of a config dataclass with some keys set, by dotted path (`{"parallelism.num_gpus": 8}`); the sections
     on those paths are copied, the rest shared."""

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from data_prep.shards import list_shards
+from common.typed import to_plain
 from launcher.plan.checks import mlperf
 from launcher.plan.errors import PlanError
 from launcher.plan.findings import Findings
@@ -85,7 +86,7 @@ def _subset(expected: dict, actual: dict) -> dict:
 def test_8b_config_holds_the_benchmark_values(cfg_for):
     cfg = cfg_for("training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true")
     train = cfg.training
-    assert _subset(LLAMA31_8B, train) == LLAMA31_8B
+    assert _subset(LLAMA31_8B, to_plain(train)) == LLAMA31_8B
     model = train.model
     assert (model.num_layers, model.hidden_size, model.ffn_hidden_size) == (32, 4096, 14336)
     assert (model.num_attention_heads, model.num_query_groups, model.vocab_size) == (32, 8, 128256)
@@ -132,7 +133,7 @@ def test_8b_config_holds_the_benchmark_values(cfg_for):
 def test_405b_config_holds_the_benchmark_values(cfg_for):
     cfg = cfg_for("training=mlperf/llama31_405b", "cluster=bcm", "dry_run=true")
     train = cfg.training
-    assert _subset(LLAMA31_405B, train) == LLAMA31_405B
+    assert _subset(LLAMA31_405B, to_plain(train)) == LLAMA31_405B
     model = train.model
     assert (model.num_layers, model.hidden_size, model.ffn_hidden_size) == (126, 16384, 53248)
     assert (model.num_attention_heads, model.num_query_groups, model.vocab_size) == (128, 8, 32768)

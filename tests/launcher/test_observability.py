@@ -19,7 +19,7 @@ from test_render import SQSH, check_golden, rendered
 
 def test_defaults(cfg_for):
     cfg = cfg_for()
-    assert cfg["logging"]["tensorboard"] is True
+    assert cfg.logging.tensorboard is True
     assert to_plain(cfg.logging.wandb) == {
         "enabled": False,
         "project": "llama31-recipes",
@@ -27,12 +27,12 @@ def test_defaults(cfg_for):
         "name": None,
         "mode": "auto",
     }
-    assert cfg["profile"]["enabled"] is False and cfg["profile"]["tool"] == "torch"
-    assert (cfg["profile"]["start_step"], cfg["profile"]["end_step"], cfg["profile"]["ranks"]) == (10, 12, [0])
-    assert cfg["telemetry"]["enabled"] is True and cfg["telemetry"]["interval_s"] == 1.0
-    assert cfg["preflight"]["min_busbw_gbps"] is None
-    assert cfg["preflight"]["min_busbw_gbps_by_gpu_type"]["h100"] == 300
-    assert cfg["stages"] == ["training"]  # the preflight runs only when asked for
+    assert cfg.profile.enabled is False and cfg.profile.tool == "torch"
+    assert (cfg.profile.start_step, cfg.profile.end_step, cfg.profile.ranks) == (10, 12, [0])
+    assert cfg.telemetry.enabled is True and cfg.telemetry.interval_s == 1.0
+    assert cfg.preflight.min_busbw_gbps is None
+    assert cfg.preflight.min_busbw_gbps_by_gpu_type["h100"] == 300
+    assert cfg.stages == ["training"]  # the preflight runs only when asked for
 
 
 @pytest.mark.parametrize(

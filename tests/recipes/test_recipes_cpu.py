@@ -423,20 +423,20 @@ def test_the_metrics_file_drops_records_past_the_resume_point(tmp_path):
 # ----------------------------------------------------------------------------- Hugging Face mapping
 def _random_hf_state(model):
     h, ffn, heads, groups, d = (
-        model["hidden_size"],
-        model["ffn_hidden_size"],
-        model["num_attention_heads"],
-        model["num_query_groups"],
-        model["kv_channels"],
+        model.hidden_size,
+        model.ffn_hidden_size,
+        model.num_attention_heads,
+        model.num_query_groups,
+        model.kv_channels,
     )
     g = torch.Generator().manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     state = {
-        "model.embed_tokens.weight": r(model["vocab_size"], h),
+        "model.embed_tokens.weight": r(model.vocab_size, h),
         "model.norm.weight": r(h),
-        "lm_head.weight": r(model["vocab_size"], h),
+        "lm_head.weight": r(model.vocab_size, h),
     }
-    for i in range(model["num_layers"]):
+    for i in range(model.num_layers):
         p = f"model.layers.{i}."
         state.update(
             {
@@ -463,7 +463,7 @@ def test_hf_mapping_round_trips_and_packs_qkv_per_group():
     # Padding rows are copies of the last vocabulary row (what Megatron-LM's converters write).
     assert torch.equal(mc["output_layer.weight"][1000:], hf_state["lm_head.weight"][-1:].expand(24, -1))
     qkv = mc["decoder.layers.1.self_attention.linear_qkv.weight"]
-    d, per_group = model["kv_channels"], model["num_attention_heads"] // model["num_query_groups"]
+    d, per_group = model.kv_channels, model.num_attention_heads // model.num_query_groups
     # Group 1 starts with its query heads, then its key head, then its value head.
     start = (per_group + 2) * d
     q = hf_state["model.layers.1.self_attn.q_proj.weight"]

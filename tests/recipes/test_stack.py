@@ -237,8 +237,8 @@ def test_the_installer_adds_only_what_is_missing_or_out_of_range():
         DECLARED, old, lambda name: None if name == "zstandard" else installed(name), cuda_major=lambda: "12"
     )
     assert todo == [
-        f"megatron-core=={DECLARED['megatron_core']['tested']}",
-        f"transformer-engine[pytorch,core_cu12]=={DECLARED['transformer_engine']['tested']}",
+        f"megatron-core=={DECLARED.megatron_core.tested}",
+        f"transformer-engine[pytorch,core_cu12]=={DECLARED.transformer_engine.tested}",
         "zstandard",
     ]
 
@@ -303,9 +303,9 @@ def test_pyproject_and_the_declared_stack_list_the_same_gpu_side_packages():
     listed -= {"torch", "transformer-engine"}  # the components, checked below
     assert _names(DECLARED.requirements) <= listed
     train = project["optional-dependencies"]["train"]
-    assert f"megatron-core=={DECLARED['megatron_core']['tested']}" in train
-    assert f"transformer-engine[pytorch]=={DECLARED['transformer_engine']['tested']}" in train
-    assert f"torch{DECLARED['torch']['supported']}" in train
+    assert f"megatron-core=={DECLARED.megatron_core.tested}" in train
+    assert f"transformer-engine[pytorch]=={DECLARED.transformer_engine.tested}" in train
+    assert f"torch{DECLARED.torch.supported}" in train
     assert listed - _names(DECLARED.requirements) <= {"megatron-core"}  # nothing undeclared on the GPU side
 
 

@@ -99,8 +99,8 @@ def table_row(name: str, run_dir: Path, window: int) -> dict:
         "mfu_bf16": report.mfu,
         "mfu_fp8": report.mfu * gpu.bf16_peak_flops / gpu.fp8_peak_flops if gpu.fp8_peak_flops else None,
         **_versus(report.mfu, reference),
-        "peak_memory_gib": max((r.get("peak_memory_gib") or 0) for r in records),
-        "final_loss": records[-1]["loss"],
+        "peak_memory_gib": max((r.peak_memory_gib or 0) for r in records),
+        "final_loss": records[-1].loss,
         "run_dir": str(run_dir),
     }
 

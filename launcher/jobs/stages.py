@@ -5,6 +5,7 @@ is checked before (launcher/plan/checks/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from common.config import Stage
 from launcher.jobs.render import Job
@@ -20,6 +21,6 @@ class StagePlan:
     notes: list[str] = field(default_factory=list)  # e.g. a stage skipped because its output exists
 
 
-def stage_order(stages: list[str]) -> list[str]:
+def stage_order(stages: Sequence[str]) -> list[str]:
     """cfg.stages in run order; a stage named twice stays twice, for the check that refuses it."""
     return [stage for stage in STAGES for _ in range(stages.count(stage))]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from common.config import MLPerfConfig
 from common.run import CONFIG_FILE, load_run_config
+from launcher.records import from_record
 from launcher.report import figures
 
 _MLLOG = re.compile(r":::MLLOG (\{.*\})")
@@ -26,10 +27,20 @@ MAX_DROPPED_RUNS = 1  # result_summarizer.py: max_dropped_scores (1 for every be
 SHOWN_PROBLEMS = 3  # compliance problems printed per run; the checker itself lists them all
 
 
+@dataclass(frozen=True)
+class MLLogEvent:
+    """One `:::MLLOG {...}` line: the event's key, its value (a number, a string or None) and its metadata."""
+
+    key: str
+    value: Any = None
+    time_ms: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class MLPerfRun:
     name: str
-    events: list[dict[str, Any]]
+    events: list[MLLogEvent]
     ruleset: str | None = None  # from the run directory's config; None for a bare log
     target: float | None = None
     result_runs: int | None = None  # runs the benchmark's score needs (mlperf.result_runs)
@@ -37,12 +48,12 @@ class MLPerfRun:
     checked_ruleset: str | None = None  # the ruleset the checker used
     source: Path | None = None  # the file the MLLOG lines came from
 
-    def _first(self, key: str) -> dict[str, Any] | None:
-        return next((e for e in self.events if e.get("key") == key), None)
+    def _first(self, key: str) -> MLLogEvent | None:
+        return next((e for e in self.events if e.key == key), None)
 
     def value(self, key: str) -> Any:
         event = self._first(key)
-        return None if event is None else event.get("value")
+        return None if event is None else event.value
 
     @property
     def benchmark(self) -> str | None:
@@ -51,7 +62,7 @@ class MLPerfRun:
     @property
     def status(self) -> str | None:
         stop = self._first("run_stop")
-        return None if stop is None else (stop.get("metadata") or {}).get("status")
+        return None if stop is None else stop.metadata.get("status")
 
     @property
     def converged(self) -> bool:
@@ -60,17 +71,15 @@ class MLPerfRun:
     @property
     def time_to_train_min(self) -> float | None:
         start, stop = self._first("run_start"), self._first("run_stop")
-        if start is None or stop is None:
+        if start is None or stop is None or start.time_ms is None or stop.time_ms is None:
             return None
-        return (float(stop["time_ms"]) - float(start["time_ms"])) / 60000
+        return (float(stop.time_ms) - float(start.time_ms)) / 60000
 
     @property
     def evals(self) -> list[tuple[int, float]]:
         """(samples_count, eval_accuracy) of every evaluation, in order."""
         return [
-            (int((e.get("metadata") or {}).get("samples_count", 0)), float(e["value"]))
-            for e in self.events
-            if e.get("key") == "eval_accuracy"
+            (int(e.metadata.get("samples_count", 0)), float(e.value)) for e in self.events if e.key == "eval_accuracy"
         ]
 
     @property
@@ -88,7 +97,7 @@ class MLPerfRun:
 
 
 # --------------------------------------------------------------------------- reading
-def parse_mllog(text: str) -> list[dict[str, Any]]:
+def parse_mllog(text: str) -> list[MLLogEvent]:
     """Every MLLOG event of a log, in order (lines may carry a prefix, e.g. a rank label; a line cut short by a
     killed job is skipped)."""
     events = []
@@ -100,25 +109,31 @@ def parse_mllog(text: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
             if isinstance(event, dict) and "key" in event:
-                events.append(event)
+                events.append(_event(event))
     return events
 
 
-def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _event(record: dict[str, Any]) -> MLLogEvent:
+    """The event of a parsed MLLOG object; metadata that is missing or null reads as empty."""
+    event = from_record(MLLogEvent, record)
+    return event if isinstance(event.metadata, dict) else replace(event, metadata={})
+
+
+def split_runs(events: list[MLLogEvent]) -> list[list[MLLogEvent]]:
     """One event list per run: a log holds several when a job was started again (each begins with cache_clear
     or, without one, init_start)."""
-    runs: list[list[dict[str, Any]]] = []
+    runs: list[list[MLLogEvent]] = []
     for event in events:
-        key = event["key"]
-        started = bool(runs) and any(e["key"] in ("cache_clear", "init_start") for e in runs[-1])
+        key = event.key
+        started = bool(runs) and any(e.key in ("cache_clear", "init_start") for e in runs[-1])
         if (
             not runs
             or (key == "cache_clear" and started)
-            or (key == "init_start" and any(e["key"] == "init_start" for e in runs[-1]))
+            or (key == "init_start" and any(e.key == "init_start" for e in runs[-1]))
         ):
             runs.append([])
         runs[-1].append(event)
-    return [r for r in runs if any(e["key"] == "run_start" for e in r)]
+    return [r for r in runs if any(e.key == "run_start" for e in r)]
 
 
 def _mllog_source(path: Path) -> tuple[Path | None, MLPerfConfig | None]:
@@ -334,7 +349,7 @@ def plot(runs: Sequence[MLPerfRun], path: Path) -> Path:
 
 def sizes_from_mllog(text: str) -> dict[str, int]:
     """gbs, seq and gpus a bare log's MLLOG states (for its throughput row)."""
-    values: dict[str, Any] = {e["key"]: e.get("value") for e in parse_mllog(text)}
+    values: dict[str, Any] = {e.key: e.value for e in parse_mllog(text)}
     out = {}
     if values.get("global_batch_size"):
         out["gbs"] = int(values["global_batch_size"])

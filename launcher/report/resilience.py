@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import json
 from pathlib import Path
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import yaml
 
@@ -18,6 +18,7 @@ from common import run_events
 from common.config import ResilienceConfig
 from common.run import CONFIG_FILE, load_run_config
 from common.typed import from_plain
+from launcher.records import from_record
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "resilience" / "default.yaml"
 # conf/resilience/default.yaml's, for a run directory without config.yaml where that file cannot be read either.
@@ -35,6 +36,40 @@ class Restart:
     steps_lost: int | None
     down_s: float | None  # from the last step before to the new process's start
     time_lost_s: float | None  # from the last step before to the same step again (or the first after it)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of events.jsonl (common/run_events.py lists the events and their fields). A field the event does not
+    carry is None: older run directories lack some, so every field but `event` and `time` is optional."""
+
+    event: str
+    time: float
+    job_id: str | int | None = None
+    decision: str | None = None
+    reason: str | None = None
+    cycle: int | None = None
+    process_start: float | None = None
+    resumed_step: int | None = None
+    last_step: int | None = None
+    last_step_time: float | None = None
+    time_lost_s: float | None = None
+    step: int | None = None
+    signal: str | None = None
+    finished: bool | None = None
+    message: str | None = None
+    kind: str | None = None
+    rank: int | None = None
+    during: str | None = None
+
+    @property
+    def started_at(self) -> float:
+        """When the training process began: process_start, else (older runs) when the event was recorded."""
+        return self.process_start if self.process_start is not None else self.time
+
+
+def read_events(run_dir: Path) -> list[Event]:
+    return [from_record(Event, record) for record in run_events.read(str(run_dir))]
 
 
 @dataclass
@@ -56,29 +91,29 @@ def _settings(run_dir: Path) -> _Settings:
     return _Settings(resilience.hang_timeout_s, resilience.straggler_detection.threshold)
 
 
-def _cause(between: list[dict[str, Any]], start: dict[str, Any], hang_timeout_s: float) -> str:
+def _cause(between: list[Event], start: Event, hang_timeout_s: float) -> str:
     """Why the process before `start` ended, from what it (or a job's check) recorded after it began."""
     for entry in reversed(between):
-        kind = entry["event"]
+        kind = entry.event
         if kind == "stop":
-            signal = entry.get("signal")
+            signal = entry.signal
             return (
-                f"time limit ({signal} at step {entry.get('step')})"
+                f"time limit ({signal} at step {entry.step})"
                 if signal == "SIGUSR1"
-                else f"stop signal ({signal} at step {entry.get('step')})"
+                else f"stop signal ({signal} at step {entry.step})"
             )
         if kind == "fault":
-            what = {"hang": "hang", "crash": "crash", "kill": "crash (killed)"}.get(str(entry.get("kind")), "fault")
-            where = " during its save" if entry.get("during") == "save" else ""
-            return f"{what}, injected at step {entry.get('step')}{where} on rank {entry.get('rank')}"
+            what = {"hang": "hang", "crash": "crash", "kill": "crash (killed)"}.get(str(entry.kind), "fault")
+            where = " during its save" if entry.during == "save" else ""
+            return f"{what}, injected at step {entry.step}{where} on rank {entry.rank}"
         if kind == "error":
-            return f"crash: {entry.get('message')} (rank {entry.get('rank')})"
+            return f"crash: {entry.message} (rank {entry.rank})"
         if kind == "end":
-            return "started again after training ended" if entry.get("finished") else f"ended: {entry.get('reason')}"
-    if int(start.get("cycle") or 0) > 0:
+            return "started again after training ended" if entry.finished else f"ended: {entry.reason}"
+    if int(start.cycle or 0) > 0:
         # ft_launcher restarted the ranks: its monitor ends a silent rank after hang_timeout_s, a dead one at once.
-        last = start.get("last_step_time")
-        silent = start.get("process_start", start["time"]) - last if last else None
+        last = start.last_step_time
+        silent = start.started_at - last if last else None
         if silent is not None and silent >= hang_timeout_s:
             return f"hang (no step for {silent:.0f} s, hang_timeout_s={hang_timeout_s:g})"
         return "crash (a rank died without a message)"
@@ -86,32 +121,30 @@ def _cause(between: list[dict[str, Any]], start: dict[str, Any], hang_timeout_s:
 
 
 def restarts(run_dir: Path) -> list[Restart]:
-    events = run_events.read(str(run_dir))
+    events = read_events(run_dir)
     hang_timeout = _settings(run_dir).hang_timeout_s
-    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
+    starts = [i for i, e in enumerate(events) if e.event == "start"]
     found = []
     for previous, index in zip(starts, starts[1:]):
         start, before = events[index], events[previous]
-        cycle = int(start.get("cycle") or 0)
-        same_job = start.get("job_id") == before.get("job_id")
+        cycle = int(start.cycle or 0)
+        same_job = start.job_id == before.job_id
         how = f"in the job (ft_launcher, restart {cycle})" if same_job and cycle else "next job"
         later = events[index + 1 : starts[starts.index(index) + 1]] if index != starts[-1] else events[index + 1 :]
-        recovered = next((e for e in later if e["event"] == "recovered"), None)
-        last = start.get("last_step")
-        resumed = int(start.get("resumed_step") or 0)
-        down = (
-            start.get("process_start", start["time"]) - start["last_step_time"] if start.get("last_step_time") else None
-        )
+        recovered = next((e for e in later if e.event == "recovered"), None)
+        last = start.last_step
+        resumed = int(start.resumed_step or 0)
+        down = start.started_at - start.last_step_time if start.last_step_time else None
         found.append(
             Restart(
-                time=start["time"],
-                job_id=str(start.get("job_id")),
+                time=start.time,
+                job_id=str(start.job_id),
                 how=how,
                 why=_cause(events[previous + 1 : index], start, hang_timeout),
                 resumed_step=resumed,
                 steps_lost=max(0, last - resumed) if last is not None else None,
                 down_s=down,
-                time_lost_s=recovered.get("time_lost_s") if recovered else None,
+                time_lost_s=recovered.time_lost_s if recovered else None,
             )
         )
     return found
@@ -185,9 +218,10 @@ def report(run_dir: Path, say: Callable[[str], None] = print) -> None:
     if found:
         for line in format_restarts(found):
             say(line)
-    stops = [e for e in run_events.read(str(run_dir)) if e["event"] == "job" and e.get("decision") == "stop"]
+    stops = [e for e in read_events(run_dir) if e.event == "job" and e.decision == "stop"]
     if stops:
-        say(stops[-1].get("reason", "chain: stopped"))
+        reason = stops[-1].reason
+        say(reason if reason is not None else "chain: stopped")
     threshold = _settings(run_dir).straggler_threshold
     for line in stragglers(run_dir, threshold):
         say(line)

@@ -5,7 +5,7 @@ and RUN_DIR/telemetry.png with every metric over time."""
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 import statistics
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -18,23 +18,39 @@ from common.typed import from_plain
 from launcher.report import figures
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "observability.yaml"
-NUMERIC = (
-    "time",
-    "step",
-    "util_pct",
-    "mem_util_pct",
-    "mem_used_mib",
-    "mem_total_mib",
-    "power_w",
-    "temp_c",
-    "sm_clock_mhz",
-    "sm_clock_max_mhz",
-)
 # Above this many GPUs the plot draws each node's median and the flagged GPUs, not every GPU.
 PLOT_EVERY_GPU_UP_TO = 16
 # Samples farther apart than this many typical intervals belong to different stretches of sampling (a killed run
 # and its resume): the plot breaks its lines and shading there instead of joining them across the silence.
 GAP_INTERVALS = 5
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One row of a telemetry CSV: a GPU at one moment. Blank numbers are None."""
+
+    time: float
+    node: str
+    gpu: int
+    step: float | None
+    util_pct: float | None
+    mem_util_pct: float | None
+    mem_used_mib: float | None
+    mem_total_mib: float | None
+    power_w: float | None
+    temp_c: float | None
+    sm_clock_mhz: float | None
+    sm_clock_max_mhz: float | None
+    clock_events: str = ""  # the throttle reasons, joined by "+"
+    activity: str = ""  # "checkpoint", "validation", ... while not stepping; empty while stepping
+
+    @property
+    def gpu_id(self) -> tuple[str, int]:
+        return self.node, self.gpu
+
+
+# The CSV columns parsed as numbers: every float field of Sample.
+NUMERIC = tuple(f.name for f in fields(Sample) if f.name not in ("node", "gpu", "clock_events", "activity"))
 
 
 @dataclass
@@ -55,43 +71,55 @@ class GpuSummary:
         return f"{self.node} GPU {self.gpu}"
 
 
-def read_csv(path: Path) -> list[dict[str, Any]]:
+def _sample(raw: dict[str, str]) -> Sample | None:
+    """The row as a Sample; None when a number does not parse, a column is missing or it has no time."""
+    try:
+        numbers = {key: float(raw[key]) if raw.get(key) else None for key in NUMERIC}  # a missing column: None
+        time = numbers.pop("time")
+        if time is None:
+            return None
+        return Sample(
+            time=time,
+            node=raw["node"],
+            gpu=int(raw["gpu"]),
+            clock_events=raw.get("clock_events") or "",
+            activity=raw.get("activity") or "",
+            **numbers,
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def read_csv(path: Path) -> list[Sample]:
     """Rows with numbers parsed ('' stays None); a line cut short by a killed job is skipped."""
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):
             if None in raw or any(v is None for v in raw.values()):
                 continue  # too many or too few fields
-            row: dict[str, Any] = dict(raw)
-            try:
-                for key in NUMERIC:
-                    row[key] = float(raw[key]) if raw.get(key) not in ("", None) else None
-                row["gpu"] = int(raw["gpu"])
-            except (KeyError, ValueError):
-                continue
-            if row["time"] is None:
-                continue
-            rows.append(row)
+            sample = _sample(raw)
+            if sample is not None:
+                rows.append(sample)
     return rows
 
 
-def load(run_dir: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def load(run_dir: Path) -> list[Sample]:
+    rows: list[Sample] = []
     for path in sorted((run_dir / "telemetry").glob("*.csv")):
         rows += read_csv(path)
     return rows
 
 
-def during_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def during_steps(rows: Sequence[Sample]) -> list[Sample]:
     """Samples taken while steps ran: from the end of step 1 (start-up and the first step's compilation left out)
     until the last step finished, per node, without those taken during a checkpoint save or validation. Falls back
     to every sample after step 1, then to all of them."""
     chosen = []
-    for node in sorted({r["node"] for r in rows}):
-        mine = [r for r in rows if r["node"] == node and r["step"] is not None and not r.get("activity")]
-        last = max((r["step"] for r in mine), default=0)
-        steady = [r for r in mine if 1 <= r["step"] < last]
-        chosen += steady or [r for r in mine if r["step"] >= 1] or [r for r in rows if r["node"] == node]
+    for node in sorted({r.node for r in rows}):
+        mine = [(r, r.step) for r in rows if r.node == node and r.step is not None and not r.activity]
+        last = max((step for _, step in mine), default=0)
+        steady = [r for r, step in mine if 1 <= step < last]
+        chosen += steady or [r for r, step in mine if step >= 1] or [r for r in rows if r.node == node]
     return chosen
 
 
@@ -100,27 +128,27 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> list[GpuSummary]:
+def summarize(rows: Sequence[Sample]) -> list[GpuSummary]:
     summaries = []
-    for node, gpu in sorted({(r["node"], r["gpu"]) for r in rows}):
-        mine = [r for r in rows if r["node"] == node and r["gpu"] == gpu]
+    for node, gpu in sorted({r.gpu_id for r in rows}):
+        mine = [r for r in rows if r.gpu_id == (node, gpu)]
         events: dict[str, float] = {}
         for r in mine:
-            for reason in filter(None, (r.get("clock_events") or "").split("+")):
+            for reason in filter(None, r.clock_events.split("+")):
                 events[reason] = events.get(reason, 0.0) + 1 / len(mine)
-        memory = [r["mem_used_mib"] for r in mine if r["mem_used_mib"] is not None]
-        temps = [r["temp_c"] for r in mine if r["temp_c"] is not None]
+        memory = [r.mem_used_mib for r in mine if r.mem_used_mib is not None]
+        temps = [r.temp_c for r in mine if r.temp_c is not None]
         summaries.append(
             GpuSummary(
                 node,
                 gpu,
                 len(mine),
-                _mean(r["util_pct"] for r in mine),
-                _mean(r["mem_util_pct"] for r in mine),
+                _mean(r.util_pct for r in mine),
+                _mean(r.mem_util_pct for r in mine),
                 max(memory) / 1024 if memory else None,
-                _mean(r["power_w"] for r in mine),
+                _mean(r.power_w for r in mine),
                 max(temps) if temps else None,
-                _mean(r["sm_clock_mhz"] for r in mine),
+                _mean(r.sm_clock_mhz for r in mine),
                 events,
             )
         )
@@ -257,14 +285,12 @@ def broken_at_gaps(
     return out
 
 
-def plot(
-    rows: Sequence[dict[str, Any]], path: Path, flagged: Mapping[str, str], steady: Sequence[dict[str, Any]]
-) -> Path:
+def plot(rows: Sequence[Sample], path: Path, flagged: Mapping[str, str], steady: Sequence[Sample]) -> Path:
     plt = figures.pyplot()
-    start = min(r["time"] for r in rows)
-    gpus = sorted({(r["node"], r["gpu"]) for r in rows})
+    start = min(r.time for r in rows)
+    gpus = sorted({r.gpu_id for r in rows})
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(10, 2.2 * len(PANELS)), sharex=True)
-    series: list[tuple[str, list[dict[str, Any]], dict[str, Any]]] = []
+    series: list[tuple[str, list[Sample], dict[str, Any]]] = []
     if len(gpus) <= PLOT_EVERY_GPU_UP_TO:
         for node, gpu in gpus:
             name = f"{node} GPU {gpu}"
@@ -272,35 +298,32 @@ def plot(
             series.append(
                 (
                     name + (" (flagged)" if name in flagged else ""),
-                    [r for r in rows if (r["node"], r["gpu"]) == (node, gpu)],
+                    [r for r in rows if r.gpu_id == (node, gpu)],
                     flagged_style if name in flagged else {"linewidth": 1.0},
                 )
             )
     else:  # each node's median over its GPUs, plus every flagged GPU
         for node in sorted({n for n, _ in gpus}):
-            by_time: dict[float, list[dict[str, Any]]] = {}
+            by_time: dict[float, list[Sample]] = {}
             for r in rows:
-                if r["node"] == node:
-                    by_time.setdefault(r["time"], []).append(r)
-            medians = [
-                {"time": t, **{k: statistics.median([x[k] for x in rs if x[k] is not None] or [0]) for k, _ in PANELS}}
-                for t, rs in sorted(by_time.items())
-            ]
+                if r.node == node:
+                    by_time.setdefault(r.time, []).append(r)
+            medians = [_median_sample(samples) for _, samples in sorted(by_time.items())]
             series.append((f"{node} (median)", medians, {"linewidth": 0.8, "alpha": 0.6}))
         for name in flagged:
-            node, gpu = name.rsplit(" GPU ", 1)
+            node, gpu_index = name.rsplit(" GPU ", 1)
             series.append(
                 (
                     name + " (flagged)",
-                    [r for r in rows if r["node"] == node and r["gpu"] == int(gpu)],
+                    [r for r in rows if r.gpu_id == (node, int(gpu_index))],
                     {"linewidth": 2.5, "linestyle": "--"},
                 )
             )
-    stretches = sampling_stretches([r["time"] - start for r in rows])
-    shaded = sampling_stretches([r["time"] - start for r in steady]) if steady else []
+    stretches = sampling_stretches([r.time - start for r in rows])
+    shaded = sampling_stretches([r.time - start for r in steady]) if steady else []
     for ax, (key, label) in zip(axes, PANELS):
         for name, points, style in series:
-            xy = [(r["time"] - start, r[key]) for r in points if r[key] is not None]
+            xy = [(r.time - start, value) for r in points if (value := getattr(r, key)) is not None]
             if xy:
                 ax.plot(*zip(*broken_at_gaps(xy, stretches)), label=name, **style)
         for span in shaded:
@@ -315,6 +338,14 @@ def plot(
     return figures.save(fig, path, dpi=100)
 
 
+def _median_sample(samples: Sequence[Sample]) -> Sample:
+    """The samples of one moment (a node's GPUs) as one: each plotted metric their median (0 where none has it)."""
+    medians = {
+        key: statistics.median([v for s in samples if (v := getattr(s, key)) is not None] or [0]) for key, _ in PANELS
+    }
+    return replace(samples[0], **medians)
+
+
 def report(run_dir: Path, say: Callable[[str], None] = print, png: Path | None = None) -> dict[str, str] | None:
     """Prints the telemetry table and flags, writes RUN_DIR/telemetry.png (or `png`); returns the flags (None: no
     telemetry)."""
@@ -325,7 +356,7 @@ def report(run_dir: Path, say: Callable[[str], None] = print, png: Path | None =
     summaries = summarize(steady)
     util_fraction, clock_fraction = thresholds(run_dir)
     flagged = flag(summaries, util_fraction, clock_fraction)
-    steps = [r["step"] for r in steady if r["step"] is not None]
+    steps = [r.step for r in steady if r.step is not None]
     nodes = {s.node for s in summaries}
     say(
         f"telemetry: {len(summaries)} GPUs on {len(nodes)} node{'s' if len(nodes) > 1 else ''}, "

@@ -10,12 +10,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from common.config import ModelConfig
 from launcher.plan import table
 from launcher.plan.formulas import model_flops_per_sample
 from launcher.plan.hardware import GPUS, gpu_spec
+from launcher.records import from_record
 from launcher.report import figures, mlperf
 
 TOKENS_TO_TRAIN = 1e12
@@ -43,6 +44,25 @@ _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
 _PAIR = re.compile(rf"([A-Za-z_][A-Za-z0-9_ ]*?)\s*=\s*({_NUMBER})(?![\w.])")
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step's numbers: a metrics.jsonl row (recipes' trainer) or a log's progress line. What a row or a
+    line does not carry is None (older runs and NeMo's lines carry fewer)."""
+
+    step: int
+    step_time_s: float | None = None  # None on a validation-only row
+    loss: float | None = None
+    val_loss: float | None = None
+    consumed_samples: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    mfu_peak_flops: float | None = None  # the peak the trainer divided by (planned without a GPU type)
+    peak_memory_gib: float | None = None
+
+
 def parse_pairs(line: str) -> dict[str, float]:
     pairs = {}
     for chunk in re.split(r"\s*\|\s*|,\s+|\[|\]", line):
@@ -52,26 +72,25 @@ def parse_pairs(line: str) -> dict[str, float]:
     return pairs
 
 
-def parse_log(text: str) -> list[dict[str, float]]:
+def parse_log(text: str) -> list[StepRecord]:
     """One record per training step from progress lines (ours or NeMo's). Progress bars redraw the same step
     with carriage returns, so the last line seen for a step wins."""
-    by_step: dict[float, dict[str, float]] = {}
+    by_step: dict[float, StepRecord] = {}
     order = 0
     for line in re.split(r"[\r\n]+", text):
         pairs = parse_pairs(line)
         record = {_KEYS[k]: v for k, v in pairs.items() if k in _KEYS}
         if "step_time_s" not in record:
             continue
-        step = record.get("step")
+        step = record.pop("step", None)
         if step is None:
             order += 1
             step = order
-        record["step"] = int(step)
-        by_step[step] = record
+        by_step[step] = StepRecord(step=int(step), **record)
     return [by_step[k] for k in sorted(by_step)]
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: Path) -> list[StepRecord]:
     records = []
     for line in path.read_text().splitlines():
         line = line.strip()
@@ -80,7 +99,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a line cut short by a killed job
-    return [r for r in records if r.get("step") is not None]
+    return [from_record(StepRecord, r) for r in records if r.get("step") is not None]
 
 
 @dataclass
@@ -99,7 +118,7 @@ class RunInfo:
 @dataclass
 class RunReport:
     info: RunInfo
-    steps: list[dict[str, Any]]
+    steps: list[StepRecord]
     window: tuple[int, int]
     step_time_s: float
     loss: float | None
@@ -141,47 +160,65 @@ def late_window(n: int) -> tuple[int, int]:
     return (1, n) if n >= 2 else (0, n)
 
 
-def summarize(info: RunInfo, records: list[dict[str, Any]], window: tuple[int, int] | None = None) -> RunReport:
+def summarize(info: RunInfo, records: list[StepRecord], window: tuple[int, int] | None = None) -> RunReport:
     """Averages over `window`, positions in the timed steps (validation-only records carry no step time)."""
-    steps = [r for r in records if r.get("step_time_s") is not None]
+    steps = [r for r in records if r.step_time_s is not None]
     if not steps:
         raise ValueError(f"{info.name}: no step timings found (metrics.jsonl or 'train_step_timing in s=' lines)")
     start, end = window or late_window(len(steps))
     chosen = steps[start:end]
     if not chosen:
         raise ValueError(f"{info.name}: window {start}:{end} is empty ({len(steps)} steps logged)")
-    step_time = sum(float(s["step_time_s"]) for s in chosen) / len(chosen)
-    losses = [s["loss"] for s in steps if s.get("loss") is not None and not math.isnan(s["loss"])]
+    step_time = sum(float(s.step_time_s) for s in chosen if s.step_time_s is not None) / len(chosen)
+    losses = [s.loss for s in steps if s.loss is not None and not math.isnan(s.loss)]
     return RunReport(
         info,
         steps,
         (start, start + len(chosen)),
         step_time,
         losses[-1] if losses else None,
-        val=[(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None],
+        val=[(r.step, r.val_loss) for r in records if r.val_loss is not None],
     )
 
 
 # --------------------------------------------------------------------------- inputs
-def _info_from_plan(name: str, plan: dict[str, Any], steps: list[dict[str, Any]]) -> RunInfo:
-    peak, label = plan.get("peak_flops_per_gpu"), None
+@dataclass(frozen=True)
+class PlanSizes:
+    """What the report takes from a plan.json, read leniently: a plan.json of an older run, or one handed in with
+    --plan, may lack the optional keys."""
+
+    tp: int
+    pp: int
+    cp: int
+    global_batch_size: int
+    seq_length: int
+    num_gpus: int
+    model_flops_per_sample: float
+    vp: int | None = None
+    gpu_type: str | None = None
+    peak_flops_per_gpu: float | None = None
+    peak_flops_kind: str = ""  # "" where an old plan.json lacks it
+
+
+def _info_from_plan(name: str, plan: PlanSizes, steps: list[StepRecord]) -> RunInfo:
+    peak, label = plan.peak_flops_per_gpu, None
     if peak:
-        label = f"{plan.get('gpu_type')} {plan.get('peak_flops_kind')}"
+        label = f"{plan.gpu_type} {plan.peak_flops_kind}"
     else:  # planned without knowing the GPU: the trainer logs the peak it divided by
-        logged = [s["mfu_peak_flops"] for s in steps if s.get("mfu_peak_flops")]
+        logged = [s.mfu_peak_flops for s in steps if s.mfu_peak_flops]
         if logged:
-            peak, label = float(logged[-1]), f"{plan.get('peak_flops_kind', '')} (as logged)".strip()
-    layout = table.layout(plan["tp"], plan["pp"], plan["cp"], plan.get("vp"))
+            peak, label = float(logged[-1]), f"{plan.peak_flops_kind} (as logged)".strip()
+    layout = table.layout(plan.tp, plan.pp, plan.cp, plan.vp)
     return RunInfo(
         name,
-        plan["global_batch_size"],
-        plan["seq_length"],
-        plan["num_gpus"],
-        plan["model_flops_per_sample"],
+        plan.global_batch_size,
+        plan.seq_length,
+        plan.num_gpus,
+        plan.model_flops_per_sample,
         peak,
         label,
         layout,
-        inputs=f"the plan's gpu_type ({plan.get('gpu_type')}) and sizes",
+        inputs=f"the plan's gpu_type ({plan.gpu_type}) and sizes",
     )
 
 
@@ -192,8 +229,8 @@ def _log_files(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
-def read_plan_file(path: Path) -> dict[str, Any]:
-    """A plan.json's keys; ValueError naming the file when it cannot be read (missing, cut short, not a plan)."""
+def read_plan_file(path: Path) -> PlanSizes:
+    """A plan.json's sizes; ValueError naming the file when it cannot be read (missing, cut short, not a plan)."""
     try:
         plan = json.loads(path.read_text())
     except OSError as err:
@@ -207,16 +244,16 @@ def read_plan_file(path: Path) -> dict[str, Any]:
         raise ValueError(
             f"{path} is not a plan (a JSON object of the plan's keys); pass the plan.json of a run directory"
         )
-    return plan
+    return from_record(PlanSizes, plan)
 
 
-def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[dict[str, Any]]]:
+def load(path: Path, args: argparse.Namespace) -> tuple[RunInfo, list[StepRecord]]:
     """A run directory (plan.json + metrics.jsonl, else its logs) or a bare log file (sizes from flags)."""
     if path.is_dir():
         plan_path = path / "plan.json"
         if not plan_path.exists():
             raise ValueError(f"{path}: no plan.json (not a run directory); pass a log file with --gbs/--seq/--gpus")
-        steps: list[dict[str, Any]] = []
+        steps: list[StepRecord] = []
         if (path / "metrics.jsonl").exists():
             steps = read_metrics(path / "metrics.jsonl")
         if not steps:
@@ -348,13 +385,13 @@ def plot(reports: Sequence[RunReport], path: Path) -> Path:
     plt = figures.pyplot()
     fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for r in reports:
-        steps = [s["step"] for s in r.steps]
-        with_loss = [(s["step"], s["loss"]) for s in r.steps if s.get("loss") is not None]
+        steps = [s.step for s in r.steps]
+        with_loss = [(s.step, s.loss) for s in r.steps if s.loss is not None]
         if with_loss:
             (line,) = ax_loss.plot(*zip(*with_loss), label=r.info.name)
             if r.val:
                 ax_loss.plot(*zip(*r.val), "o", color=line.get_color(), label=f"{r.info.name} (validation)")
-        ax_time.plot(steps, [s["step_time_s"] for s in r.steps], label=r.info.name)
+        ax_time.plot(steps, [s.step_time_s for s in r.steps], label=r.info.name)
         lo, hi = r.window
         ax_time.axvspan(steps[lo], steps[hi - 1], alpha=0.08)  # the averaged window
     ax_loss.set_ylabel("training loss")

@@ -189,7 +189,7 @@ def test_an_mllog_file_alone_still_gets_its_score(tmp_path, capsys):
 def test_a_log_written_twice_holds_two_runs():
     text = run_log(10.0, "aborted", [5.0], seed=1) + run_log(20.0, "success", [3.0], seed=1)
     runs = mlperf.split_runs(mlperf.parse_mllog(text))
-    assert len(runs) == 2 and [r[-2]["metadata"]["status"] for r in runs] == ["aborted", "success"]
+    assert len(runs) == 2 and [r[-2].metadata["status"] for r in runs] == ["aborted", "success"]
 
 
 def test_compliance_of_a_hand_written_log_names_what_is_missing(tmp_path):

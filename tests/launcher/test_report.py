@@ -30,7 +30,9 @@ def test_parses_nemo_progress_lines():
         "Epoch 0: : 100%|##########| 50/50 [09:20<00:00, reduced_train_loss=11.00, global_step=49.00, "
         "consumed_samples=6400.0, train_step_timing in s=11.20]"
     )
-    assert throughput.parse_log(line) == [{"loss": 11.0, "step": 49, "consumed_samples": 6400.0, "step_time_s": 11.2}]
+    assert throughput.parse_log(line) == [
+        throughput.StepRecord(step=49, loss=11.0, consumed_samples=6400.0, step_time_s=11.2)
+    ]
 
 
 def test_parses_the_recipes_progress_lines():
@@ -40,17 +42,17 @@ def test_parses_the_recipes_progress_lines():
         "tflops_per_gpu=101.2 | mfu=0.412"
     )
     (record,) = throughput.parse_log("some banner\n" + line + "\nbye\n")
-    assert record == {
-        "step": 10,
-        "loss": 7.1234,
-        "consumed_samples": 80.0,
-        "step_time_s": 0.1234,
-        "lr": 1e-3,
-        "grad_norm": 1.234,
-        "tokens_per_s": 132000.5,
-        "tflops_per_gpu": 101.2,
-        "mfu": 0.412,
-    }
+    assert record == throughput.StepRecord(
+        step=10,
+        loss=7.1234,
+        consumed_samples=80.0,
+        step_time_s=0.1234,
+        lr=1e-3,
+        grad_norm=1.234,
+        tokens_per_s=132000.5,
+        tflops_per_gpu=101.2,
+        mfu=0.412,
+    )
 
 
 def test_progress_bar_redraws_keep_the_last_value_per_step():
@@ -58,7 +60,7 @@ def test_progress_bar_redraws_keep_the_last_value_per_step():
         "\r".join(f"Epoch 0: : 5/50 [00:01<00:00, global_step=4.00, train_step_timing in s={t}]" for t in (9.0, 8.0))
         + "\n"
     )
-    assert [r["step_time_s"] for r in throughput.parse_log(text)] == [8.0]
+    assert [r.step_time_s for r in throughput.parse_log(text)] == [8.0]
 
 
 def test_late_window_is_35_to_44_of_50():

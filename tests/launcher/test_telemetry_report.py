@@ -54,14 +54,14 @@ def test_rows_parse_and_a_line_cut_short_is_skipped():
     rows = telemetry.read_csv(FIXTURES / "gpu-b.csv")
     assert len(rows) == 26  # 13 samples x 2 GPUs; the truncated last line is dropped
     first = rows[0]
-    assert (first["node"], first["gpu"], first["step"], first["util_pct"], first["sm_clock_mhz"]) == (
+    assert (first.node, first.gpu, first.step, first.util_pct, first.sm_clock_mhz) == (
         "gpu-b",
         0,
         0.0,
         0.0,
         345.0,
     )
-    assert first["clock_events"] == "gpu_idle"
+    assert first.clock_events == "gpu_idle"
 
 
 def test_samples_during_steps_leave_out_start_up_and_the_end(tmp_path):
@@ -70,8 +70,8 @@ def test_samples_during_steps_leave_out_start_up_and_the_end(tmp_path):
     steady = telemetry.during_steps(rows)
     # Steps 1..9 of a run whose last sample is at step 10: 9 samples per GPU, 4 GPUs; not the checkpoint save's.
     assert len(steady) == 36
-    assert {r["step"] for r in steady} == set(range(1, 10))
-    assert any(r["activity"] == "checkpoint" for r in rows) and not any(r["activity"] for r in steady)
+    assert {r.step for r in steady} == set(range(1, 10))
+    assert any(r.activity == "checkpoint" for r in rows) and not any(r.activity for r in steady)
 
 
 def test_summary_and_flags_match_the_fixture_values():
@@ -122,21 +122,21 @@ def test_many_gpus_plot_node_medians_and_the_flagged_ones(tmp_path):
             for i in range(6):
                 util = 20.0 if (node, gpu) == (2, 5) else 90.0
                 rows.append(
-                    {
-                        "time": 100.0 + i,
-                        "node": f"n{node}",
-                        "gpu": gpu,
-                        "step": float(i),
-                        "util_pct": util,
-                        "mem_util_pct": 10.0,
-                        "mem_used_mib": 1000.0,
-                        "mem_total_mib": 8e4,
-                        "power_w": 500.0,
-                        "temp_c": 60.0,
-                        "sm_clock_mhz": 1980.0,
-                        "sm_clock_max_mhz": 1980.0,
-                        "clock_events": "",
-                    }
+                    telemetry.Sample(
+                        time=100.0 + i,
+                        node=f"n{node}",
+                        gpu=gpu,
+                        step=float(i),
+                        util_pct=util,
+                        mem_util_pct=10.0,
+                        mem_used_mib=1000.0,
+                        mem_total_mib=8e4,
+                        power_w=500.0,
+                        temp_c=60.0,
+                        sm_clock_mhz=1980.0,
+                        sm_clock_max_mhz=1980.0,
+                        clock_events="",
+                    )
                 )
     steady = telemetry.during_steps(rows)
     flagged = telemetry.flag(telemetry.summarize(steady), 0.8, 0.9)

@@ -14,20 +14,23 @@ except ImportError as err:  # outside the project's environment: one line, not a
     print(missing_packages_line(err, sys.executable), file=sys.stderr)
     sys.exit(2)
 
-from launcher.cli import one_line_errors, run, run_sweep  # noqa: E402
+from launcher.cli import one_line_errors, run_hydra_app, run_overrides, run_sweep  # noqa: E402
 from launcher.config.schema import register  # noqa: E402
-from launcher.config.sweep import is_sweep  # noqa: E402
+from launcher.config.sweep import is_sweep, uses_hydra_flags  # noqa: E402
 
 register()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    run_hydra_app(cfg)
 
 
 if __name__ == "__main__":
     with one_line_errors():
         if is_sweep(sys.argv[1:]):
             sys.exit(run_sweep(sys.argv[1:]))
-        main()
+        if uses_hydra_flags(sys.argv[1:]):
+            main()
+        else:
+            run_overrides(sys.argv[1:])

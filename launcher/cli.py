@@ -288,8 +288,9 @@ def run_sweep(argv: Sequence[str]) -> int:
     return 0
 
 
-def run(cfg: DictConfig) -> None:
-    """main.py's single run (a sweep goes through run_sweep)."""
+def run_hydra_app(cfg: DictConfig) -> None:
+    """main.py's single run through Hydra's app, for a command line with Hydra's own flags (--config-dir, --cfg,
+    ...): the config it composed, typed."""
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         _err("error: -m with Hydra's --config-path/--config-name/--config-dir is not supported; sweep without them")
         sys.exit(2)
@@ -298,10 +299,27 @@ def run(cfg: DictConfig) -> None:
     except TypedConfigError as err:  # a value composition let through that the typed config refuses
         _err(f"error: {err}")
         sys.exit(2)
+    run(config, list(HydraConfig.get().overrides.task))
+
+
+def run_overrides(overrides: Sequence[str]) -> None:
+    """main.py's single run for a command line of overrides alone: composed once here (Hydra's app composes the
+    config twice, once to choose its mode and once to run), errors raised to one_line_errors as Hydra's are."""
+    try:
+        config = compose(overrides)
+    except TypedConfigError as err:
+        _err(f"error: {err}")
+        sys.exit(2)
+    run(config, list(overrides))
+
+
+def run(config: Config, overrides: list[str]) -> None:
+    """main.py's single run (a sweep goes through run_sweep) of the composed config and the overrides it came
+    from (the auto-configurator names its pick by them)."""
     local_gpus = detect_local_gpus() if config.cluster.runs_here else None
     if search.is_auto(config):
         try:
-            config = search.resolve(list(HydraConfig.get().overrides.task), config, local_gpus, say=print)
+            config = search.resolve(overrides, config, local_gpus, say=print)
         except PlanError as err:
             for problem in err.problems:
                 _err(f"error: {problem}")

@@ -38,12 +38,26 @@ def _plain_value(cfg: DictConfig, key: str) -> Any:
 def _composed(overrides: Sequence[str]) -> DictConfig:
     """The config as `python main.py <overrides>` composes it (the schema registered first), Hydra's node
     included, outside of @hydra.main."""
-    register()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+    _hydra_over_conf()
+    cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     return cfg
+
+
+_initialized: list[Any] = []  # the Hydra instance _hydra_over_conf set up, while it is the global one
+
+
+def _hydra_over_conf() -> None:
+    """Hydra initialized over conf/ (the schema registered), once: its repository keeps the YAML files it read, so
+    the points of a sweep and the tests compose without reading conf/ again. Set up anew when something else
+    (main.py's Hydra app, hydra_state_kept) replaced the global instance."""
+    hydra = GlobalHydra.instance()
+    if hydra.is_initialized() and _initialized and hydra.hydra is _initialized[0]:
+        return
+    register()
+    hydra.clear()
+    initialize_config_dir(config_dir=str(CONF_DIR), version_base=None)  # initializes on construction; kept
+    _initialized[:] = [hydra.hydra]
 
 
 def compose_plain(overrides: Sequence[str] = ()) -> dict[str, Any]:

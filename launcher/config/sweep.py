@@ -48,6 +48,12 @@ def is_sweep(argv: Sequence[str]) -> bool:
     return any(arg in ("-m", "--multirun") for arg in argv) and not any(arg in _HYDRA_ONLY for arg in argv)
 
 
+def uses_hydra_flags(argv: Sequence[str]) -> bool:
+    """A command line with any of Hydra's own flags, which Hydra's app handles; overrides alone main.py composes
+    itself."""
+    return any(arg.startswith("-") for arg in argv)
+
+
 def cli_overrides(argv: Sequence[str]) -> list[str]:
     """The override arguments of a main.py command line (no flags)."""
     out, skip = [], False

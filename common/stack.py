@@ -111,7 +111,8 @@ def metadata_version(module_name: str, distribution: str) -> str | None:
         dist = importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
-    installed = Path(dist.locate_file(module_name.split(".")[0])).resolve()
+    # locate_file is typed as returning a SimplePath protocol, which Path() does not take; its str() is the path.
+    installed = Path(str(dist.locate_file(module_name.split(".")[0]))).resolve()
     return dist.version if _import_location(module_name) == installed else None
 
 
@@ -178,7 +179,12 @@ def torch_build() -> dict[str, str | None] | None:
     for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
         value = getattr(node, "value", None)
-        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and isinstance(value, ast.Constant):
+        if (
+            isinstance(target, ast.Name)
+            and target.id in ("cuda", "hip")
+            and isinstance(value, ast.Constant)
+            and (value.value is None or isinstance(value.value, str))  # a version string, or None when not built
+        ):
             build[target.id] = value.value
     return build if set(build) == {"cuda", "hip"} else None
 

@@ -43,7 +43,7 @@ Variants = dict[type, tuple[str, dict[str, type]]]
 
 def from_plain(cls: type[T], data: Any, variants: Variants | None = None, path: str = "") -> T:
     """`data` (dicts, lists, strings, numbers) as an instance of the dataclass `cls`."""
-    return _build(cls, data, variants or {}, path)  # type: ignore[no-any-return]
+    return _build(cls, data, variants or {}, path)
 
 
 @functools.lru_cache(maxsize=None)

@@ -112,7 +112,7 @@ class Pipeline:
         self.s = settings
         self.log = log
         self._tokenizer: Optional[Tokenizer] = None
-        self._dtype = None
+        self._dtype: Optional[type] = None
         self._pool: Optional[ProcessPoolExecutor] = None
         self._checksums: Optional[dict[str, str]] = None
 
@@ -348,7 +348,7 @@ class Pipeline:
         return self._tokenizer
 
     @property
-    def dtype(self):
+    def dtype(self) -> type:
         if self._dtype is None:
             self._dtype = optimal_dtype(self.tokenizer.vocab_size)
         return self._dtype
@@ -375,24 +375,32 @@ class Pipeline:
             from data_prep.encode import ChunkEncoder, init_worker, set_encoder
 
             tok = self.tokenizer
+            # One constructor call per start method, so each initializer is type-checked against its own arguments.
             if "fork" in multiprocessing.get_all_start_methods():
                 # fork: workers start in milliseconds with the tokenizer already loaded (a Llama 3 tokenizer.json
                 # takes a while to parse). Safe here: the parent has used neither the tokenizer nor torch, and
                 # tqdm's monitor thread is off (see progress.py), so no thread holds a lock across the fork.
-                ctx, init, args = (
-                    multiprocessing.get_context("fork"),
-                    set_encoder,
-                    (os.getpid(), ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod)),
+                self._pool = ProcessPoolExecutor(
+                    max_workers=self.s.workers,
+                    mp_context=multiprocessing.get_context("fork"),
+                    initializer=set_encoder,
+                    initargs=(os.getpid(), ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod)),
                 )
             else:
-                ctx, init, args = (
-                    multiprocessing.get_context("spawn"),
-                    init_worker,
-                    (os.getpid(), tok.type, tok.path, tok.eod, self.dtype.__name__, self.s.text_key, self.s.append_eod),
+                self._pool = ProcessPoolExecutor(
+                    max_workers=self.s.workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=init_worker,
+                    initargs=(
+                        os.getpid(),
+                        tok.type,
+                        tok.path,
+                        tok.eod,
+                        self.dtype.__name__,
+                        self.s.text_key,
+                        self.s.append_eod,
+                    ),
                 )
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.s.workers, mp_context=ctx, initializer=init, initargs=args
-            )
         return self._pool
 
     def _load_checksums(self) -> dict[str, str]:

@@ -8,10 +8,11 @@ tokenization happen in the workers.
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from data_prep.shards import Source
 
@@ -154,11 +155,9 @@ def _decompress(f, compression: str) -> Iterator[tuple[bytes, int]]:
 
         # Files compressed with --long need windows beyond the default limit.
         dctx = zstandard.ZstdDecompressor(max_window_size=2**31)
-        new = dctx.decompressobj
+        new: Callable[[], Any] = dctx.decompressobj
     elif compression == "gzip":
-
-        def new():
-            return zlib.decompressobj(wbits=31)
+        new = functools.partial(zlib.decompressobj, wbits=31)
     else:
         raise ValueError(f"unknown compression {compression!r}")
     dobj, in_frame = new(), False

@@ -35,6 +35,17 @@ class _Identified:
     """megatron's datasets hash `tokenizer.unique_identifiers` into their cache keys (index files built for one
     tokenizer must not be reused with another)."""
 
+    # What every tokenizer class has: its kind (a class attribute) and, once loaded, these.
+    type: str
+    name: str
+    vocab_size: int
+    eod: int
+
+    @property
+    def files(self) -> list[str]:
+        """The files its ids depend on (each tokenizer class names its own)."""
+        raise NotImplementedError
+
     @property
     def unique_identifiers(self) -> dict:
         if getattr(self, "_unique", None) is None:
@@ -183,7 +194,10 @@ class TransformersTokenizer(_Identified):
         return self._tok(list(texts), add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        # transformers types decode's result as str | list[str]; a flat list of ids decodes to one str.
+        return self._tok.decode(  # type: ignore[return-value]
+            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
 
     @property
     def files(self) -> list[str]:
@@ -287,20 +301,21 @@ def _sentencepiece_pieces(data: bytes) -> Optional[int]:
     """The pieces of a serialized ModelProto: its repeated field 1."""
     pieces, pos = 0, 0
     while pos < len(data):
-        tag, pos = _varint(data, pos)
-        if pos is None:
+        tag, after_tag = _varint(data, pos)
+        if after_tag is None:
             return None
-        wire = tag & 7
+        pos, wire = after_tag, tag & 7
         if wire == 2:
-            length, pos = _varint(data, pos)
-            if pos is None:
+            length, after_length = _varint(data, pos)
+            if after_length is None:
                 return None
-            pos += length
+            pos = after_length + length
             pieces += tag >> 3 == 1
         elif wire == 0:
-            _, pos = _varint(data, pos)
-            if pos is None:
+            _, after_value = _varint(data, pos)
+            if after_value is None:
                 return None
+            pos = after_value
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
         else:
@@ -410,7 +425,7 @@ def _json_kind(body: bytes) -> str:
     return "json"
 
 
-def tokenizer_digest(tok: Tokenizer) -> str:
+def tokenizer_digest(tok: _Identified) -> str:
     """sha256 over the tokenizer's files and eod: changes when the tokenizer would produce other ids."""
     h = hashlib.sha256(f"{tok.type}:{tok.eod}:{tok.vocab_size}".encode())
     for path in tok.files:

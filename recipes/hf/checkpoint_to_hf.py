@@ -278,11 +278,11 @@ def export(
             _write_shard(target, names, shapes, dtype, tensors, bar)
     bar.bar.close()
 
-    index = {
+    weight_index = {
         "metadata": {"total_size": total},
         "weight_map": {n: shard_name(i, len(shards)) for i, names in enumerate(shards) for n in names},
     }
-    atomic_write(out / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    atomic_write(out / INDEX_FILE, json.dumps(weight_index, indent=2) + "\n")
     bos, eos = _copy_tokenizer(run_config, tokenizer, out) if copy_tokenizer else (None, None)
     config = hf_config.llama_config(model, torch_dtype=dtype, bos_token_id=bos, eos_token_id=eos)
     atomic_write(out / "config.json", json.dumps(config, indent=2) + "\n")

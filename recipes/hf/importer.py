@@ -217,12 +217,12 @@ def locate(value: str, run_dir: str, rank: int) -> str:
     """The directory of `init_from_hf` on this rank. A hub id: rank 0 downloads it (nothing to do when cached)
     and tells the others where it is through a file in the run directory."""
     if not hf_config.is_hub_id(value):
-        path = Path(value).expanduser()
-        if not path.is_dir():
+        local = Path(value).expanduser()
+        if not local.is_dir():
             raise SourceError(
                 f"{KEY}={value} is not a directory on this node (rank {rank}): put it on a filesystem every node sees"
             )
-        return str(path)
+        return str(local)
     marker = Path(run_dir) / _MARKER
     if rank == 0:
         path = download(value)

@@ -78,9 +78,9 @@ class Observers(Callback):
     def range(self, name: str) -> Iterator[None]:
         """A named range (optimizer, validation, checkpoint) in the profile of a profiled rank; validation and
         checkpoint samples are marked in the telemetry, so the report's "during steps" leaves them out."""
-        marked = self.sampler is not None and name in SAMPLER_ACTIVITIES
-        if marked:
-            previous, self.sampler.activity = self.sampler.activity, name
+        sampler = self.sampler if name in SAMPLER_ACTIVITIES else None
+        if sampler is not None:
+            previous, sampler.activity = sampler.activity, name
         try:
             if self.window is None:
                 yield
@@ -88,8 +88,8 @@ class Observers(Callback):
                 with self.window.range(name):
                     yield
         finally:
-            if marked:
-                self.sampler.activity = previous
+            if sampler is not None:
+                sampler.activity = previous
 
     def _open_range(self, name: str) -> None:
         self._ranges.setdefault(name, contextlib.ExitStack()).enter_context(self.range(name))

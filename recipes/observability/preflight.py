@@ -22,7 +22,7 @@ import socket
 import statistics
 import sys
 import time
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -123,7 +123,10 @@ def pair_rounds(num_nodes: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def below_peers(values: Mapping[Hashable, float], fraction: float) -> list[Hashable]:
+Key = TypeVar("Key", bound=Hashable)
+
+
+def below_peers(values: Mapping[Key, float], fraction: float) -> list[Key]:
     """Keys whose value is below `fraction` of the median (needs 3 or more to tell an outlier from its peer)."""
     if len(values) < 3:
         return []

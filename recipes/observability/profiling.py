@@ -106,7 +106,7 @@ class ProfileWindow:
         self.tool = profile_cfg.tool
         self.first, self.last = window(profile_cfg)
         self.backend = backend or RangeBackend(self.tool)
-        self._torch_profiler = None
+        self._torch_profiler: Any = None  # a torch.profiler.profile while one records (torch is taken as untyped)
         self.active = False
         self.written: str | None = None
 

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
@@ -141,9 +142,9 @@ class Sampler:
         nvml, now, step, activity = self.nvml, self.clock(), self.step, self.activity
         rows = []
         for index, handle in enumerate(self.handles):
-            util = _try(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h))
-            memory = _try(lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h))
-            events = _try(lambda h=handle: self._clock_events(h))
+            util = _try(partial(nvml.nvmlDeviceGetUtilizationRates, handle))
+            memory = _try(partial(nvml.nvmlDeviceGetMemoryInfo, handle))
+            events = _try(partial(self._clock_events, handle))
             rows.append(
                 [
                     f"{now:.3f}",
@@ -154,10 +155,10 @@ class Sampler:
                     "" if util is None else str(util.memory),
                     "" if memory is None else f"{memory.used / 2**20:.0f}",
                     "" if memory is None else f"{memory.total / 2**20:.0f}",
-                    _read(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h), scale=1e-3),
-                    _read(lambda h=handle: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU), digits=0),
-                    _read(lambda h=handle: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM), digits=0),
-                    _read(lambda h=handle: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM), digits=0),
+                    _read(partial(nvml.nvmlDeviceGetPowerUsage, handle), scale=1e-3),
+                    _read(partial(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU), digits=0),
+                    _read(partial(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM), digits=0),
+                    _read(partial(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM), digits=0),
                     "" if events is None else clock_event_names(events),
                     activity,
                 ]
@@ -207,6 +208,8 @@ def start(
 ) -> Sampler:
     """Sample the GPUs `gpu_ids` every `interval_s` seconds (telemetry.interval_s) into this node's CSV."""
     if nvml is None:
-        import pynvml as nvml  # nvidia-ml-py, an optional package: only telemetry.enabled needs it
+        import pynvml  # nvidia-ml-py, an optional package: only telemetry.enabled needs it
+
+        nvml = pynvml
     node = node or node_name()
     return Sampler(nvml, gpu_ids, csv_path(run_dir, node), node, interval_s).start()

@@ -14,7 +14,7 @@ import os
 import re
 import secrets
 import socket
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 import yaml
 
@@ -23,6 +23,9 @@ from common.files import atomic_write
 from common.plan import Plan
 from common.typed import to_plain
 from recipes.runtime.stop_signals import helpers_immune_to_stop_signals
+
+if TYPE_CHECKING:
+    import wandb  # optional at run time; only its types are needed here
 
 # StepMetrics field -> tag, the same in TensorBoard and W&B.
 SCALARS = {
@@ -40,11 +43,17 @@ SCALARS = {
 }
 WANDB_ID_FILE = "wandb_run_id.txt"
 WANDB_HOST = ("api.wandb.ai", 443)
+WandbMode = Literal["online", "offline"]
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    """A metrics record (a StepMetrics or its dict) as a dict."""
+    return asdict(record) if is_dataclass(record) and not isinstance(record, type) else dict(record)
 
 
 def scalars(record: Any) -> dict[str, float]:
     """The tags and values of one metrics record (a StepMetrics or its dict); absent values are left out."""
-    values = asdict(record) if is_dataclass(record) else dict(record)
+    values = _fields(record)
     return {tag: float(values[key]) for key, tag in SCALARS.items() if values.get(key) is not None}
 
 
@@ -102,11 +111,13 @@ def wandb_mode(
     environ: Mapping[str, str] = os.environ,
     reachable: Callable[[], bool] | None = None,
     has_key: Callable[[], bool] | None = None,
-) -> str:
+) -> WandbMode:
     """online | offline. `auto` is online only when the W&B server answers and an API key is there: compute nodes
     without internet log offline instead of failing or hanging."""
-    if configured in ("online", "offline"):
-        return configured
+    if configured == "online":
+        return "online"
+    if configured == "offline":
+        return "offline"
     reachable = reachable or (lambda: _reachable(WANDB_HOST))
     has_key = has_key or (lambda: _has_api_key(environ))
     return "online" if has_key() and reachable() else "offline"
@@ -154,9 +165,9 @@ class Tracker:
     def __init__(self, run_dir: str, cfg: Config, plan: Plan, resume_step: int, say: Callable[[str], None] = print):
         self.run_dir = run_dir
         self.say = say
-        self.tensorboard = None
-        self.wandb_run = None
-        self.wandb_mode: str | None = None
+        self.tensorboard: Any = None  # a SummaryWriter once opened (torch is taken as untyped)
+        self.wandb_run: wandb.Run | None = None
+        self.wandb_mode: WandbMode | None = None
         if cfg.logging.tensorboard:
             self._open_tensorboard(cfg, plan, resume_step)
         if cfg.logging.wandb.enabled:
@@ -219,7 +230,7 @@ class Tracker:
     def log(self, record: Any) -> None:
         """One logged step (StepMetrics); flushed at once, so a crash loses nothing a resume would not redo."""
         values = scalars(record)
-        step = int(asdict(record)["step"] if is_dataclass(record) else record["step"])
+        step = int(_fields(record)["step"])
         if self.tensorboard is not None:
             for tag, value in values.items():
                 self.tensorboard.add_scalar(tag, value, step)

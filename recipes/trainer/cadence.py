@@ -95,7 +95,7 @@ class EvalPolicy:
 
     def reached(self, val_loss: float | None) -> bool:
         """This rank's answer; only the last rank has the validation loss."""
-        return self.watches_target and val_loss is not None and val_loss <= self.target
+        return self.watches_target and val_loss is not None and self.target is not None and val_loss <= self.target
 
 
 @dataclass(frozen=True)

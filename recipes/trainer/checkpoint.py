@@ -107,7 +107,7 @@ class Checkpointer(Callback):
         self.policy = policy
         self.chunks, self.optimizer, self.scheduler = chunks, optimizer, scheduler
         self.rank = torch.distributed.get_rank()
-        self._queue = None
+        self._queue: AsyncCallsQueue | None = None
         self._in_flight: int | None = None  # the step of an async save not finalized yet
         if async_save:
             self._queue = AsyncCallsQueue()
@@ -170,6 +170,7 @@ class Checkpointer(Callback):
                     sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=False), partial, **extra
                 )
                 if request is not None:
+                    assert self._queue is not None, "only an asynchronous save returns a request"
                     request.add_finalize_fn(finalize)
                     self._queue.schedule_async_request(request)
                     self._in_flight = state.step
@@ -262,7 +263,7 @@ def disk_full(err: BaseException) -> bool:
     """ENOSPC anywhere in an error: raised directly, as a cause, or among the per-rank failures torch's checkpoint
     writer collects (CheckpointException.failures), whose messages keep only the text."""
     seen: set[int] = set()
-    pending = [err]
+    pending: list[BaseException | None] = [err]
     while pending:
         current = pending.pop()
         if current is None or id(current) in seen:

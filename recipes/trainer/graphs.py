@@ -50,7 +50,7 @@ class CudaGraphs(Callback):
         self.steps_run = 0  # training steps this process ran (a resumed run warms up again)
         self._helper = helper_factory() if mode == "per_layer" and helper_factory else None
         self._wrapper_factory = wrapper_factory
-        self._wrapper = None
+        self._wrapper: Any | None = None  # the full-iteration graph wrapper, once training asked for it
 
     @classmethod
     def for_trainer(cls, plan, config, chunks, optimizer, overlap_param_gather: bool, say) -> "CudaGraphs":
@@ -98,8 +98,9 @@ class CudaGraphs(Callback):
     def training_schedule(self, forward_backward: Callable) -> Callable:
         """The schedule function training steps call (evaluation keeps `forward_backward`)."""
         if self.mode == "full_iteration" and self._wrapper_factory is not None:
-            self._wrapper = self._wrapper_factory(forward_backward)
-            return self._wrapper
+            wrapper = self._wrapper_factory(forward_backward)
+            self._wrapper = wrapper
+            return wrapper
         return forward_backward
 
     def step_starts(self, step: int) -> None:

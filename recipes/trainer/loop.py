@@ -60,7 +60,6 @@ class Trainer:
     def train(self) -> int:
         """Train to the end; the exit status (0, or 3 after a divergence). However the run ends, every callback
         hears run_ends and then stops, once."""
-        stop = None
         try:
             stop = self._train()
         except BaseException as err:
@@ -192,6 +191,7 @@ class Trainer:
         peak_memory = self.steps.peak_memory_gib()
         if not self.is_last_rank:
             return
+        assert loss is not None, "the last rank is on the last pipeline stage, which has the loss"
         record = metrics.step_metrics(
             self.plan,
             step=state.step,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 import json
 import os
+from typing import TextIO
 
 from common.checkpoints import TrainState
 from common.plan import Plan
@@ -95,7 +96,7 @@ class MetricsFile(Callback):
 
     def __init__(self, path: str):
         self.path = path
-        self._file = None
+        self._file: TextIO | None = None
 
     def training_starts(self, state: TrainState) -> None:
         if os.path.exists(self.path):
@@ -113,6 +114,8 @@ class MetricsFile(Callback):
 
     def logged(self, record: StepMetrics) -> None:
         fields = {k: v for k, v in asdict(record).items() if v is not None or k in ("mfu", "mfu_peak_flops")}
+        if self._file is None:
+            raise RuntimeError(f"{self.path}: a step was logged before training started")
         self._file.write(json.dumps(fields) + "\n")
         self._file.flush()
 

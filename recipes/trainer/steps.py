@@ -33,7 +33,8 @@ def loss_func(loss_mask, output_tensor):
 
 def forward_step(data_iterator, model):
     chunk = unwrap(model)
-    batch = next(data_iterator) if (chunk.pre_process or chunk.post_process) else None
+    # A middle pipeline stage reads no batch (its input comes from the previous stage) and looks up no key in it.
+    batch: dict[str, Any] = next(data_iterator) if (chunk.pre_process or chunk.post_process) else {}
     tokens = batch["tokens"] if chunk.pre_process else None
     positions = batch["position_ids"] if chunk.pre_process else None
     labels = batch["labels"] if chunk.post_process else None

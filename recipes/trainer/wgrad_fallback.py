@@ -47,11 +47,10 @@ def install() -> bool:
     except ImportError:
         pass
     module = types.ModuleType("fused_weight_gradient_mlp_cuda")
-    module.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
-    module.wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp16
+    # A module's attributes are set through its namespace: ModuleType declares none of these names.
+    vars(module).update(wgrad_gemm_accum_fp32=wgrad_gemm_accum_fp32, wgrad_gemm_accum_fp16=wgrad_gemm_accum_fp16)
     sys.modules["fused_weight_gradient_mlp_cuda"] = module
     layers = sys.modules.get("megatron.core.tensor_parallel.layers")
     if layers is not None:
-        layers.fused_weight_gradient_mlp_cuda = module
-        layers._grad_accum_fusion_available = True
+        vars(layers).update(fused_weight_gradient_mlp_cuda=module, _grad_accum_fusion_available=True)
     return True

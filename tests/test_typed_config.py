@@ -16,6 +16,13 @@ CONFIG_NAMES = {
     "data_preparation", "prep", "stack", "logging", "profile", "prof", "telemetry", "preflight", "resilience",
     "res", "mlperf", "optimizer", "opt", "scheduler", "sched", "checkpoint", "ckpt", "tokenizer",
 }  # fmt: skip
+# Files (or file:function) whose config-named mapping parameters hold something else, and what.
+NOT_THE_RUN_CONFIG = {
+    "launcher/cli.py:run_hydra_app": "Hydra's composition, typed on its first line",
+    "common/hf_config.py": "a Hugging Face config.json",
+    "launcher/config/compose.py": "Hydra's composition, the one place it becomes the typed Config",
+    "launcher/plan/checks/run_dir.py": "an earlier run's config.yaml, perhaps of another version, compared as data",
+}
 UNTYPED = ("Mapping", "MutableMapping", "dict", "Dict", "DictConfig")
 
 
@@ -36,7 +43,8 @@ def config_parameters_typed_as_mappings(source: str, where: str) -> list[str]:
         for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
             named_like_config = arg.arg in CONFIG_NAMES or arg.arg.endswith(("_cfg", "_config"))
             if named_like_config and _untyped_mapping(arg.annotation):
-                found.append(f"{where}:{node.lineno} {node.name}({arg.arg}: {ast.unparse(arg.annotation)})")
+                if f"{where}:{node.name}" not in NOT_THE_RUN_CONFIG:
+                    found.append(f"{where}:{node.lineno} {node.name}({arg.arg}: {ast.unparse(arg.annotation)})")
     return found
 
 
@@ -45,6 +53,7 @@ def test_no_function_takes_the_run_config_as_an_untyped_mapping():
         hit
         for package in PACKAGES
         for path in sorted((REPO / package).rglob("*.py"))
+        if str(path.relative_to(REPO)) not in NOT_THE_RUN_CONFIG
         for hit in config_parameters_typed_as_mappings(path.read_text(), str(path.relative_to(REPO)))
     ]
     assert found == [], "\n".join(found)

@@ -64,7 +64,7 @@ def test_an_injected_enospc_stops_the_run_at_that_shard(tmp_path, tokenizers_dir
 def test_a_real_full_tmpfs_stops_the_run_and_the_next_run_finishes(tmp_path, tokenizers_dir, small_tmpfs):
     probe = three_shards(tmp_path / "probe", tokenizers_dir["sentencepiece"], tmp_path / "probe" / "out")
     assert [r.status for r in run(probe, [])] == ["done"] * 3
-    sizes = sorted(p.stat().st_size for p in Path(probe["output_dir"]).iterdir() if p.is_file())
+    sizes = sorted(p.stat().st_size for p in Path(probe.output_dir).iterdir() if p.is_file())
     shard_bytes = sum(sizes) // 3
     # Room for the first shard and a part of the second (tmpfs counts whole 4 KiB pages).
     disk = small_tmpfs(((shard_bytes * 3 // 2) // 4096 + 2) * 4096)

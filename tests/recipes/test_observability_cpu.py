@@ -464,8 +464,8 @@ def test_the_sampler_thread_writes_the_csv_the_report_reads_and_a_resume_appends
     lines = path.read_text().splitlines()
     assert lines[0] == ",".join(telemetry.COLUMNS) and lines.count(lines[0]) == 1
     rows = telemetry_report.read_csv(path)
-    assert len(rows) >= 4 and {r["gpu"] for r in rows} == {0, 1}
-    assert rows[0]["util_pct"] == 97 and rows[1]["util_pct"] == 12 and rows[1]["power_w"] is None
+    assert len(rows) >= 4 and {r.gpu for r in rows} == {0, 1}
+    assert rows[0].util_pct == 97 and rows[1].util_pct == 12 and rows[1].power_w is None
 
 
 def test_job_gpus_follow_cuda_visible_devices_when_cuda_cannot_name_them(monkeypatch):

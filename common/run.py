@@ -51,3 +51,11 @@ def load_run(run_dir: str | os.PathLike) -> Run:
         return Run(load_run_config(run_dir), load_plan(run_dir))
     except PlanFileError as err:
         raise RunDirError(str(err)) from None
+
+
+def load_run_or_exit(run_dir: str | os.PathLike) -> Run:
+    """load_run for a rank's entry point: an unreadable run directory ends the process with its one line."""
+    try:
+        return load_run(run_dir)
+    except RunDirError as err:
+        raise SystemExit(f"error: {err}") from None

@@ -293,12 +293,9 @@ def check_or_exit(
 
 def check_run(run_dir: str, rank: int = 0, local_rank: int = 0) -> None:
     """The check for a training rank of RUN_DIR (its config.yaml and plan.json)."""
-    from common.run import RunDirError, load_run
+    from common.run import load_run_or_exit
 
-    try:
-        run = load_run(run_dir)
-    except RunDirError as err:  # the first reader of the run directory on a rank: one line, before anything starts
-        raise SystemExit(f"error: {err}") from None
+    run = load_run_or_exit(run_dir)  # the first reader of the run directory on a rank: one line, before anything starts
     check_or_exit(run.config, precision_of(run.config, run.plan), rank, local_rank)
 
 

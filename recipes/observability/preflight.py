@@ -29,7 +29,7 @@ import torch
 from common.config import Config
 from common.files import atomic_write
 from common.plan import Plan
-from common.run import RunDirError, load_run
+from common.run import load_run_or_exit
 from recipes.runtime.ranks import die_with_torchrun, rank_info
 
 MIB = 2**20
@@ -363,10 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_torchrun()
     run_dir = os.path.abspath(args.run_dir)
-    try:
-        loaded = load_run(run_dir)
-    except RunDirError as err:
-        raise SystemExit(f"error: {err}") from None
+    loaded = load_run_or_exit(run_dir)
     cfg, plan = loaded.config, loaded.plan
     info = rank_info()
     if info.world_size != plan.num_gpus:

@@ -14,7 +14,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from common.checkpoints import TrainState
 from common.config import Config
 from common.plan import Plan
-from common.run import RunDirError, load_run
+from common.run import load_run_or_exit
 from recipes.hf import importer
 from recipes.observability.observers import Observers
 from recipes.resilience.guard import RunGuard, record_failure
@@ -40,10 +40,7 @@ def build_trainer(run_dir: str) -> Trainer:
     # Weight gradients accumulate straight into the DDP buffers (apex's kernel, or the stand-in). The training
     # entry installed it before megatron was imported; this covers a trainer built another way.
     wgrad_fallback.install()
-    try:
-        run = load_run(run_dir)
-    except RunDirError as err:
-        raise SystemExit(f"error: {err}") from None
+    run = load_run_or_exit(run_dir)
     cfg, plan = run.config, run.plan
     info = rank_info()
     built = Callbacks()

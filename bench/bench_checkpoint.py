@@ -84,7 +84,7 @@ def check_free_space(args, results: Path) -> int:
     if free < 2 * size:
         raise SystemExit(
             f"error: {results} has {free / 2**30:.0f} GiB free; two checkpoints of the {args.layers}-layer proxy "
-            f"need {2 * size / 2**30:.0f} GiB (pass --keep DIR on a larger file system, or fewer --layers)"
+            f"need {2 * size / 2**30:.0f} GiB (pass --results DIR on a larger file system, or fewer --layers)"
         )
     return size
 
@@ -96,16 +96,19 @@ def main() -> int:
     parser.add_argument("--interval", type=int, default=4)
     parser.add_argument("--gbs", type=int, default=8)
     parser.add_argument("--extra", default="", help="more overrides for both runs")
-    parser.add_argument("--keep", type=Path, help="keep the run directories here (default: a temporary directory)")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="where the runs write (default: a temporary directory); each mode's checkpoints are removed after it",
+    )
     args = parser.parse_args()
-    results = args.keep or Path(tempfile.mkdtemp(prefix="bench_checkpoint_"))
+    results = args.results or Path(tempfile.mkdtemp(prefix="bench_checkpoint_"))
     results.mkdir(parents=True, exist_ok=True)
     size = check_free_space(args, results)
     rows = {}
     for mode in ("sync", "async"):
         rows[mode] = run_mode(mode, args, results)
-        if not args.keep:  # make room for the next mode's checkpoints
-            shutil.rmtree(results / f"ckpt_{mode}" / "checkpoints")
+        shutil.rmtree(results / f"ckpt_{mode}" / "checkpoints")  # room for the next mode's
     print(
         f"\ncheckpoint saves of the 8B {args.layers}-layer proxy on 1 GPU "
         f"({' '.join(shlex.split(args.extra)) or 'defaults'}); one checkpoint ~{size / 2**30:.1f} GiB"

@@ -15,8 +15,8 @@
 - optimizer: the distributed optimizer's shard read and written at the HBM bandwidth.
 
 Every constant is data (conf/parallelism/auto.yaml: parallelism.auto.step_time) fit to measured runs
-(conf/perf/measured.yaml's `fit` rows; its `held_out` rows check the fit); `python -m launcher.autoconf.steptime`
-prints the model against them. Left out: kernel-level detail (wave
+(conf/perf/measured.yaml's `fit` rows; its `held_out` rows check the fit: bench/fit_steptime.py fits and prints
+both); `python -m launcher.autoconf.steptime` prints the model against them. Left out: kernel-level detail (wave
 quantisation, attention backends), CPU-bound stalls, network contention between jobs, stragglers, FP8 scaling
 recipes, and anything that changes numerics.
 """

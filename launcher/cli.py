@@ -26,7 +26,7 @@ from common.typed import TypedConfigError
 from common.plan import Plan
 from launcher.autoconf import search
 from launcher.config import sweep
-from launcher.config.compose import compose, to_plain
+from launcher.config.compose import Bases, compose, to_plain
 from launcher.config.errors import error_lines, every_error_line
 from launcher.jobs.rundir import record_jobs, run_dir_of, write_run_dir
 from launcher.jobs.stages import StagePlan
@@ -241,10 +241,11 @@ def plan_sweep(overrides: Sequence[str]) -> tuple[list[Prepared], list[str]]:
     points: list[Prepared] = []
     problems: list[str] = []
     seen: dict[Path, str] = {}
+    bases: Bases = {}
     for point in sweep.sweep_points(overrides):
         label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
         try:
-            cfg = compose(point)
+            cfg = compose(point, bases)
             local_gpus = detect_local_gpus() if cfg.cluster.runs_here else None
             if search.is_auto(cfg):  # its table once per sweep, with the first point that searches
                 cfg = search.resolve(point, cfg, local_gpus, say=None if points or problems else print)

@@ -6,8 +6,10 @@ import copy
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
+import omegaconf._utils
+import yaml
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra._internal.defaults_list import Overrides
@@ -55,7 +57,42 @@ def _composed(overrides: Sequence[str], bases: Bases | None = None) -> DictConfi
 
 
 def _hydra_composed(overrides: Sequence[str]) -> DictConfig:
+    try:
+        with _libyaml_parsing():
+            return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+    except yaml.YAMLError:
+        pass  # libyaml words a file that does not parse its own way: PyYAML's words, which the error lines quote
     return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+@contextmanager
+def _libyaml_parsing() -> Iterator[None]:
+    """OmegaConf reads every YAML file of a composition with PyYAML's pure-Python parser (0.05 s of a dry run);
+    within this block its own loader (its duplicate-key check, its float and path tags) runs on libyaml's parser
+    where PyYAML was built with it, which gives it the same nodes ten times faster."""
+    if not yaml.__with_libyaml__:
+        yield
+        return
+    omegaconf_loader = omegaconf._utils.get_yaml_loader
+    loader = _on_libyaml(omegaconf_loader())
+    omegaconf._utils.get_yaml_loader = lambda: loader
+    try:
+        yield
+    finally:
+        omegaconf._utils.get_yaml_loader = omegaconf_loader
+
+
+def _on_libyaml(loader: type) -> type:
+    """A PyYAML SafeLoader subclass on libyaml's parser, as yaml.CSafeLoader is yaml.SafeLoader on it."""
+    from yaml._yaml import CParser
+
+    class Loader(CParser, loader):
+        def __init__(self, stream: Any) -> None:
+            CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+    return Loader
 
 
 def _from_base(overrides: Sequence[str], bases: Bases) -> DictConfig | None:

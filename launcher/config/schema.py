@@ -19,9 +19,13 @@ def absolute_path(path: str) -> str:
 
 
 def register() -> None:
+    """Once per process: main.py registers at import and composing registers again, and each store converts its
+    dataclasses to OmegaConf nodes anew (about 0.06 s of a dry run)."""
     if not OmegaConf.has_resolver("path"):
         OmegaConf.register_new_resolver("path", absolute_path)
     store = ConfigStore.instance()
+    if "config_schema.yaml" in store.repo:
+        return
     store.store(name="config_schema", node=Config)
     for name, node in CLUSTERS.items():
         store.store(group="schema/cluster", name=name, node=node)

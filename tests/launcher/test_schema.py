@@ -9,8 +9,11 @@ import pytest
 from common import config as schema
 from common.config import load_config
 from common.typed import TypedConfigError, to_plain
+from hydra.core.config_store import ConfigStore
+
 from launcher.config import reference as config_reference
 from launcher.config.compose import compose_plain
+from launcher.config.schema import register
 
 from launcher_helpers import REPO
 
@@ -97,3 +100,11 @@ def test_the_docs_reference_is_the_generated_one():
         f"{config_reference.PAGE} differs from the schema: python -m launcher.config.reference --write "
         f"{config_reference.PAGE}"
     )
+
+
+def test_registering_again_keeps_the_stored_schema():
+    # main.py registers at import and composing registers again: the second converts nothing anew
+    register()
+    stored = ConfigStore.instance().repo["config_schema.yaml"]
+    register()
+    assert ConfigStore.instance().repo["config_schema.yaml"] is stored

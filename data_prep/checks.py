@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -125,6 +126,39 @@ def pair_problem(prefix: str) -> Optional[str]:
         return (
             f"{prefix}.bin {state}, its .idx says {needed:,} (truncated, or the two come from different runs); {_REDO}"
         )
+    return None
+
+
+def sample_lengths(prefix: str) -> list[int]:
+    """The tokens of every sequence (for fine-tuning data: every sample) of `<prefix>.idx`, in order: 4 bytes a
+    sample, read whole (a million samples are 4 MB). IndexFormatError or OSError for an unreadable index."""
+    import array
+
+    size = os.path.getsize(prefix + ".idx")
+    with open(prefix + ".idx", "rb") as f:
+        header = read_index_header(f, size)
+        lengths = array.array("i")
+        lengths.frombytes(f.read(4 * header.sequences))
+    if sys.byteorder != "little":
+        lengths.byteswap()
+    return lengths.tolist()
+
+
+def longer_samples_problem(key: str, prefixes: Sequence[str], seq_length: int) -> Optional[str]:
+    """training.data.truncate=false: one line naming the first sample longer than seq_length (its prefix and
+    index), None when every sample fits. Only a sample's own length says it, so this reads every index whole."""
+    for prefix in prefixes:
+        try:
+            lengths = sample_lengths(prefix)
+        except (IndexFormatError, OSError):
+            continue  # pair_problem reports it
+        for index, length in enumerate(lengths):
+            if length > seq_length:
+                return (
+                    f"{key}: sample {index} of {prefix} has {length:,} tokens, more than training.seq_length="
+                    f"{seq_length}, and training.data.truncate=false; set training.data.truncate=true to cut such "
+                    "samples, or prepare the data with data_preparation.max_length (and truncate)"
+                )
     return None
 
 

@@ -234,31 +234,23 @@ def sft_settings_problems(dp: DataPreparationConfig) -> list[str]:
 
 
 def chat_template_problem(tokenizer_type: str, path: str) -> Optional[str]:
-    """chat_template=true with a tokenizer that has none: one line. A hub id is looked up in the local cache only
-    (the plan never downloads); when it is not there, the worker's load says so instead."""
+    """chat_template=true with a tokenizer that has none (tokenizer_config.json beside it, as transformers reads
+    it): one line. A hub id is not looked up (the plan never downloads)."""
     fix = "set data_preparation.chat_template=false, or use a tokenizer whose tokenizer_config.json has one"
     if tokenizer_type != "huggingface":
         return f"data_preparation.chat_template=true: a {tokenizer_type} tokenizer has no chat template; {fix}"
-    config = _tokenizer_config_path(path)
-    if config is None:
-        return None
+    local = os.path.abspath(os.path.expanduser(path))
+    if not os.path.exists(local):
+        return None  # a hub id: the worker's load of the template says so when it has none
+    config = os.path.join(local if os.path.isdir(local) else os.path.dirname(local), "tokenizer_config.json")
     try:
         with open(config, encoding="utf-8") as f:
-            has = bool(json.load(f).get("chat_template"))
-    except (OSError, ValueError, AttributeError):
-        has = False
-    if has:
+            template = json.load(f).get("chat_template")
+    except (OSError, ValueError, AttributeError):  # no file, not JSON, not an object
+        template = None
+    if template:
         return None
     return f"data_preparation.chat_template=true: tokenizer {path} has no chat_template in {config}; {fix}"
-
-
-def _tokenizer_config_path(path: str) -> Optional[str]:
-    local = os.path.abspath(os.path.expanduser(path))
-    directory = local if os.path.isdir(local) else os.path.dirname(local) if os.path.isfile(local) else None
-    if directory is None:
-        return None
-    config = os.path.join(directory, "tokenizer_config.json")
-    return config if os.path.isfile(config) else os.path.join(directory, "tokenizer_config.json (missing)")
 
 
 def _is_int(value: Any) -> bool:

@@ -141,6 +141,11 @@ class SftEncoder:
             from transformers import AutoTokenizer
 
             self._chat = AutoTokenizer.from_pretrained(os.path.dirname(self.tokenizer.path))
+            if not self._chat.chat_template:  # a hub tokenizer the plan could not look into
+                raise SampleError(
+                    f"data_preparation.chat_template=true: tokenizer {self.tokenizer.name} has no chat template; "
+                    "set data_preparation.chat_template=false, or use a tokenizer that has one"
+                )
         user = [{"role": "user", "content": prompt}]
         head = self._chat.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
         full = self._chat.apply_chat_template(user + [{"role": "assistant", "content": response}], tokenize=False)

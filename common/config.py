@@ -208,6 +208,11 @@ class InputFormat(StrEnum):
     text = "text"
 
 
+class DataFormat(StrEnum):
+    pretrain = "pretrain"
+    sft = "sft"
+
+
 class TextDocument(StrEnum):
     line = "line"
     file = "file"
@@ -265,6 +270,11 @@ class DataConfig:
         "a separate validation set [prefix, ...], read in order; null: the validation share of split"
     )
     num_workers: int = key("data-loader worker processes per rank", within=NON_NEGATIVE)
+    format: DataFormat = key(
+        "pretrain (a token stream cut into sequences) or sft (samples with loss masks: sft_jsonl, govreport_mlperf)"
+    )
+    packing: bool = key("sft: several samples per sequence, each attending only to itself; false: one padded sample")
+    truncate: bool = key("sft: cut samples longer than seq_length; false: refuse them, naming the sample")
 
 
 @dataclass
@@ -676,6 +686,31 @@ class FilesData(DataPreparationConfig):
     output_name: str = key("the merged output's name")
 
 
+@dataclass
+class SftData(DataPreparationConfig):
+    """What the fine-tuning sources share: samples with loss masks, and what happens to long ones."""
+
+    max_length: Optional[int] = key("longest sample in tokens (training.seq_length); null: no limit", within=COUNT)
+    truncate: bool = key("cut samples longer than max_length; false: fail naming the sample, nothing written")
+
+
+@dataclass
+class SftJsonlData(SftData):
+    inputs: List[str] = key("paths, glob patterns or URLs of prompt/response JSON lines (.jsonl, .zst, .gz)")
+    merge: bool = key("all inputs into one output")
+    output_name: str = key("the merged output's name")
+    prompt_key: str = key("JSON key of the prompt (not trained on)")
+    response_key: str = key("JSON key of the response (trained on)")
+    chat_template: bool = key("wrap prompt and response in the tokenizer's chat template (tokenizer_config.json)")
+
+
+@dataclass
+class GovReportData(SftData):
+    base_url: str = key("the dataset's files: local directory, file:// URL or URL (the hub's resolve/main/data)")
+    train_files: List[str] = key("train files under base_url (.parquet or JSON lines)")
+    validation_files: List[str] = key("validation files under base_url")
+
+
 # --------------------------------------------------------------------------- observability
 @dataclass
 class WandbConfig:
@@ -871,7 +906,13 @@ class Config:
 
 
 CLUSTERS = {"local": LocalCluster, "slurm": SlurmCluster, "sge": SgeCluster, "bcp": BcpCluster, "k8s": K8sCluster}
-DATA_SOURCES = {"pile": PileData, "c4": C4Data, "files": FilesData}
+DATA_SOURCES = {
+    "pile": PileData,
+    "c4": C4Data,
+    "files": FilesData,
+    "sft_jsonl": SftJsonlData,
+    "govreport_mlperf": GovReportData,
+}
 
 
 VARIANTS: Variants = {ClusterConfig: ("platform", CLUSTERS), DataPreparationConfig: ("name", DATA_SOURCES)}

@@ -107,6 +107,16 @@ CASES = [
     ([*DATA_PREP, "data_preparation.workers=0"], "data_preparation.workers=0: expected a positive integer"),
     ([*DATA_PREP, "data_preparation.workers=abc"], "data_preparation.workers='abc': expected a positive integer"),
     ([*DATA_PREP, "data_preparation.tokenizer.type=tiktoken"], "data_preparation.tokenizer.type=tiktoken"),
+    # Fine-tuning data: what the trainer cannot do yet is refused by the plan, not after the queue wait.
+    (["training.data.format=sft"], "training.data.format=sft needs prepared samples: set training.data.mock=false"),
+    (
+        ["training.data.format=sft", "training.data.mock=false", "training.data.blend=[/tmp/nothing_sft_document]"],
+        "parallelism.cp=2 with training.data.packing=true: packed samples are not padded to multiples of 2 x cp",
+    ),
+    (
+        ["training.data.format=sft", "training.data.mock=false", "training.data.blend=[1,/tmp/a,1,/tmp/b]"],
+        "training.data.blend weights are not used for training.data.format=sft",
+    ),
 ]
 
 
@@ -263,6 +273,50 @@ def config_of_another_version(tmp: Path) -> tuple[list[str], str]:
     )
 
 
+def _sft_samples(tmp: Path, *lines: dict) -> tuple[list[str], Path]:
+    samples = tmp / "train.jsonl"
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = [
+        "main.py",
+        *BASE,
+        f"results_dir={tmp / 'results'}",
+        "stages=[data_preparation]",
+        "data_preparation=sft_jsonl",
+    ]
+    return [*args, f"data_preparation.inputs=[{samples}]", f"data_preparation.output_dir={tmp / 'out'}"], samples
+
+
+def sft_sample_without_its_response(tmp: Path) -> tuple[list[str], str]:
+    argv, samples = _sft_samples(tmp, {"prompt": "p", "response": "r"}, {"prompt": "p", "answer": "a"})
+    return argv, f"data_preparation.response_key=response: {samples}:2: sample 1 has no 'response' field"
+
+
+def sft_sample_with_an_empty_response(tmp: Path) -> tuple[list[str], str]:
+    argv, samples = _sft_samples(tmp, {"prompt": "p", "response": " "})
+    return argv, f"data_preparation.inputs: {samples}:1: sample 0 has an empty response ('response')"
+
+
+def sft_sample_longer_than_a_sequence(tmp: Path) -> tuple[list[str], str]:
+    import numpy as np
+
+    from data_prep.indexed import IndexWriter
+    from data_prep.shards import LOSS_MASK
+
+    prefix = str(tmp / "data" / "train_sft_document")
+    (tmp / "data").mkdir()
+    lengths = np.array([5, 9000], np.int64)
+    for path, dtype in ((prefix, np.int32), (prefix + LOSS_MASK, np.uint8)):
+        writer = IndexWriter(path + ".bin", dtype)
+        writer.add_documents(np.ones(int(lengths.sum()), dtype), lengths)
+        writer.finalize(path + ".idx")
+    args = ["training.data.format=sft", "training.data.mock=false", f"training.data.blend=[{prefix}]"]
+    return (
+        ["main.py", *BASE, f"results_dir={tmp / 'results'}", *args, "training.data.packing=false"],
+        f"training.data.blend: sample 1 of {prefix} has 9,000 tokens, more than training.seq_length=8192, and "
+        "training.data.truncate=false",
+    )
+
+
 FILE_CASES: list[Callable[[Path], tuple[list[str], str]]] = [
     corrupt_safetensors,
     tokenizer_larger_than_the_model,
@@ -272,6 +326,9 @@ FILE_CASES: list[Callable[[Path], tuple[list[str], str]]] = [
     misspelt_key_in_site_yaml,
     half_written_plan,
     config_of_another_version,
+    sft_sample_without_its_response,
+    sft_sample_with_an_empty_response,
+    sft_sample_longer_than_a_sequence,
 ]
 
 

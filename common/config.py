@@ -226,6 +226,11 @@ class LoraTarget(StrEnum):
     linear_fc1 = "linear_fc1"
     linear_fc2 = "linear_fc2"
 
+    @property
+    def column_parallel(self) -> bool:
+        """megatron-core shards this layer's output over TP (column-parallel); else its input (row-parallel)."""
+        return self in (LoraTarget.linear_qkv, LoraTarget.linear_fc1)
+
 
 class LoraInit(StrEnum):
     kaiming_uniform = "kaiming_uniform"

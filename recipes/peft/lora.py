@@ -58,19 +58,18 @@ from common.config import LoraConfig, LoraInit, LoraTarget
 
 ADAPTER_SUFFIX = "_lora"
 
-# Where each target sits in a decoder layer, and whether megatron-core shards its output over TP (column-parallel)
-# rather than its input (row-parallel).
-TARGETS: dict[LoraTarget, tuple[str, str, bool]] = {
-    LoraTarget.linear_qkv: ("self_attention", "linear_qkv", True),
-    LoraTarget.linear_proj: ("self_attention", "linear_proj", False),
-    LoraTarget.linear_fc1: ("mlp", "linear_fc1", True),
-    LoraTarget.linear_fc2: ("mlp", "linear_fc2", False),
+# Where each target sits in a decoder layer: (its parent module, its name).
+TARGETS: dict[LoraTarget, tuple[str, str]] = {
+    LoraTarget.linear_qkv: ("self_attention", "linear_qkv"),
+    LoraTarget.linear_proj: ("self_attention", "linear_proj"),
+    LoraTarget.linear_fc1: ("mlp", "linear_fc1"),
+    LoraTarget.linear_fc2: ("mlp", "linear_fc2"),
 }
 
 
 def is_adapter_key(key: str) -> bool:
     """A state-dict or checkpoint key of an adapter's tensor: the Hugging Face importer leaves those as initialised."""
-    return any(f".{name}{ADAPTER_SUFFIX}." in key for _, name, _ in TARGETS.values())
+    return any(f".{name}{ADAPTER_SUFFIX}." in key for _, name in TARGETS.values())
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,8 @@ def apply_lora(chunks: list[torch.nn.Module], lora: LoraConfig, seed: int) -> li
 
 
 def _attach(layer: TransformerLayer, target: LoraTarget, lora: LoraConfig, seed: int) -> LoraAdapter:
-    parent_name, name, column = TARGETS[target]
+    parent_name, name = TARGETS[target]
+    column = target.column_parallel
     parent = getattr(layer, parent_name)
     linear = getattr(parent, name)
     config = layer.config

@@ -261,3 +261,36 @@ def test_the_transform_freezes_the_base_and_trains_the_adapters_in_every_layout(
     change = (found["tp1"]["adapted"] - found["tp1"]["base"]).abs().max().item()
     assert change > 1e-2
     torch.testing.assert_close(found["tp2"]["adapted"], found["tp1"]["adapted"], rtol=1e-4, atol=1e-4)
+
+
+def base_then_lora(rank: int, cfg, plan, tokens: torch.Tensor, run_dir: str) -> dict:
+    """A base model saved as training saves it; then another model, with adapters, started from that checkpoint
+    (training.checkpoint.init_from)."""
+    from megatron.core import parallel_state as ps
+
+    from recipes.trainer import checkpoint
+
+    torch.manual_seed(1234)
+    base = cpu_megatron.build_chunks(cfg, plan)
+    path = cpu_megatron.save_checkpoint(rank, base, run_dir)
+    torch.distributed.broadcast_object_list(box := [path], src=0)
+    base_logits = cpu_megatron.tp_logits(base[0], tokens)
+    ps.destroy_model_parallel()
+    torch.manual_seed(99)  # other base weights: the checkpoint's must replace them
+    chunks = cpu_megatron.build_chunks(cfg, plan)
+    lora.apply_lora(chunks, LORA, seed=5)
+    adapters = {k: v.clone() for k, v in chunks[0].state_dict().items() if lora.is_adapter_key(k)}
+    checkpoint.load_model_weights(box[0], chunks, lambda line: None)
+    kept = all(torch.equal(v, chunks[0].state_dict()[k]) for k, v in adapters.items())
+    return {"base": base_logits, "loaded": cpu_megatron.tp_logits(chunks[0], tokens), "kept": kept, "n": len(adapters)}
+
+
+@pytest.mark.slow
+def test_a_lora_run_starts_from_a_base_checkpoint_and_keeps_its_adapters(tmp_path):
+    tokens = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
+    cfg = compose([*SMALL, *LAYOUTS["tp2"]])
+    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
+    found = cpu_megatron.run_ranks(base_then_lora, plan.num_gpus, cfg, plan, tokens, str(tmp_path))[0]
+    assert found["kept"] and found["n"] == 2 * 4 * 2
+    # B = 0: the adapted model computes the base's logits (up to the frozen weights' rounding, see above).
+    torch.testing.assert_close(found["loaded"], found["base"], rtol=1e-5, atol=1e-5)

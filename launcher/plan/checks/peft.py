@@ -4,7 +4,7 @@ ranks with every other trained parameter's."""
 
 from __future__ import annotations
 
-from common.config import Config, LoraConfig, LoraInit
+from common.config import Config, LoraConfig, LoraInit, LoraTarget
 from launcher.plan.findings import Findings
 from launcher.plan.formulas import lora_target_features
 from launcher.plan.sizes import Sizes
@@ -17,7 +17,7 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
 
 
 def lora_problems(cfg: Config, lora: LoraConfig) -> list[str]:
-    return [*_target_problems(cfg, lora), *_init_problems(lora), *_base_problems(cfg)]
+    return [*_target_problems(cfg, lora), *_init_problems(lora), *_base_problems(cfg), *_mlp_problems(cfg, lora)]
 
 
 def _target_problems(cfg: Config, lora: LoraConfig) -> list[str]:
@@ -57,3 +57,15 @@ def _base_problems(cfg: Config) -> list[str]:
         "peft=lora trains adapters on a frozen base, and no base is given: set training.checkpoint.init_from_hf "
         "(Hugging Face weights) or training.checkpoint.init_from (a checkpoint of a run)"
     ]
+
+
+def _mlp_problems(cfg: Config, lora: LoraConfig) -> list[str]:
+    # Transformer Engine's fused MLP computes fc1 and fc2 from their weights without calling the layers, so the
+    # hooks that add the adapters' outputs would never run: the adapters would silently do nothing.
+    mlp = [str(t) for t in lora.target_modules if t in (LoraTarget.linear_fc1, LoraTarget.linear_fc2)]
+    if cfg.dtype.te_op_fuser and mlp:
+        return [
+            f"peft.target_modules with {' and '.join(mlp)} needs dtype.te_op_fuser=false: the fused MLP does not run "
+            "the layers the adapters attach to"
+        ]
+    return []

@@ -35,6 +35,7 @@ from common.checkpoints import (
     read_train_state,
     remove_partials,
 )
+from recipes.peft.lora import is_adapter_key
 from recipes.runtime.callbacks import Callback, Stop
 from recipes.trainer.cadence import SavePolicy, StepEnd
 from recipes.runtime.distributed import unwrap
@@ -262,7 +263,15 @@ def load_model_weights(path: str, chunks, log: Callable[[str], None]) -> None:
     if not os.path.isfile(os.path.join(path, STATE_FILE)):
         raise SystemExit(f"training.checkpoint.init_from={path} is not a complete checkpoint (no {STATE_FILE})")
     log(f"initialising weights from {path}")
-    _load_model_state(chunks, dist_checkpointing.load(_model_sharded_state(chunks), path))
+    sharded = _model_sharded_state(chunks)
+    # LoRA (peft=lora): the base's checkpoint holds no adapters; they keep their initialisation.
+    adapters = {
+        key: {k: state.pop(k).data for k in [k for k in state if is_adapter_key(k)]} for key, state in sharded.items()
+    }
+    loaded = dist_checkpointing.load(sharded, path)
+    for key, kept in adapters.items():
+        loaded[key].update(kept)
+    _load_model_state(chunks, loaded)
 
 
 def disk_full(err: BaseException) -> bool:

@@ -21,6 +21,7 @@ from launcher_helpers import REPO, run_main
 
 BASE = ("training=llama31/8b", "cluster=bcm", "dry_run=true")
 DATA_PREP = ("stages=[data_preparation]", "data_preparation=files", "data_preparation.inputs=[/tmp/in.jsonl]")
+LORA = ("peft=lora", "training.checkpoint.init_from=/checkpoints/base")
 
 # (overrides after BASE, a text every problem line together must contain)
 CASES = [
@@ -98,6 +99,21 @@ CASES = [
     (["run_name=my run"], "run_name='my run': use letters, digits and . _ = + - only"),
     ([f"run_name={'x' * 300}"], "run_name is 300 characters long; keep it to 200"),
     (["results_dir=/proc/nope"], "results_dir=/proc/nope cannot be created"),
+    # LoRA: its keys, and what it needs of the rest.
+    (["peft=lora"], "peft=lora trains adapters on a frozen base, and no base is given: set training.checkpoint"),
+    ([*LORA, "peft.rank=0"], "peft.rank=0 must be positive"),
+    ([*LORA, "peft.rank=5000"], "peft.rank=5000 is larger than linear_fc1's smallest dimension (4096)"),
+    (
+        [*LORA, "peft.target_modules=[linear_proj,linear_fc2]", "peft.rank=4097"],
+        "peft.rank=4097 is larger than linear_fc2's smallest dimension (4096)",
+    ),
+    ([*LORA, "peft.target_modules=[q_proj]"], "peft.target_modules must be one of linear_qkv, linear_proj"),
+    ([*LORA, "peft.target_modules=[]"], "peft.target_modules=[] adapts nothing"),
+    ([*LORA, "peft.target_modules=[linear_qkv,linear_qkv]"], "names a layer twice"),
+    ([*LORA, "peft.a_init=zero"], "peft.a_init=zero with peft.b_init=zero never trains"),
+    ([*LORA, "peft.dropout=1"], "peft.dropout=1.0 must be in [0, 1)"),
+    (["peft=qlora"], "peft=qlora: no such option; choose one of lora, none"),
+    ([*LORA, "dtype=fp8", "dtype.te_op_fuser=true"], "linear_fc1 and linear_fc2 needs dtype.te_op_fuser=false"),
     # Data preparation settings, checked when the run is planned (not inside the job).
     (
         [*DATA_PREP, "data_preparation.chunk_bytes=-5"],

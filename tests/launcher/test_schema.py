@@ -38,6 +38,7 @@ COMPOSITIONS = (
     + [[f"parallelism={p}", "training=llama31/405b"] for p in options("parallelism")]
     + [[f"cluster={c}"] for c in options("cluster")]
     + [[f"data_preparation={d}"] for d in options("data_preparation")]
+    + [[f"peft={p}"] for p in options("peft")]
     + [["training=mlperf/llama31_405b", "cluster=bcm", "cluster.gpus_per_node=4"]]
 )
 
@@ -56,6 +57,7 @@ def test_every_option_composes_to_the_declared_types(overrides):
     assert to_plain(cfg) == plain
     assert type(cfg.cluster) is schema.CLUSTERS[plain["cluster"]["platform"]]
     assert type(cfg.data_preparation) is schema.DATA_SOURCES[plain["data_preparation"]["name"]]
+    assert type(cfg.peft) is schema.PEFT_METHODS[plain["peft"]["method"]]
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,6 @@ import os
 from typing import Any
 
 from common.config import Config, DataConfig, Stage
-from data_prep.checks import prepared_data_problems
-from data_prep.tokenizer import tokenizer_problem, vocabulary_size
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -67,6 +65,10 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
         return
     if not _blends(data, found):
         return
+    # data_prep's readers load for real data only: every mock-data run does without their import
+    from data_prep.checks import prepared_data_problems
+    from data_prep.tokenizer import tokenizer_problem
+
     tokenizer = cfg.training.tokenizer
     problem = tokenizer_problem(tokenizer.type, tokenizer.path, key="training.tokenizer")
     if problem:
@@ -86,6 +88,8 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
 def _vocabulary(cfg: Config, found: Findings) -> None:
     """Every token id the tokenizer can give needs an embedding row: the trainer refuses a larger vocabulary on the
     ranks, after the queue wait."""
+    from data_prep.tokenizer import vocabulary_size
+
     tokenizer, vocab = cfg.training.tokenizer, cfg.training.model.vocab_size
     size = vocabulary_size(tokenizer.type, tokenizer.path)
     if size is not None and size > vocab:

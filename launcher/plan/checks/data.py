@@ -7,9 +7,6 @@ import os
 from typing import Any
 
 from common.config import Config, DataConfig, DataFormat, Stage
-from data_prep.checks import longer_samples_problem, prepared_data_problems
-from data_prep.shards import LOSS_MASK
-from data_prep.tokenizer import tokenizer_problem, vocabulary_size
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -70,6 +67,10 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
         return
     if not _blends(data, found):
         return
+    # data_prep's readers load for real data only: every mock-data run does without their import
+    from data_prep.checks import prepared_data_problems
+    from data_prep.tokenizer import tokenizer_problem
+
     tokenizer = cfg.training.tokenizer
     problem = tokenizer_problem(tokenizer.type, tokenizer.path, key="training.tokenizer")
     if problem:
@@ -117,6 +118,9 @@ def _sft(cfg: Config, found: Findings) -> None:
 
 def _sft_files(key: str, prefixes: list[str], cfg: Config, found: Findings) -> None:
     """Prepared fine-tuning data: its loss mask is there, and (truncation off) no sample is longer than a sequence."""
+    from data_prep.checks import longer_samples_problem
+    from data_prep.shards import LOSS_MASK
+
     missing = [p for p in prefixes if not _prepared(p + LOSS_MASK)]
     if missing:
         found.problem(
@@ -132,6 +136,8 @@ def _sft_files(key: str, prefixes: list[str], cfg: Config, found: Findings) -> N
 def _vocabulary(cfg: Config, found: Findings) -> None:
     """Every token id the tokenizer can give needs an embedding row: the trainer refuses a larger vocabulary on the
     ranks, after the queue wait."""
+    from data_prep.tokenizer import vocabulary_size
+
     tokenizer, vocab = cfg.training.tokenizer, cfg.training.model.vocab_size
     size = vocabulary_size(tokenizer.type, tokenizer.path)
     if size is not None and size > vocab:

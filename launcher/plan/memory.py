@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.config import ModelConfig, Recompute
-from launcher.plan.formulas import layer_parameters
+from launcher.plan.formulas import stage_parameters
 
 GIB = 1024**3
 
@@ -33,13 +33,11 @@ def estimate_memory_gib(
       live until the next step's `zero_grad`. With few data-parallel shards (a DP1 proxy) this is the peak."""
     h, ffn = model.hidden_size, model.ffn_hidden_size
     groups, heads = model.num_query_groups, model.num_attention_heads
-    embed_params = padded_vocab * h
-    layer_params = layer_parameters(model)
     worst = 0.0
     for stage, n_layers in enumerate(stage_layers):
         first, last = stage == 0, stage == pp - 1
-        # This stage's layers, the untied input and output embeddings where they live, split over TP.
-        params = (n_layers * layer_params + embed_params * (first + last)) / tp
+        # This stage's layers, the input and output embeddings where they live, split over TP.
+        params = stage_parameters(model, n_layers, first, last, padded_vocab) / tp
         weight_bytes = params * (1 if fp8_params else 2)
         grad_bytes = params * (4 if grad_fp32 else 2)
         shards = dp * cp if distributed_optimizer else 1

@@ -62,7 +62,7 @@ def write_tokenizer(directory: Path) -> None:
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> dict:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from recipes.hf import mapping
 
@@ -73,7 +73,7 @@ def work(tmp_path_factory) -> dict:
     cfg = compose(COMMON + ["cluster.gpus_per_node=1"])
     model_cfg = cfg.training.model
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
+    model = LlamaForCausalLM(mapping.hf_config(model_cfg))
     h = model_cfg.hidden_size
     with torch.no_grad():
         embedding = torch.randn(VOCAB, h)

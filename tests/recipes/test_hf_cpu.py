@@ -86,13 +86,13 @@ def write_tokenizer(directory: Path) -> None:
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> dict:
     """The random model in bf16, saved in several shards, with a tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     directory = tmp_path_factory.mktemp("hf_source")
     cfg, _ = configured("tp1")
     model_cfg = cfg.training.model
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
+    model = LlamaForCausalLM(mapping.hf_config(model_cfg))
     with torch.no_grad():  # large enough weights that every mix-up shows; norms not all ones
         for param in model.parameters():
             if param.dim() == 1:
@@ -127,7 +127,8 @@ def import_and_forward(rank: int, cfg: dict, plan: Plan, hf_dir: str, tokens):
     )
     logits = cpu_megatron.tp_logits(chunks[0], tokens)
     embedding = chunks[0].embedding.word_embeddings.weight.detach().clone()
-    output = chunks[0].output_layer.weight.detach().clone()
+    output = chunks[0].output_layer.weight  # none of its own with tied embeddings: the embedding is the output
+    output = embedding if output is None else output.detach().clone()
     return ps.get_tensor_model_parallel_rank(), logits, embedding, output
 
 

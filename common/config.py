@@ -328,9 +328,24 @@ class CheckpointConfig:
 
 
 @dataclass
+class DefaultLayout:
+    """The layout (conf/parallelism/<name>.yaml) a run of this model gets unless parallelism=<name> picks one."""
+
+    bf16: Optional[str] = key("the layout of bf16 runs (conf/parallelism/<name>.yaml); null: parallelism=<name> picks")
+    fp8: Optional[str] = key("of FP8 runs; null: bf16's")
+    nvfp4: Optional[str] = key("of NVFP4 runs; null: fp8's")
+
+    def for_dtype(self, dtype: DtypeConfig) -> str | None:
+        if dtype.fp4:
+            return self.nvfp4 or self.fp8 or self.bf16
+        return (self.fp8 or self.bf16) if dtype.fp8 else self.bf16
+
+
+@dataclass
 class TrainingConfig:
     name: str = key("model name in run names and reports")
     model: ModelConfig = group(ModelConfig, "architecture")
+    default_layout: DefaultLayout = group(DefaultLayout, "the layout unless parallelism=<name> picks one")
     seq_length: int = key("tokens per sequence", within=COUNT)
     micro_batch_size: int = key("sequences per microbatch on one data-parallel rank", within=COUNT)
     global_batch_size: int = key("sequences per optimizer step", within=COUNT)

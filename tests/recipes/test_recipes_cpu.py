@@ -151,6 +151,20 @@ def test_model_kwargs_use_padded_vocab_and_llama31_rope():
     assert kw["position_embedding_type"] == "rope" and not kw["share_embeddings_and_output_weights"]
 
 
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        (["training=llama32/1b"], dict(share=True, rope=True, factor=32.0, base=500000)),
+        (["training=llama2/70b", "cluster=bcm"], dict(share=False, rope=False, base=10000)),
+    ],
+)
+def test_model_kwargs_follow_the_model_spec(overrides, expect):
+    cfg, plan = plan_for(*overrides)
+    kw = settings.gpt_model_kwargs(cfg, plan)
+    assert kw["share_embeddings_and_output_weights"] == expect["share"] and kw["rope_scaling"] == expect["rope"]
+    assert kw["rotary_base"] == expect["base"] and kw["rope_scaling_factor"] == expect.get("factor", 8.0)
+
+
 def test_transformer_config_follows_the_model_spec():
     import torch.nn.functional as F
 

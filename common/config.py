@@ -273,6 +273,9 @@ class ModelConfig:
         "fused loss kernel: native (megatron-core's), te (Transformer "
         "Engine's, known stability issues) or none (unfused)"
     )
+    from_hf: bool = key(
+        "take the architecture from training.checkpoint.init_from_hf's config.json instead of these keys"
+    )
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Hugging Face `config.json` against `training.model` (the model spec), and the `config.json` an export writes.
-Plain Python and json only (no torch): the launcher's plan checks an `init_from_hf` directory with it on the host,
-and every training rank checks it again before anything is built.
+"""Hugging Face `config.json` against `training.model` (the model spec), the spec read from it
+(training.model.from_hf), and the `config.json` an export writes. Plain Python and json only (no torch): the
+launcher's plan checks an `init_from_hf` directory with it on the host, and every training rank checks it again
+before anything is built.
 
 Also where a hub id's files are found in the Hugging Face cache without importing huggingface_hub."""
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from common.config import Activation, ModelConfig, Normalization, RopeScaling, RopeScalingType
+from common.typed import TypedConfigError, from_plain, to_plain
 
 KEY = "training.checkpoint.init_from_hf"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -91,7 +93,7 @@ HF_KEYS = {
     "max_position_embeddings": "max_position_embeddings",
 }
 # Keys a checkpoint may declare differently from training.model without changing its weights: what an export
-# declares.
+# declares, taken from config.json only with training.model.from_hf.
 NOT_COMPARED = ("max_position_embeddings",)
 # config.json's hidden_act of the gated MLP <-> training.model.activation.
 HF_ACTIVATIONS = {"silu": Activation.swiglu, "gelu": Activation.geglu}
@@ -245,12 +247,35 @@ def check(config: Mapping[str, Any], model: ModelConfig, source: str) -> None:
     if diffs:
         raise HFConfigError(
             f"{KEY}={source}: config.json does not match training.model: {'; '.join(diffs)}; pick the "
-            "training=<family>/<size> of that checkpoint or set the training.model keys"
+            "training=<family>/<size> of that checkpoint, set the training.model keys, or take them from it with "
+            "training.model.from_hf=true"
         )
 
 
 def check_directory(directory: str | os.PathLike, model: ModelConfig, source: str | None = None) -> None:
     check(read_config(directory), model, source or str(directory))
+
+
+def model_from_config(config: Mapping[str, Any], model: ModelConfig, source: str) -> ModelConfig:
+    """training.model with its architecture keys from `config` (training.model.from_hf); HFConfigError (one line)
+    for a checkpoint no training.model can hold."""
+    _check_llama(config, source)
+    found = architecture(config)
+    problems = found.problems + [
+        f"no {found.given[key].partition('=')[0]}"
+        for key, value in found.values.items()
+        if value is None and key != "rope_scaling"
+    ]
+    try:
+        if not problems:  # through the schema's types, as config.yaml is read
+            plain = to_plain(dataclasses.replace(model, **found.values))
+            return from_plain(ModelConfig, plain, path="training.model")
+    except TypedConfigError as err:
+        problems.append(str(err))
+    raise HFConfigError(
+        f"{KEY}={source}: training.model.from_hf=true cannot take the architecture from its config.json: "
+        f"{'; '.join(problems)}"
+    )
 
 
 # --------------------------------------------------------------------------- the tensors of LlamaForCausalLM

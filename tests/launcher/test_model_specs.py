@@ -10,8 +10,12 @@ import dataclasses
 import json
 
 import pytest
+import yaml
 
 from common import hf_config
+from common.config import load_config
+from hf_dirs import write_hf_dir
+from launcher.config.compose import compose_plain
 from launcher.plan.build import build_plan
 from launcher.plan.errors import PlanError
 from launcher.plan.formulas import num_parameters
@@ -103,6 +107,74 @@ def test_tied_embeddings_are_one_matrix_where_the_stages_share_them(cfg_for):
     assert memory(untied, one_stage) > memory(tied, one_stage) + 0.5
     # Two stages: the last keeps a copy of the shared matrix (megatron-core), as many bytes as an output layer.
     assert memory(untied, two_stages) == memory(tied, two_stages)
+
+
+# --------------------------------------------------------------------------- the architecture from config.json
+def llama32_1b_dir(tmp_path, **changes) -> str:
+    """Meta's Llama 3.2 1B config.json (with changes) and the header of every tensor of that model."""
+    model = load_config(compose_plain(["training=llama32/1b"])).training.model  # the published model's tensors
+    return str(write_hf_dir(tmp_path / "Llama-3.2-1B", {**published("llama32/1b"), **changes}, model))
+
+
+def test_from_hf_takes_the_architecture_from_the_checkpoint(tmp_path):
+    weights = llama32_1b_dir(tmp_path)
+    base = ["training=llama31/8b", "cluster=bcm", "cluster.container_runtime=none", "dry_run=true", "run_name=r"]
+    result = run_main(
+        *base,
+        f"results_dir={tmp_path / 'a'}",
+        f"training.checkpoint.init_from_hf={weights}",
+        "training.model.from_hf=true",
+    )
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load((tmp_path / "a" / "r" / "config.yaml").read_text())
+    model = config["training"]["model"]  # config.yaml records what config.json said
+    assert (model["num_layers"], model["hidden_size"], model["kv_channels"]) == (16, 2048, 64)
+    assert model["share_embeddings_and_output_weights"] and model["rope_scaling"]["factor"] == 32.0
+    assert json.loads((tmp_path / "a" / "r" / "plan.json").read_text())["num_parameters"] == 1_235_814_400
+
+    # Without from_hf the 8B keys stay, and the plan names each way the checkpoint differs, in one line.
+    result = run_main(*base, f"results_dir={tmp_path / 'b'}", f"training.checkpoint.init_from_hf={weights}")
+    assert result.returncode == 2
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    for difference in (
+        "num_hidden_layers=16 vs training.model.num_layers=32",
+        "tie_word_embeddings=true vs training.model.share_embeddings_and_output_weights=false",
+        "rope_scaling.factor=32.0 vs training.model.rope_scaling.factor=8.0",
+        "training.model.from_hf=true",
+    ):
+        assert difference in line, line
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "changes,overrides,error",
+    [
+        ({}, [], "training.model.from_hf=true needs training.checkpoint.init_from_hf"),
+        ({"hidden_act": "gelu_new"}, ["init"], "hidden_act=gelu_new (training.model.activation takes silu, gelu)"),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+            ["init"],
+            "rope_scaling.rope_type=yarn (only llama3 is supported)",
+        ),
+        ({"attention_bias": True}, ["init"], "attention_bias=true with mlp_bias=false"),
+        ({"num_hidden_layers": 16.5}, ["init"], "training.model.num_layers=16.5 must be an integer"),
+        ({"model_type": "mistral"}, ["init"], "is not a Llama checkpoint (model_type=mistral"),
+        ({}, ["hub"], "fetch it first (python -m recipes.hf.importer fetch org/not-cached)"),
+    ],
+)
+def test_from_hf_refuses_what_no_model_spec_holds_in_one_line(
+    cfg_for, tmp_path, monkeypatch, changes, overrides, error
+):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    source = {
+        "init": [f"training.checkpoint.init_from_hf={llama32_1b_dir(tmp_path, **changes)}"],
+        "hub": ["training.checkpoint.init_from_hf=org/not-cached"],
+    }
+    extra = [o for key in overrides for o in source[key]]
+    with pytest.raises(PlanError) as err:
+        planned(cfg_for("training=llama31/8b", "training.model.from_hf=true", "dry_run=true", *extra))
+    (line,) = err.value.problems
+    assert error in line and "\n" not in line, line
 
 
 def test_the_plan_refuses_what_megatron_core_and_the_hugging_face_form_cannot_build(cfg_for):

@@ -5,7 +5,6 @@ dist_checkpointing as training saves, exported back and compared tensor by tenso
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
+from hf_dirs import write_hf_dir  # noqa: E402
 from common.run import load_run_config  # noqa: E402
 from common.typed import to_plain  # noqa: E402
 from common import hf_config  # noqa: E402
@@ -348,19 +348,12 @@ def test_config_mismatch_names_the_keys(source):
 
 # --------------------------------------------------------------------------- before any GPU work
 def fake_llama_dir(directory: Path, **changes) -> Path:
-    """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes, and a model.safetensors whose header
-    holds every tensor of that model: a sparse file of the full size (the plan reads headers and sizes only)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes, and the header of every tensor of
+    that model (tests/hf_dirs.py)."""
     model = compose(["training=llama31/8b"]).training.model
     config = hf_config.llama_config(model, torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001)
     config.update(changes)
-    (directory / "config.json").write_text(json.dumps(config))
-    shapes = hf_config.hf_shapes(model)
-    header = safetensors_io.encode_header(list(shapes), shapes, "bfloat16", 2)
-    with open(directory / "model.safetensors", "wb") as f:
-        f.write(header)
-        f.truncate(len(header) + 2 * sum(math.prod(shape) for shape in shapes.values()))
-    return directory
+    return write_hf_dir(directory, config, model)
 
 
 def main_py(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -59,6 +59,7 @@ class Case:
     name: str  # measured.yaml's row name
     model: str
     overrides: list[str]  # measured.yaml's row overrides (what main.py is given, besides the batch and cluster)
+    split: str  # measured.yaml's split (fit or held_out), fixed before the case is measured
 
     @property
     def estimate_s(self) -> int:
@@ -78,7 +79,10 @@ def _case(model: str, layers: int, dtype: str, mbs: int, recompute: str) -> Case
     ]
     label = "" if recompute == "none" else f" {recompute} recompute"
     name = f"{model} {layers}-layer {dtype} mbs{mbs}{label} (1 H200)"
-    return Case(f"{model}-{dtype}-mbs{mbs}-{recompute}", name, model, overrides)
+    # MBS 2 is held out of the step-time fit: the fit sees every shape, dtype and recomputation once (at MBS 1),
+    # and the held-out rows measure the model on the other microbatch size the auto-configurator searches.
+    split = "held_out" if mbs == 2 else "fit"
+    return Case(f"{model}-{dtype}-mbs{mbs}-{recompute}", name, model, overrides, split)
 
 
 def fits_one_gpu(overrides: list[str]) -> bool:
@@ -118,6 +122,7 @@ def measured_row(case: Case, result: dict) -> dict:
     """A row of conf/perf/measured.yaml from bench_train's result."""
     return {
         "name": case.name,
+        "split": case.split,
         "overrides": case.overrides,
         "gpu": GPU,
         "gpus_per_node": GPUS_PER_NODE,
@@ -131,6 +136,7 @@ def measured_row(case: Case, result: dict) -> dict:
 def pending_entry(case: Case) -> dict:
     return {
         "name": case.name,
+        "split": case.split,
         "overrides": case.overrides,
         "gpu": GPU,
         "gpus_per_node": GPUS_PER_NODE,

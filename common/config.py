@@ -6,9 +6,9 @@ them the same way (common/run.py). This module declares every key's type, range 
 and defaults live in conf/. Rules between keys are the plan's checks (launcher/plan/checks/). No Hydra, OmegaConf
 or torch here: the ranks import it.
 
-A group whose options carry different keys (cluster: one per platform; data_preparation: one per source) has a
-base class and one subclass per option; the option's YAML names its subclass in its defaults list, e.g.
-`- /schema/cluster/slurm@_here_`."""
+A group whose options carry different keys (cluster: one per platform; data_preparation: one per source; peft: one
+per method) has a base class and one subclass per option; the option's YAML names its subclass in its defaults
+list, e.g. `- /schema/cluster/slurm@_here_`."""
 
 from __future__ import annotations
 
@@ -224,9 +224,38 @@ class InputFormat(StrEnum):
     text = "text"
 
 
+class DataFormat(StrEnum):
+    pretrain = "pretrain"
+    sft = "sft"
+
+
 class TextDocument(StrEnum):
     line = "line"
     file = "file"
+
+
+class PeftMethod(StrEnum):
+    none = "none"
+    lora = "lora"
+
+
+class LoraTarget(StrEnum):
+    """The decoder layer's linear layers an adapter can attach to (megatron-core's names)."""
+
+    linear_qkv = "linear_qkv"
+    linear_proj = "linear_proj"
+    linear_fc1 = "linear_fc1"
+    linear_fc2 = "linear_fc2"
+
+    @property
+    def column_parallel(self) -> bool:
+        """megatron-core shards this layer's output over TP (column-parallel); else its input (row-parallel)."""
+        return self in (LoraTarget.linear_qkv, LoraTarget.linear_fc1)
+
+
+class LoraInit(StrEnum):
+    kaiming_uniform = "kaiming_uniform"
+    zero = "zero"
 
 
 # --------------------------------------------------------------------------- training
@@ -304,6 +333,11 @@ class DataConfig:
         "a separate validation set [prefix, ...], read in order; null: the validation share of split"
     )
     num_workers: int = key("data-loader worker processes per rank", within=NON_NEGATIVE)
+    format: DataFormat = key(
+        "pretrain (a token stream cut into sequences) or sft (samples with loss masks: sft_jsonl, govreport_mlperf)"
+    )
+    packing: bool = key("sft: several samples per sequence, each attending only to itself; false: one padded sample")
+    truncate: bool = key("sft: cut samples longer than seq_length; false: refuse them, naming the sample")
 
 
 @dataclass
@@ -373,6 +407,26 @@ class TrainingConfig:
     data: DataConfig = group(DataConfig, "training data")
     tokenizer: TokenizerConfig = group(TokenizerConfig, "tokenizer of the training data")
     checkpoint: CheckpointConfig = group(CheckpointConfig, "checkpoints, initial weights, export")
+
+
+# --------------------------------------------------------------------------- fine-tuning, one class per method
+@dataclass
+class PeftConfig:
+    method: PeftMethod = key("none (every weight trains) or lora (a frozen base with trained low-rank adapters)")
+
+
+@dataclass
+class LoraConfig(PeftConfig):
+    rank: int = key("r: the inner size of each adapter (A is r x in, B is out x r)", within=COUNT)
+    alpha: float = key("the adapters' output is scaled by alpha / rank", within=POSITIVE)
+    dropout: float = key("dropout on the adapters' input while training (0: none)", within=SHARE_BELOW_1)
+    target_modules: List[LoraTarget] = key(
+        "the linear layers of every decoder layer that get an adapter: linear_qkv, linear_proj, linear_fc1, linear_fc2"
+    )
+    a_init: LoraInit = key(
+        "initialisation of A: kaiming_uniform (as Hugging Face PEFT and NVIDIA's MLPerf LoRA) or zero"
+    )
+    b_init: LoraInit = key("initialisation of B: zero (the adapted model starts as the base) or kaiming_uniform")
 
 
 # --------------------------------------------------------------------------- precision
@@ -730,6 +784,31 @@ class FilesData(DataPreparationConfig):
     output_name: str = key("the merged output's name")
 
 
+@dataclass
+class SftData(DataPreparationConfig):
+    """What the fine-tuning sources share: samples with loss masks, and what happens to long ones."""
+
+    max_length: Optional[int] = key("longest sample in tokens (training.seq_length); null: no limit", within=COUNT)
+    truncate: bool = key("cut samples longer than max_length; false: fail naming the sample, nothing written")
+
+
+@dataclass
+class SftJsonlData(SftData):
+    inputs: List[str] = key("paths, glob patterns or URLs of prompt/response JSON lines (.jsonl, .zst, .gz)")
+    merge: bool = key("all inputs into one output")
+    output_name: str = key("the merged output's name")
+    prompt_key: str = key("JSON key of the prompt (not trained on)")
+    response_key: str = key("JSON key of the response (trained on)")
+    chat_template: bool = key("wrap prompt and response in the tokenizer's chat template (tokenizer_config.json)")
+
+
+@dataclass
+class GovReportData(SftData):
+    base_url: str = key("the dataset's files: local directory, file:// URL or URL (the hub's resolve/main/data)")
+    train_files: List[str] = key("train files under base_url (.parquet or JSON lines)")
+    validation_files: List[str] = key("validation files under base_url")
+
+
 # --------------------------------------------------------------------------- observability
 @dataclass
 class WandbConfig:
@@ -901,6 +980,7 @@ class MLPerfConfig:
 @dataclass
 class Config:
     training: TrainingConfig = group(TrainingConfig, "model, optimizer, schedule, data, checkpoints")
+    peft: PeftConfig = key("fine-tuning: none or lora (conf/peft/)")
     dtype: DtypeConfig = group(DtypeConfig, "precision")
     parallelism: ParallelismConfig = group(ParallelismConfig, "the layout")
     cluster: ClusterConfig = key("where jobs run")
@@ -925,10 +1005,21 @@ class Config:
 
 
 CLUSTERS = {"local": LocalCluster, "slurm": SlurmCluster, "sge": SgeCluster, "bcp": BcpCluster, "k8s": K8sCluster}
-DATA_SOURCES = {"pile": PileData, "c4": C4Data, "files": FilesData}
+DATA_SOURCES = {
+    "pile": PileData,
+    "c4": C4Data,
+    "files": FilesData,
+    "sft_jsonl": SftJsonlData,
+    "govreport_mlperf": GovReportData,
+}
+PEFT_METHODS = {"none": PeftConfig, "lora": LoraConfig}
 
 
-VARIANTS: Variants = {ClusterConfig: ("platform", CLUSTERS), DataPreparationConfig: ("name", DATA_SOURCES)}
+VARIANTS: Variants = {
+    ClusterConfig: ("platform", CLUSTERS),
+    DataPreparationConfig: ("name", DATA_SOURCES),
+    PeftConfig: ("method", PEFT_METHODS),
+}
 
 
 def load_config(plain: Mapping[str, Any]) -> Config:

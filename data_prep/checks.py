@@ -9,13 +9,15 @@ only when the two are not plainly the same setting.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from common.config import DataPreparationConfig, TokenizerConfig
+from common.config import DataPreparationConfig, SftJsonlData, TokenizerConfig
 from data_prep.config import settings_and_shards
 from data_prep.shards import MARKER_SUFFIX, Shard, inputs_setting
 from data_prep.tokenizer import TOKENIZER_TYPES, TokenizerError, is_hub_id, load_tokenizer
@@ -56,7 +58,7 @@ def preparation_problems(dp: DataPreparationConfig) -> list[str]:
     """Every problem with a data_preparation section that would stop its jobs: settings (tokenizer, workers,
     chunk_bytes, ...), the shard layout (inputs, file numbers, paths) and local inputs that are not there."""
     problems, shards = settings_and_shards(dp)
-    return _unique(problems + _missing_sources(dp, shards))
+    return _unique(problems + _missing_sources(dp, shards) + _first_samples_problems(dp, shards))
 
 
 def _missing_sources(dp: DataPreparationConfig, shards: Sequence[Shard]) -> list[str]:
@@ -77,6 +79,62 @@ def _missing_sources(dp: DataPreparationConfig, shards: Sequence[Shard]) -> list
         f"data_preparation.{key}={value}: {len(missing)} of the {total} local input files do not exist "
         f"(first: {missing[0]}); fix data_preparation.{key} or put the files there"
     ]
+
+
+# The plan looks at the samples in the first 64 KiB of each input: a wrong prompt_key or response_key shows in the
+# first sample, and the whole file is checked while it is prepared (data_prep.sft).
+FIRST_SAMPLES_BYTES = 1 << 16
+
+
+def _first_samples_problems(dp: DataPreparationConfig, shards: Sequence[Shard]) -> list[str]:
+    """sft_jsonl: the first problem among the first samples of local inputs not prepared yet (the same wrong key
+    would be reported for every file). zstd inputs are left to the run: the standard library cannot read them."""
+    if not isinstance(dp, SftJsonlData):
+        return []
+    for shard in shards:
+        if os.path.exists(shard.output_prefix + MARKER_SUFFIX):
+            continue
+        for src in shard.sources:
+            if src.remote or src.compression == "zstd" or not os.path.isfile(src.local_path):
+                continue
+            problem = _first_samples_problem(dp, src.local_path, src.compression == "gzip")
+            if problem:
+                return [problem]
+    return []
+
+
+def _first_samples_problem(dp: SftJsonlData, path: str, gzipped: bool) -> Optional[str]:
+    try:
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
+            head = f.read(FIRST_SAMPLES_BYTES)
+    except (OSError, EOFError):
+        return None  # the run names an unreadable input
+    lines = head.split(b"\n")
+    if len(head) == FIRST_SAMPLES_BYTES:
+        lines = lines[:-1]  # cut at the limit
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{number}: sample {number - 1}"
+        try:
+            sample = json.loads(raw)
+        except ValueError:
+            sample = None
+        if not isinstance(sample, dict):
+            return f"data_preparation.inputs: {where} is not a JSON object"
+        for setting, key in (("prompt_key", dp.prompt_key), ("response_key", dp.response_key)):
+            if key not in sample:
+                return (
+                    f"data_preparation.{setting}={key}: {where} has no {key!r} field (its fields: "
+                    f"{', '.join(sorted(sample)) or 'none'}); set data_preparation.{setting} to the field that holds it"
+                )
+        response = sample[dp.response_key]
+        if isinstance(response, str) and not response.strip():
+            return (
+                f"data_preparation.inputs: {where} has an empty response ({dp.response_key!r}): nothing to train on; "
+                "remove it or fix the field"
+            )
+    return None
 
 
 def _unique(lines: list[str]) -> list[str]:
@@ -125,6 +183,39 @@ def pair_problem(prefix: str) -> Optional[str]:
         return (
             f"{prefix}.bin {state}, its .idx says {needed:,} (truncated, or the two come from different runs); {_REDO}"
         )
+    return None
+
+
+def sample_lengths(prefix: str) -> list[int]:
+    """The tokens of every sequence (for fine-tuning data: every sample) of `<prefix>.idx`, in order: 4 bytes a
+    sample, read whole (a million samples are 4 MB). IndexFormatError or OSError for an unreadable index."""
+    import array
+
+    size = os.path.getsize(prefix + ".idx")
+    with open(prefix + ".idx", "rb") as f:
+        header = read_index_header(f, size)
+        lengths = array.array("i")
+        lengths.frombytes(f.read(4 * header.sequences))
+    if sys.byteorder != "little":
+        lengths.byteswap()
+    return lengths.tolist()
+
+
+def longer_samples_problem(key: str, prefixes: Sequence[str], seq_length: int) -> Optional[str]:
+    """training.data.truncate=false: one line naming the first sample longer than seq_length (its prefix and
+    index), None when every sample fits. Only a sample's own length says it, so this reads every index whole."""
+    for prefix in prefixes:
+        try:
+            lengths = sample_lengths(prefix)
+        except (IndexFormatError, OSError):
+            continue  # pair_problem reports it
+        for index, length in enumerate(lengths):
+            if length > seq_length:
+                return (
+                    f"{key}: sample {index} of {prefix} has {length:,} tokens, more than training.seq_length="
+                    f"{seq_length}, and training.data.truncate=false; set training.data.truncate=true to cut such "
+                    "samples, or prepare the data with data_preparation.max_length (and truncate)"
+                )
     return None
 
 

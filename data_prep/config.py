@@ -9,6 +9,7 @@ the wrong type is refused the same way from either. Standard library and yaml on
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 import os
 from typing import Any, Optional, Sequence
@@ -17,6 +18,7 @@ import yaml
 
 from common.config import (
     DATA_SOURCES,
+    SftJsonlData,
     VARIANTS,
     Config,
     DataPreparationConfig,
@@ -131,7 +133,12 @@ def settings_problems(dp: DataPreparationConfig) -> list[str]:
         chunk_bytes_problem(dp.chunk_bytes),
         _checksums_problem(dp.checksums_file),
     ]
-    return [p for p in problems if p] + _download_problems(dp.download) + _tokenizer_problems(dp.tokenizer)
+    return (
+        [p for p in problems if p]
+        + _download_problems(dp.download)
+        + _tokenizer_problems(dp.tokenizer)
+        + sft_settings_problems(dp)
+    )
 
 
 def settings_and_shards(dp: DataPreparationConfig) -> tuple[list[str], list[Shard]]:
@@ -206,6 +213,44 @@ def _tokenizer_problems(tok: TokenizerConfig) -> list[str]:
         return ["data_preparation.tokenizer.path is not set (it defaults to training.tokenizer.path)"]
     problem = tokenizer_problem(str(tok.type), tok.path, "data_preparation.tokenizer")
     return [problem] if problem else []
+
+
+def sft_settings_problems(dp: DataPreparationConfig) -> list[str]:
+    """Settings of a fine-tuning source their types leave open, one line each (standard library only)."""
+    if not isinstance(dp, SftJsonlData):
+        return []
+    problems = [
+        f"data_preparation.{name}={value!r}: expected the JSON key holding the {name.split('_')[0]}"
+        for name, value in (("prompt_key", dp.prompt_key), ("response_key", dp.response_key))
+        if not value
+    ]
+    if dp.prompt_key and dp.prompt_key == dp.response_key:
+        problems.append(f"data_preparation.prompt_key and response_key are both {dp.prompt_key!r}: name two fields")
+    if dp.chat_template:
+        problem = chat_template_problem(str(dp.tokenizer.type), dp.tokenizer.path)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def chat_template_problem(tokenizer_type: str, path: str) -> Optional[str]:
+    """chat_template=true with a tokenizer that has none (tokenizer_config.json beside it, as transformers reads
+    it): one line. A hub id is not looked up (the plan never downloads)."""
+    fix = "set data_preparation.chat_template=false, or use a tokenizer whose tokenizer_config.json has one"
+    if tokenizer_type != "huggingface":
+        return f"data_preparation.chat_template=true: a {tokenizer_type} tokenizer has no chat template; {fix}"
+    local = os.path.abspath(os.path.expanduser(path))
+    if not os.path.exists(local):
+        return None  # a hub id: the worker's load of the template says so when it has none
+    config = os.path.join(local if os.path.isdir(local) else os.path.dirname(local), "tokenizer_config.json")
+    try:
+        with open(config, encoding="utf-8") as f:
+            template = json.load(f).get("chat_template")
+    except (OSError, ValueError, AttributeError):  # no file, not JSON, not an object
+        template = None
+    if template:
+        return None
+    return f"data_preparation.chat_template=true: tokenizer {path} has no chat_template in {config}; {fix}"
 
 
 def _is_int(value: Any) -> bool:

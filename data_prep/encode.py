@@ -15,7 +15,7 @@ import os
 import signal
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -32,6 +32,7 @@ class Encoded:
     lines: int
     skipped: Counter = field(default_factory=Counter)
     examples: dict = field(default_factory=dict)  # reason -> ["file:line", ...]
+    loss_mask: Optional[np.ndarray] = None  # fine-tuning samples (data_prep.sft): one uint8 per token
 
 
 class ChunkEncoder:
@@ -135,7 +136,7 @@ class ChunkEncoder:
 
 # -- process-pool plumbing ---------------------------------------------------------------------------------
 
-_ENCODER: Optional[ChunkEncoder] = None
+_ENCODER: Optional[Callable[[Chunk], Encoded]] = None
 
 
 def single_thread_tokenizers() -> None:
@@ -155,22 +156,21 @@ def _worker_setup(parent: int) -> None:
     single_thread_tokenizers()
 
 
-def set_encoder(parent: int, encoder: ChunkEncoder) -> None:
+def set_encoder(parent: int, encoder: Callable[[Chunk], Encoded]) -> None:
     """Worker initializer under fork: the parent's encoder (and loaded tokenizer) is inherited."""
     global _ENCODER
     _worker_setup(parent)
     _ENCODER = encoder
 
 
-def init_worker(
-    parent: int, tokenizer_type: str, tokenizer_path: str, eod: int, dtype: str, text_key: str, append_eod: bool
-) -> None:
-    """Worker initializer under spawn: load the tokenizer from its resolved local file."""
+def init_worker(parent: int, tokenizer_type: str, tokenizer_path: str, eod: int, make_encoder: Callable) -> None:
+    """Worker initializer under spawn: load the tokenizer from its resolved local file; `make_encoder` (a picklable
+    partial of the encoder class) builds the encoder around it."""
     global _ENCODER
     _worker_setup(parent)
     from data_prep.tokenizer import load_tokenizer
 
-    _ENCODER = ChunkEncoder(load_tokenizer(tokenizer_type, tokenizer_path, eod=eod), dtype, text_key, append_eod)
+    _ENCODER = make_encoder(load_tokenizer(tokenizer_type, tokenizer_path, eod=eod))
 
 
 def encode_in_worker(chunk: Chunk) -> Encoded:

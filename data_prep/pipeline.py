@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from common.config import DataPreparationConfig
+from common.config import DataPreparationConfig, SftJsonlData
 from common.files import atomic_write
 from data_prep.config import resolve_workers, settings_problems
 from data_prep.download import DownloadError, DownloadOptions, download, read_checksums
@@ -31,12 +31,13 @@ from data_prep.encode import EXAMPLES_PER_REASON
 from data_prep.indexed import IndexWriter, optimal_dtype
 from data_prep.progress import human, progress_bar
 from data_prep.readers import SourceError, iter_chunks
-from data_prep.shards import MARKER_SUFFIX, ConfigError, Shard
+from data_prep.sft import MASK_DTYPE, SampleError, SftSettings, sft_settings
+from data_prep.shards import LOSS_MASK, MARKER_SUFFIX, ConfigError, Shard
 from data_prep.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
 FORMAT_VERSION = 1
 # Errors whose message is the whole story; anything else also prints a traceback.
-EXPECTED_ERRORS = (ConfigError, DownloadError, SourceError, TokenizerError, OSError)
+EXPECTED_ERRORS = (ConfigError, DownloadError, SourceError, TokenizerError, SampleError, OSError)
 
 
 class ShardBusy(RuntimeError):
@@ -80,6 +81,7 @@ class Settings:
     download: DownloadOptions
     tokenizer_type: str
     tokenizer_path: str
+    sft: Optional[SftSettings] = None  # fine-tuning sources: samples with a loss mask (data_prep.sft)
 
     @classmethod
     def from_config(cls, dp: DataPreparationConfig, workers: Optional[int] = None) -> "Settings":
@@ -93,7 +95,8 @@ class Settings:
             text_key=dp.text_key,
             format=dp.format.value,
             text_document=dp.text_document.value,
-            append_eod=dp.append_eod,
+            # A chat template ends the assistant's turn itself: no EOD after it.
+            append_eod=dp.append_eod and not (isinstance(dp, SftJsonlData) and dp.chat_template),
             workers=resolve_workers(dp.workers),
             chunk_bytes=dp.chunk_bytes,
             keep_downloads=dp.keep_downloads,
@@ -102,6 +105,7 @@ class Settings:
             download=DownloadOptions.from_config(dp.download),
             tokenizer_type=dp.tokenizer.type.value,
             tokenizer_path=dp.tokenizer.path,
+            sft=sft_settings(dp),
         )
 
 
@@ -176,22 +180,18 @@ class Pipeline:
                 if marker is not None:
                     return _result_from_marker(shard, marker, "skipped")
             # Nothing of an earlier attempt may survive: the marker first, so the outputs never look finished.
-            for path in (
-                prefix + MARKER_SUFFIX,
-                prefix + ".bin",
-                prefix + ".idx",
-                prefix + ".bin.tmp",
-                prefix + ".idx.tmp",
-            ):
+            _remove(prefix + MARKER_SUFFIX)
+            for path in self._outputs(prefix):
                 _remove(path)
+                _remove(path + ".tmp")
             t0 = time.time()
             self._ensure_sources(shard, progress)
             fetched = time.time() - t0
             try:
                 result = self._tokenize(shard, progress)
             except BaseException:  # failed or stopped: nothing left behind (a process killed hard can't clean up)
-                for ext in (".bin.tmp", ".idx.tmp"):
-                    _remove(prefix + ext)
+                for path in self._outputs(prefix):
+                    _remove(path + ".tmp")
                 raise
             result.download_seconds = fetched
             self._finalize(shard, result, fingerprint)
@@ -200,6 +200,11 @@ class Pipeline:
                     if src.remote:
                         _remove(src.local_path)
         return result
+
+    def _outputs(self, prefix: str) -> list[str]:
+        """A shard's output files: the tokens' .bin/.idx, and for fine-tuning samples the loss mask's."""
+        prefixes = [prefix] + ([prefix + LOSS_MASK] if self.s.sft else [])
+        return [p + ext for p in prefixes for ext in (".bin", ".idx")]
 
     def _fetch_only(self, shard: Shard, progress: bool) -> ShardResult:
         if self.is_done(shard):  # its fingerprint loads the tokenizer: a hub one lands in the HF cache
@@ -236,11 +241,16 @@ class Pipeline:
             disable=not progress,
         )
         builder = IndexWriter(prefix + ".bin.tmp", self.dtype)
+        # The loss mask: a second indexed dataset whose sequences have the tokens' lengths, one byte per token.
+        mask_builder = IndexWriter(prefix + LOSS_MASK + ".bin.tmp", MASK_DTYPE) if self.s.sft else None
         done_pos = 0
         try:
             chunks = iter_chunks(shard.sources, self.s.chunk_bytes, self.s.text_document, shard.max_documents)
             for chunk, enc in self._encoded(chunks):
                 builder.add_documents(enc.tokens, enc.lengths)
+                if mask_builder is not None:
+                    assert enc.loss_mask is not None and len(enc.loss_mask) == len(enc.tokens)
+                    mask_builder.add_documents(enc.loss_mask, enc.lengths)
                 result.documents += len(enc.lengths)
                 result.tokens += len(enc.tokens)
                 result.lines += enc.lines
@@ -260,10 +270,14 @@ class Pipeline:
                 bar.update(step)
         except BaseException:
             builder.data_file.close()
+            if mask_builder is not None:
+                mask_builder.data_file.close()
             raise
         finally:
             bar.close()
         builder.finalize(prefix + ".idx.tmp")
+        if mask_builder is not None:
+            mask_builder.finalize(prefix + LOSS_MASK + ".idx.tmp")
         if result.documents == 0:
             # An empty .bin/.idx would only fail later, inside training; most often the text key is wrong.
             why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "the sources are empty"
@@ -276,11 +290,11 @@ class Pipeline:
 
     def _encoded(self, chunks):
         """(chunk, Encoded) in input order; at most a few chunks in flight per worker to bound memory."""
-        from data_prep.encode import ChunkEncoder, encode_in_worker, single_thread_tokenizers
+        from data_prep.encode import encode_in_worker, single_thread_tokenizers
 
         if self.s.workers == 1:
             single_thread_tokenizers()
-            encoder = ChunkEncoder(self.tokenizer, self.dtype, self.s.text_key, self.s.append_eod)
+            encoder = self._make_encoder()(self.tokenizer)
             for chunk in chunks:
                 yield chunk, encoder(chunk)
             return
@@ -304,10 +318,10 @@ class Pipeline:
 
     def _finalize(self, shard: Shard, result: ShardResult, fingerprint: str) -> None:
         prefix = shard.output_prefix
-        for ext in (".bin", ".idx"):
-            _fsync(prefix + ext + ".tmp")
-        os.replace(prefix + ".bin.tmp", prefix + ".bin")
-        os.replace(prefix + ".idx.tmp", prefix + ".idx")
+        for path in self._outputs(prefix):
+            _fsync(path + ".tmp")
+        for path in self._outputs(prefix):
+            os.replace(path + ".tmp", path)
         marker = {
             "format_version": FORMAT_VERSION,
             "shard": shard.name,
@@ -334,6 +348,10 @@ class Pipeline:
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "fingerprint": fingerprint,
         }
+        if self.s.sft:
+            marker["loss_mask"] = {
+                ext[1:] + "_bytes": os.path.getsize(prefix + LOSS_MASK + ext) for ext in (".bin", ".idx")
+            }
         _write_json_atomic(prefix + MARKER_SUFFIX, marker)
         _fsync_dir(os.path.dirname(prefix))
 
@@ -366,15 +384,18 @@ class Pipeline:
         }
         if not self.s.append_eod:  # only then: shards made before the key existed keep their fingerprint
             key["append_eod"] = False
+        if self.s.sft:
+            key["sft"] = dataclasses.asdict(self.s.sft)
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             import multiprocessing
 
-            from data_prep.encode import ChunkEncoder, init_worker, set_encoder
+            from data_prep.encode import init_worker, set_encoder
 
             tok = self.tokenizer
+            make_encoder = self._make_encoder()
             # One constructor call per start method, so each initializer is type-checked against its own arguments.
             if "fork" in multiprocessing.get_all_start_methods():
                 # fork: workers start in milliseconds with the tokenizer already loaded (a Llama 3 tokenizer.json
@@ -384,24 +405,31 @@ class Pipeline:
                     max_workers=self.s.workers,
                     mp_context=multiprocessing.get_context("fork"),
                     initializer=set_encoder,
-                    initargs=(os.getpid(), ChunkEncoder(tok, self.dtype, self.s.text_key, self.s.append_eod)),
+                    initargs=(os.getpid(), make_encoder(tok)),
                 )
             else:
                 self._pool = ProcessPoolExecutor(
                     max_workers=self.s.workers,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=init_worker,
-                    initargs=(
-                        os.getpid(),
-                        tok.type,
-                        tok.path,
-                        tok.eod,
-                        self.dtype.__name__,
-                        self.s.text_key,
-                        self.s.append_eod,
-                    ),
+                    initargs=(os.getpid(), tok.type, tok.path, tok.eod, make_encoder),
                 )
         return self._pool
+
+    def _make_encoder(self) -> Callable:
+        """The encoder's class with its settings, called with the tokenizer (in the worker, under spawn)."""
+        import functools
+
+        from data_prep.encode import ChunkEncoder
+        from data_prep.sft import SftEncoder
+
+        if self.s.sft:
+            return functools.partial(
+                SftEncoder, dtype=self.dtype.__name__, settings=self.s.sft, append_eod=self.s.append_eod
+            )
+        return functools.partial(
+            ChunkEncoder, dtype=self.dtype.__name__, text_key=self.s.text_key, append_eod=self.s.append_eod
+        )
 
     def _load_checksums(self) -> dict[str, str]:
         if self._checksums is None:
@@ -468,7 +496,12 @@ def read_marker(prefix: str, fingerprint: Optional[str] = None) -> Optional[dict
             os.path.getsize(prefix + ".bin") == marker["bin_bytes"]
             and os.path.getsize(prefix + ".idx") == marker["idx_bytes"]
         )
-    except (OSError, KeyError):
+        mask = marker.get("loss_mask")  # fine-tuning samples: their loss mask is part of the output
+        if mask is not None:
+            complete = complete and all(
+                os.path.getsize(prefix + LOSS_MASK + ext) == mask[ext[1:] + "_bytes"] for ext in (".bin", ".idx")
+            )
+    except (OSError, KeyError, TypeError):
         return None
     if not complete or (fingerprint is not None and marker.get("fingerprint") != fingerprint):
         return None

@@ -9,6 +9,7 @@ tokenization happen in the workers.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import zlib
 from dataclasses import dataclass
@@ -58,6 +59,12 @@ def iter_chunks(
             size = os.path.getsize(path)
         except OSError as e:
             raise SourceError(f"cannot read {path}: {e.strerror}") from None
+        if src.kind == "parquet":
+            for chunk in _parquet_chunks(src, chunk_bytes, seq, raw_done, size):
+                yield chunk
+                seq += 1
+            raw_done += size
+            continue
         if src.kind == "text" and text_document == "file":
             data = b"".join(block for block, _ in _blocks(src))
             yield Chunk(seq, src.file_name, 1, data, "text_file", 1, raw_done + size)
@@ -100,6 +107,44 @@ def iter_chunks(
                 if left <= 0:
                     return
         raw_done += size
+
+
+def _parquet_chunks(src: Source, chunk_bytes: int, seq: int, raw_done: int, size: int) -> Iterator[Chunk]:
+    """A parquet table's rows as JSON lines, about `chunk_bytes` at a time: the workers then parse them as they
+    parse JSON lines, and row k is line k + 1 in messages. pyarrow is imported only here (only the hub's datasets
+    need it)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise SourceError(
+            f"cannot read {src.local_path}: .parquet files need pyarrow (pip install pyarrow), or give the rows "
+            "as JSON lines"
+        ) from None
+    try:
+        table = pq.ParquetFile(src.local_path)
+        total = max(table.metadata.num_rows, 1)
+        line = 1
+        for batch in table.iter_batches(batch_size=64):
+            rows = batch.to_pylist()
+            data = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+            for piece, n in _split_lines(data, chunk_bytes):
+                yield Chunk(seq, src.file_name, line, piece, "jsonl", n, raw_done + size * (line + n - 1) // total)
+                seq, line = seq + 1, line + n
+    except (OSError, ValueError) as e:  # pyarrow's errors (ArrowInvalid ...) derive from these
+        raise SourceError(f"cannot read {src.local_path} as parquet: {_first_line(e)}; {_fix(src)}") from None
+
+
+def _split_lines(data: bytes, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """`data` (whole lines) in pieces of at least chunk_bytes ending at a newline, with their line counts."""
+    start = 0
+    while start < len(data):
+        cut = data.find(b"\n", start + chunk_bytes - 1) + 1 or len(data)
+        yield data[start:cut], count_lines(data[start:cut])
+        start = cut
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def count_lines(data: bytes) -> int:

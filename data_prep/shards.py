@@ -14,15 +14,21 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
-from common.config import C4Data, DataPreparationConfig, FilesData, PileData
+from common.config import C4Data, DataPreparationConfig, FilesData, GovReportData, PileData, SftJsonlData
 
 # megatron's preprocess_data names outputs <prefix>_<json key>_<level>; training configs expect this suffix.
 OUTPUT_SUFFIX = "_text_document"
+# Fine-tuning samples (sft_jsonl, govreport_mlperf): a name apart, so a blend cannot mistake them for a token stream.
+SFT_SUFFIX = "_sft_document"
+# <prefix>.loss_mask.{bin,idx}: fine-tuning samples' loss mask beside their tokens <prefix>.{bin,idx} (data_prep.sft)
+LOSS_MASK = ".loss_mask"
 # <prefix>.done.json: written last, once a shard's .bin/.idx are complete (data_prep.pipeline).
 MARKER_SUFFIX = ".done.json"
 _COMPRESSIONS = {".zst": "zstd", ".zstd": "zstd", ".gz": "gzip"}
 _JSON_EXTS = (".jsonl", ".json", ".ndjson")
 _TEXT_EXTS = (".txt", ".text", "")
+# Tables of rows (the hub's datasets); read a row batch at a time and handed on as JSON lines (data_prep.readers).
+_PARQUET_EXTS = (".parquet",)
 
 
 class ConfigError(ValueError):
@@ -36,7 +42,7 @@ class Source:
     uri: str  # as configured: an http(s) URL or a local path
     local_path: str  # where it is read from: the download target for URLs, the file itself otherwise
     compression: str  # zstd | gzip | none
-    kind: str  # jsonl | text
+    kind: str  # jsonl | text | parquet
 
     @property
     def remote(self) -> bool:
@@ -114,6 +120,8 @@ def detect_format(path: str, fmt: str = "auto") -> tuple[str, str]:
     compression = _COMPRESSIONS.get(ext, "none")
     if compression != "none":
         stem, ext = os.path.splitext(stem)
+    if ext in _PARQUET_EXTS:
+        return compression, "parquet"
     if fmt in ("jsonl", "text"):
         return compression, fmt
     if fmt != "auto":
@@ -130,7 +138,7 @@ def strip_extensions(name: str) -> str:
     stem, ext = os.path.splitext(name)
     if ext.lower() in _COMPRESSIONS:
         stem, ext = os.path.splitext(stem)
-    return stem if ext.lower() in _JSON_EXTS + _TEXT_EXTS else stem + ext
+    return stem if ext.lower() in _JSON_EXTS + _TEXT_EXTS + _PARQUET_EXTS else stem + ext
 
 
 # -- per source: each data source of common/config.py's DATA_SOURCES registers how it splits into shards -----
@@ -214,7 +222,30 @@ def _c4_shards(dp: C4Data) -> list[Shard]:
 
 @source_shards.register
 def _files_shards(dp: FilesData) -> list[Shard]:
-    inputs = dp.inputs
+    return _input_shards(dp, dp.inputs, dp.merge, dp.output_name, OUTPUT_SUFFIX)
+
+
+@source_shards.register
+def _sft_jsonl_shards(dp: SftJsonlData) -> list[Shard]:
+    return _input_shards(dp, dp.inputs, dp.merge, dp.output_name, SFT_SUFFIX)
+
+
+@source_shards.register
+def _govreport_shards(dp: GovReportData) -> list[Shard]:
+    """Two shards, train and validation, each from its files under base_url in order."""
+    out_dir = _output_dir(dp)
+    shards: list[Shard] = []
+    for split, files in (("train", dp.train_files), ("validation", dp.validation_files)):
+        if not files:
+            raise ConfigError(f"data_preparation.{split}_files is empty: list the {split} files under base_url")
+        name = f"govreport_{split}"
+        sources = tuple(_source_at(dp, dp.base_url, str(f)) for f in files)
+        shards.append(Shard(len(shards), name, os.path.join(out_dir, name + SFT_SUFFIX), sources))
+    return shards
+
+
+def _input_shards(dp: DataPreparationConfig, inputs: list[str], merge: bool, output_name: str, suffix: str):
+    """One shard per input file, or all of them merged into `output_name`."""
     if not inputs:
         raise ConfigError(
             "data_preparation.inputs is empty: list files, globs or URLs, e.g. "
@@ -238,23 +269,25 @@ def _files_shards(dp: FilesData) -> list[Shard]:
         raise ConfigError(f"data_preparation.inputs: nothing matches {', '.join(unmatched)}")
     sources = [_source(dp, uri) for uri in uris]
     out_dir = _output_dir(dp)
-    if dp.merge:
-        return [Shard(0, dp.output_name, os.path.join(out_dir, dp.output_name + OUTPUT_SUFFIX), tuple(sources))]
+    if merge:
+        return [Shard(0, output_name, os.path.join(out_dir, output_name + suffix), tuple(sources))]
     shards = []
     for i, src in enumerate(sources):
         name = strip_extensions(src.file_name)
-        shards.append(Shard(i, name, os.path.join(out_dir, name + OUTPUT_SUFFIX), (src,)))
+        shards.append(Shard(i, name, os.path.join(out_dir, name + suffix), (src,)))
     return shards
 
 
 @inputs_setting.register(PileData)
 @inputs_setting.register(C4Data)
-def _base_url(dp: PileData | C4Data) -> tuple[str, Any]:
+@inputs_setting.register(GovReportData)
+def _base_url(dp: PileData | C4Data | GovReportData) -> tuple[str, Any]:
     return "base_url", dp.base_url
 
 
-@inputs_setting.register
-def _files_inputs(dp: FilesData) -> tuple[str, Any]:
+@inputs_setting.register(FilesData)
+@inputs_setting.register(SftJsonlData)
+def _files_inputs(dp: FilesData | SftJsonlData) -> tuple[str, Any]:
     return "inputs", dp.inputs
 
 

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 
 from data_prep.pipeline import megatron_indexed_dataset, read_marker
+from data_prep.shards import LOSS_MASK
 from data_prep.shards import Shard
 
 
@@ -47,4 +48,22 @@ def verify_shard(shard: Shard) -> list[str]:
         if wrong:
             problems.append(f"{wrong} documents do not end with the EOD token {eod}")
         del data
+    if "loss_mask" in marker:
+        problems += _loss_mask_problems(IndexedDataset, prefix, lengths)
     return problems
+
+
+def _loss_mask_problems(IndexedDataset, prefix: str, lengths: np.ndarray) -> list[str]:
+    """Fine-tuning samples: the loss mask must have the tokens' boundaries, and hold only 0 and 1."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mask = IndexedDataset(prefix + LOSS_MASK, mmap=True)
+    except Exception as e:
+        return [f"megatron cannot read its loss mask: {type(e).__name__}: {e}"]
+    if not np.array_equal(mask.sequence_lengths.astype(np.int64), lengths):
+        return ["the loss mask's sample lengths differ from the tokens'"]
+    values = np.memmap(prefix + LOSS_MASK + ".bin", dtype=mask.index.dtype, mode="r")
+    if len(values) and int(values.max()) > 1:
+        return ["the loss mask holds values other than 0 and 1"]
+    return []

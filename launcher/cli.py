@@ -24,10 +24,9 @@ from common.checkpoints import latest_checkpoint
 from common.config import Config, load_config
 from common.typed import TypedConfigError
 from common.plan import Plan
-from launcher.autoconf import search
+from launcher.autoconf import is_auto
 from launcher.config import sweep
-from launcher.config.compose import compose, default_layout_of, hydra_state_kept, search_path, to_plain
-from launcher.config.errors import error_lines, every_error_line
+from launcher.config.compose import Bases, compose, default_layout_of, hydra_state_kept, search_path, to_plain
 from launcher.jobs.rundir import record_jobs, run_dir_of, write_run_dir
 from launcher.jobs.stages import StagePlan
 from launcher.jobs.submit import SubmitError, run_here
@@ -217,6 +216,8 @@ def one_line_errors():
         yield
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:
         # A YAML file that does not parse (in conf/ or a --config-dir) raises PyYAML's error through Hydra.
+        from launcher.config.errors import every_error_line  # loaded when a config fails to compose only
+
         config_dirs = config_dirs_of(sys.argv[1:])
         for line in every_error_line(err, sweep.cli_overrides(sys.argv[1:]), config_dirs=config_dirs):
             _err(f"error: {line}")
@@ -241,17 +242,20 @@ def plan_sweep(overrides: Sequence[str]) -> tuple[list[Prepared], list[str]]:
     points: list[Prepared] = []
     problems: list[str] = []
     seen: dict[Path, str] = {}
+    bases: Bases = {}
     for point in sweep.sweep_points(overrides):
         label = " ".join(sweep.swept_items(point, keys)) or "(single point)"
         try:
-            cfg = compose(point)
+            cfg = compose(point, bases)
             local_gpus = detect_local_gpus() if cfg.cluster.runs_here else None
-            if search.is_auto(cfg):  # its table once per sweep, with the first point that searches
-                cfg = search.resolve(point, cfg, local_gpus, say=None if points or problems else print)
+            # the search prints its table once per sweep, for the first point that searches
+            cfg = _layout_searched(point, cfg, local_gpus, say=None if points or problems else print)
             cfg = normalized(cfg)
             cfg = dataclasses.replace(cfg, run_name=f"{cfg.run_name}{sweep.run_name_suffix(point, keys)}")
             prepared = prepare(cfg, local_gpus)
         except (HydraException, OmegaConfBaseException) as err:
+            from launcher.config.errors import error_lines  # loaded when a point fails to compose only
+
             problems += [f"sweep point {label}: {line}" for line in error_lines(err)]
             continue
         except TypedConfigError as err:
@@ -306,6 +310,8 @@ def run_hydra_app(cfg: DictConfig) -> None:
         _err(f"error: {err}")
         sys.exit(2)
     except (HydraException, OmegaConfBaseException) as err:  # here, not in Hydra's app: it would add its own line
+        from launcher.config.errors import error_lines  # loaded when a config fails to compose only
+
         for line in error_lines(err, config_dirs_of(sys.argv[1:])):
             _err(f"error: {line}")
         sys.exit(2)
@@ -327,13 +333,22 @@ def run(config: Config, overrides: list[str]) -> None:
     """main.py's single run (a sweep goes through run_sweep) of the composed config and the overrides it came
     from (the auto-configurator names its pick by them)."""
     local_gpus = detect_local_gpus() if config.cluster.runs_here else None
-    if search.is_auto(config):
-        try:
-            config = search.resolve(overrides, config, local_gpus, say=print)
-        except PlanError as err:
-            for problem in err.problems:
-                _err(f"error: {problem}")
-            sys.exit(2)
+    try:
+        config = _layout_searched(overrides, config, local_gpus, say=print)
+    except PlanError as err:
+        for problem in err.problems:
+            _err(f"error: {problem}")
+        sys.exit(2)
     code = launch(config, local_gpus)
     if code:
         sys.exit(code)
+
+
+def _layout_searched(overrides: Sequence[str], cfg: Config, local_gpus: LocalGpus | None, say: Say | None) -> Config:
+    """parallelism=auto: the config of the layout the search picks (raises PlanError); any other config as it is.
+    The search loads here, for the runs that search: a dry run of a named layout does without its import."""
+    if not is_auto(cfg):
+        return cfg
+    from launcher.autoconf import search
+
+    return search.resolve(overrides, cfg, local_gpus, say=say)

@@ -73,7 +73,7 @@ def test_the_plan_json_keys_are_the_plans():
 def test_the_config_groups_and_options_are_conf():
     text = page("configuration.md")
     conf = REPO / "conf"
-    for group in ("training", "dtype", "cluster", "data_preparation", "userbuffers", "resilience"):
+    for group in ("training", "peft", "dtype", "cluster", "data_preparation", "userbuffers", "resilience"):
         options = {
             str(p.relative_to(conf / group).with_suffix(""))
             for p in (conf / group).rglob("*.yaml")

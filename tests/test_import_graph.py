@@ -237,7 +237,7 @@ def test_the_gpu_side_reads_the_run_directory_without_hydra_omegaconf_or_the_lau
 
 def test_the_plan_and_the_jobs_never_import_the_platforms():
     """The platforms stand above the plan and the jobs: what those need of a platform the caller passes in
-    (launcher/cli.py), so the registry imports the platform modules plainly and no folder imports back."""
+    (launcher/cli.py), so no folder below imports back (the registry imports the platform a run uses by name)."""
     below = ("launcher/plan", "launcher/jobs")
     found = {
         str(path.relative_to(REPO)): sorted(n for n in imported_names(path) if n.startswith("launcher.platforms"))

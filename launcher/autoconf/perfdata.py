@@ -19,6 +19,9 @@ from launcher.plan.hardware import gpu_spec
 PERF_DIR = CONF_DIR / "perf"
 MEASURED = PERF_DIR / "measured.yaml"
 NVIDIA_H100 = PERF_DIR / "nvidia_h100.yaml"
+# A measured row's `split`: the step-time constants are fit to the `fit` rows only, so the `held_out` ones measure
+# how the model does on runs it was not fit to.
+SPLITS = ("fit", "held_out")
 
 
 def measured_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
@@ -29,6 +32,15 @@ def measured_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
 def pending_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
     """Cases planned for measurement whose numbers are not in yet (measured.yaml's `pending`): predicted only."""
     return yaml.safe_load(path.read_text()).get("pending") or []
+
+
+def row_split(row: Mapping[str, Any]) -> str:
+    """The row's split; a row without one (or with another word) is an error naming it, so a row pasted into
+    measured.yaml cannot silently join either side."""
+    split = row.get("split")
+    if split not in SPLITS:
+        raise ValueError(f"{MEASURED.name} row {row.get('name')!r}: split={split!r} must be one of {', '.join(SPLITS)}")
+    return str(split)
 
 
 def is_measured(row: Mapping[str, Any]) -> bool:

@@ -93,10 +93,6 @@ class Search:
     dropped: Counter[str]  # drop reason -> layouts (each counted under the first problem the plan names)
 
 
-def is_auto(cfg: Config) -> bool:
-    return cfg.parallelism.auto is not None
-
-
 def auto_settings(cfg: Config) -> AutoConfig:
     """parallelism.auto of a config that searches (is_auto)."""
     auto = cfg.parallelism.auto

@@ -15,7 +15,8 @@
 - optimizer: the distributed optimizer's shard read and written at the HBM bandwidth.
 
 Every constant is data (conf/parallelism/auto.yaml: parallelism.auto.step_time) fit to measured runs
-(conf/perf/); `python -m launcher.autoconf.steptime` prints the model against them. Left out: kernel-level detail (wave
+(conf/perf/measured.yaml's `fit` rows; its `held_out` rows check the fit: bench/fit_steptime.py fits and prints
+both); `python -m launcher.autoconf.steptime` prints the model against them. Left out: kernel-level detail (wave
 quantisation, attention backends), CPU-bound stalls, network contention between jobs, stragglers, FP8 scaling
 recipes, and anything that changes numerics.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import yaml
@@ -34,10 +35,12 @@ from common.plan import Plan
 from common.typed import from_plain
 from launcher.autoconf.perfdata import (
     MEASURED,
+    SPLITS,
     measured_rows,
     measured_tokens_per_s_per_gpu,
     pending_rows,
     row_overrides,
+    row_split,
 )
 from launcher.config.compose import CONF_DIR, compose
 from launcher.plan.build import build_plan
@@ -247,9 +250,11 @@ def default_constants() -> StepTimeConstants:
 @dataclass
 class Check:
     name: str
+    split: str  # measured.yaml's split: fit or held_out
     measured: float  # tokens/s/GPU
     predicted: StepTime
     plan: Plan
+    cfg: Config
     overrides: list[str] = field(default_factory=list)
 
     @property
@@ -260,11 +265,16 @@ class Check:
     def measured_step_s(self) -> float:
         return self.plan.global_batch_size * self.plan.seq_length / self.measured / self.plan.num_gpus
 
+    def again(self, constants: StepTimeConstants) -> Check:
+        """The same row predicted with other constants: planning a row is what takes the time, so a fit plans each
+        row once and predicts it many times."""
+        return replace(self, predicted=predict(self.cfg, self.plan, constants))
 
-def _predict_row(row: Mapping[str, Any], constants: StepTimeConstants) -> tuple[StepTime, Plan]:
+
+def _predict_row(row: Mapping[str, Any], constants: StepTimeConstants) -> tuple[StepTime, Plan, Config]:
     cfg = compose(row_overrides(row))
     plan = build_plan(cfg)
-    return predict(cfg, plan, constants), plan
+    return predict(cfg, plan, constants), plan, cfg
 
 
 def check_rows(constants: StepTimeConstants | None = None, rows: list[dict[str, Any]] | None = None) -> list[Check]:
@@ -272,45 +282,70 @@ def check_rows(constants: StepTimeConstants | None = None, rows: list[dict[str, 
     constants = constants if constants is not None else default_constants()
     out = []
     for row in rows if rows is not None else measured_rows():
-        predicted, plan = _predict_row(row, constants)
-        out.append(
-            Check(row["name"], measured_tokens_per_s_per_gpu(row, plan), predicted, plan, list(row["overrides"]))
-        )
+        split = row_split(row)
+        predicted, plan, cfg = _predict_row(row, constants)
+        measured = measured_tokens_per_s_per_gpu(row, plan)
+        out.append(Check(row["name"], split, measured, predicted, plan, cfg, list(row["overrides"])))
     return out
 
 
-def format_checks(checks: list[Check], pending: Sequence[tuple[str, StepTime]] = ()) -> str:
-    """Measured and predicted side by side (step time and tokens/s/GPU), then the cases that await measurement."""
-    w = max([44] + [len(c.name) for c in checks] + [len(name) for name, _ in pending])
+@dataclass
+class SplitError:
+    """How far the model is off on one split's rows: the mean and the largest |error| in tokens/s/GPU."""
+
+    split: str
+    rows: int
+    mean: float
+    largest: float
+
+
+def split_errors(checks: Sequence[Check]) -> list[SplitError]:
+    """Per split (in SPLITS order, those with rows)."""
+    out = []
+    for split in SPLITS:
+        errors = [abs(c.error) for c in checks if c.split == split]
+        if errors:
+            out.append(SplitError(split, len(errors), sum(errors) / len(errors), max(errors)))
+    return out
+
+
+def format_checks(checks: list[Check], pending: Sequence[tuple[str, str, StepTime]] = ()) -> str:
+    """Measured and predicted side by side (step time and tokens/s/GPU) with each row's split, the error per split,
+    then the cases that await measurement."""
+    w = max([44] + [len(c.name) for c in checks] + [len(name) for name, _, _ in pending])
     lines = [
-        f"{'measured run':<{w}} {'step s':>7} {'model':>7} {'tok/s/GPU':>9} {'model':>7} {'error':>7}   "
+        f"{'measured run':<{w}} {'split':<8} {'step s':>7} {'model':>7} {'tok/s/GPU':>9} {'model':>7} {'error':>7}   "
         "model: compute / bubble / comm (tp cp pp dp) / other, s per step"
     ]
     for c in checks:
         p = c.predicted
         parts = " ".join(f"{p.comm_parts[k]:.2f}" for k in ("tp", "cp", "pp", "dp"))
         lines.append(
-            f"{c.name:<{w}} {c.measured_step_s:>7.3f} {p.total_s:>7.3f} {c.measured:>9,.0f} "
+            f"{c.name:<{w}} {c.split:<8} {c.measured_step_s:>7.3f} {p.total_s:>7.3f} {c.measured:>9,.0f} "
             f"{p.tokens_per_s_per_gpu:>7,.0f} {c.error * 100:>+6.1f}%   "
             f"{p.compute_s:.2f} / {p.bubble_s:.2f} / {p.comm_s:.2f} ({parts}) / {p.other_s:.2f}"
         )
     worst = max(abs(c.error) for c in checks)
     lines.append(f"{len(checks)} rows; largest error {worst * 100:.1f}%")
+    for e in split_errors(checks):
+        lines.append(f"{e.split}: {e.rows} rows; mean |error| {e.mean * 100:.1f}%, largest {e.largest * 100:.1f}%")
     if pending:
         lines.append(
             f"awaiting measurement ({len(pending)} cases in {MEASURED.name} `pending`: "
             "bench/gpu_autoconf_cases.sh prints their rows)"
         )
-        for name, p in pending:
-            lines.append(f"{name:<{w}} {'-':>7} {p.total_s:>7.3f} {'-':>9} {p.tokens_per_s_per_gpu:>7,.0f}")
+        for name, split, p in pending:
+            lines.append(f"{name:<{w}} {split:<8} {'-':>7} {p.total_s:>7.3f} {'-':>9} {p.tokens_per_s_per_gpu:>7,.0f}")
     return "\n".join(lines)
 
 
 def pending_predictions(
     constants: StepTimeConstants | None = None, rows: list[dict[str, Any]] | None = None
-) -> list[tuple[str, StepTime]]:
+) -> list[tuple[str, str, StepTime]]:
+    """(name, split, prediction) of each case awaiting measurement: its split is chosen before it is measured."""
     constants = constants if constants is not None else default_constants()
-    return [(row["name"], _predict_row(row, constants)[0]) for row in (rows if rows is not None else pending_rows())]
+    pending = rows if rows is not None else pending_rows()
+    return [(row["name"], row_split(row), _predict_row(row, constants)[0]) for row in pending]
 
 
 def main() -> int:

@@ -33,6 +33,7 @@ options, and what is checked: [Configuration](configuration.md).
 SECTIONS: list[tuple[str, list[str], str]] = [
     ("", [], "top level"),
     ("training", [], "`training=llama31/tiny` (the default; the other sizes change the model, batch and schedule)"),
+    ("peft@lora", ["peft=lora"], "`peft=lora` (the default `peft=none` has `method: none` only)"),
     ("dtype", [], "`dtype=bf16` (the default; `dtype=fp8` sets the FP8 keys)"),
     ("parallelism", [], "the default layout of the tiny model (`tp1`)"),
     ("parallelism.auto", ["parallelism=auto"], "`parallelism=auto`"),
@@ -51,6 +52,7 @@ SECTIONS: list[tuple[str, list[str], str]] = [
 ]
 # Sections documented in a table of their own, not as rows of their parent.
 OWN_TABLE = {
+    "peft",
     "parallelism.auto",
     "cluster",
     "data_preparation",
@@ -124,6 +126,8 @@ def _section_class(section: str) -> type:
         return schema.CLUSTERS[{"bcm": "slurm"}.get(option, option)]
     if name == "data_preparation":
         return schema.DATA_SOURCES[option]
+    if name == "peft":
+        return schema.PEFT_METHODS[option]
     kind: Any = schema.Config
     for part in name.split(".") if name else []:
         hint = typing.get_type_hints(kind)[part]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+if TYPE_CHECKING:  # Hydra's parser loads when first used: is_sweep answers without it
+    from hydra.core.override_parser.types import Override
 
 # Hydra's own flags that take a value in the next argument.
 _FLAGS_WITH_VALUE = {
@@ -67,7 +70,8 @@ def cli_overrides(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _parse(overrides: Sequence[str]):
+def parse(overrides: Sequence[str]) -> list[Override]:
+    """The overrides as Hydra's command-line parser reads them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create().parse_overrides(list(overrides))
@@ -76,7 +80,7 @@ def _parse(overrides: Sequence[str]):
 def swept_keys(overrides: Sequence[str]) -> list[str]:
     """Keys given several values (`dtype=bf16,fp8`): the ones that tell sweep points apart. The auto-configurator's
     own keys (parallelism.auto.pick=0,1,2) are not among them: they pick layouts, whose names are in the run name."""
-    keys = [o.get_key_element() for o in _parse(overrides) if o.is_sweep_override()]
+    keys = [o.get_key_element() for o in parse(overrides) if o.is_sweep_override()]
     return [k for k in keys if not k.lstrip("+~").startswith("parallelism.auto.")]
 
 
@@ -84,7 +88,7 @@ def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
     """Every point of the sweep as its own override list, in the order Hydra's basic sweeper runs them."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    batches = BasicSweeper.split_arguments(_parse(overrides), None)
+    batches = BasicSweeper.split_arguments(parse(overrides), None)
     return [point for batch in batches for point in batch]
 
 

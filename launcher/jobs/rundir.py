@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from common.config import BcpCluster, Config, ContainerCluster, K8sCluster, LocalCluster
+from common.config import BcpCluster, Config, ContainerCluster, K8sCluster, LocalCluster, PeftMethod
 from common.files import atomic_write
 from common.plan import Plan
 from common.typed import to_plain
@@ -33,13 +33,15 @@ class JobRenderer(Protocol):
 def default_run_name(cfg: Config) -> str:
     """The run directory's name when run_name is null, from what the selected stages produce, so that runs of
     different things never meet in one directory: `<model>_<dtype>_<layout>_<N>gpu` for training (and the stages
-    that go with it), `data_<source>` for data preparation alone, `data_<source>_<output directory's name>` where
-    that differs from the source (the data set it makes: C4 and MLPerf's C4 files never share one),
-    `container_<image>` for the image build alone."""
+    that go with it; `<model>_lora_...` for LoRA), `data_<source>` for data preparation alone,
+    `data_<source>_<output directory's name>` where that differs from the source (the data set it makes: C4 and
+    MLPerf's C4 files never share one), `container_<image>` for the image build alone."""
     stages = set(cfg.stages)
     if stages & {"training", "preflight", "export"}:
         par = cfg.parallelism
-        return f"{cfg.training.name}_{cfg.dtype.name}_{par.name}_{par.num_gpus}gpu"
+        # A fine-tuning run never shares (and resumes from) the directory of the pretraining run of its layout.
+        model = cfg.training.name if cfg.peft.method == PeftMethod.none else f"{cfg.training.name}_{cfg.peft.method}"
+        return f"{model}_{cfg.dtype.name}_{par.name}_{par.num_gpus}gpu"
     if "data_preparation" in stages:
         source, output = cfg.data_preparation.name, Path(cfg.data_preparation.output_dir).name
         return "data_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", source if output == source else f"{source}_{output}")

@@ -45,6 +45,7 @@ def build_plan(cfg: Config, local_gpus: LocalGpus | None = None) -> Plan:
         distributed_optimizer=par.use_distributed_optimizer,
         grad_fp32=par.grad_reduce_in_fp32,
         recompute=par.recompute_granularity,
+        peft=cfg.peft,
     )
     fp8_param_gather = resolve_fp8_param_gather(dtype, par, sizes, lambda: memory_of(fp8_params=False))
     memory = memory_of(fp8_params=fp8_param_gather)
@@ -76,7 +77,7 @@ def build_plan(cfg: Config, local_gpus: LocalGpus | None = None) -> Plan:
         fp8=fp8,
         fp8_param_gather=fp8_param_gather,
         tp_comm_overlap=par.tp_comm_overlap,
-        model_flops_per_sample=model_flops_per_sample(model, train.seq_length),
+        model_flops_per_sample=model_flops_per_sample(model, train.seq_length, cfg.peft),
         est_memory_gib_per_gpu=memory,
         padded_vocab_size=vocab,
         num_parameters=num_parameters(model),

@@ -1,10 +1,10 @@
 """The plan's formulas: padded vocabulary, model FLOPs per sample, parameters (per layer, per pipeline stage, in
-all), the pipeline split."""
+all; LoRA adapters' too), the pipeline split."""
 
 from __future__ import annotations
 
 import math
-from common.config import ModelConfig, Normalization
+from common.config import LoraConfig, LoraTarget, ModelConfig, Normalization, PeftConfig
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -13,15 +13,29 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
-def model_flops_per_sample(model: ModelConfig, seq_length: int) -> float:
+def model_flops_per_sample(model: ModelConfig, seq_length: int, peft: PeftConfig | None = None) -> float:
     """Training FLOPs (fwd + bwd) for one sequence, the formula the public recipes' MFU tables use:
-    seq * (attention + mlp + embedding)."""
+    seq * (attention + mlp + embedding): 6 FLOPs per weight per token (forward, input gradient, weight gradient)
+    and three times the forward of attention's score and value products, which have no weights.
+
+    With LoRA these are the FLOPs the step needs: the frozen base computes no weight gradients, so its weights cost
+    4 per token (forward and input gradient), the attention products still three times their forward, and the
+    adapters 6 per parameter per token. (The first layer's linear_qkv also skips its input gradient, its input
+    needing none; too small to count.)"""
     layers, h = model.num_layers, model.hidden_size
     heads, groups = model.num_attention_heads, model.num_query_groups
     attention = 12 * layers * h * h * (1 + groups / heads + seq_length / h)
     mlp = 18 * layers * model.ffn_hidden_size * h
     embedding = 6 * model.vocab_size * h
-    return float(seq_length * (attention + mlp + embedding))
+    full = float(seq_length * (attention + mlp + embedding))
+    if not isinstance(peft, LoraConfig):
+        return full
+    # 2 FLOPs per weight per token of each of the three GEMMs above: the weights' share of attention, mlp, embedding.
+    weight_gradients = 2 * (
+        layers * (2 * h * h * (1 + groups / heads) + 3 * model.ffn_hidden_size * h) + model.vocab_size * h
+    )
+    adapters = 6 * layers * lora_layer_parameters(model, peft)
+    return full + seq_length * (adapters - weight_gradients)
 
 
 def norm_parameters(model: ModelConfig) -> int:
@@ -57,6 +71,30 @@ def num_parameters(model: ModelConfig) -> int:
     the final norm."""
     embeddings = embedding_matrices(model, first=True, last=True) * model.vocab_size * model.hidden_size
     return model.num_layers * layer_parameters(model) + embeddings + norm_parameters(model)
+
+
+def lora_target_features(model: ModelConfig) -> dict[LoraTarget, tuple[int, int]]:
+    """(in, out) features of each linear layer LoRA can target, whole (before TP shards them)."""
+    h, ffn = model.hidden_size, model.ffn_hidden_size
+    q = model.num_attention_heads * model.kv_channels
+    kv = 2 * model.num_query_groups * model.kv_channels
+    return {
+        LoraTarget.linear_qkv: (h, q + kv),
+        LoraTarget.linear_proj: (q, h),
+        LoraTarget.linear_fc1: (h, 2 * ffn),  # gate and up
+        LoraTarget.linear_fc2: (ffn, h),
+    }
+
+
+def lora_layer_parameters(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> float:
+    """Adapter parameters of one decoder layer on one TP rank: a column-parallel target's adapter holds A [r, in]
+    whole and its rows of B [out, r], a row-parallel one its columns of A and B whole (recipes/peft/lora.py)."""
+    features = lora_target_features(model)
+    total = 0.0
+    for target in lora.target_modules:
+        inputs, outputs = features[target]
+        total += lora.rank * ((inputs + outputs / tp) if target.column_parallel else (inputs / tp + outputs))
+    return total
 
 
 def layers_per_pipeline_stage(num_layers: int, pp: int, asymmetric: bool) -> list[int]:

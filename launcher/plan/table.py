@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.config import Config
+from common.config import Config, LoraConfig
 from common.plan import Plan
 from launcher.plan.hardware import gpu_spec
 
@@ -49,8 +49,12 @@ def format_plan(plan: Plan, cfg: Config) -> str:
         else "peak unknown"
     )
     step_flops = plan.model_flops_per_sample * plan.global_batch_size
+    lora = cfg.peft if isinstance(cfg.peft, LoraConfig) else None
+    # The MFU definition differs with LoRA: say which FLOPs the numbers count.
+    counted = " (LoRA: frozen base without weight gradients, adapters in full)" if lora else ""
+    fine_tuning = f"  LoRA r={lora.rank} on {','.join(map(str, lora.target_modules))}" if lora else ""
     rows = [
-        ("model", f"{plan.model}  {plan.num_parameters / 1e9:.3g}B parameters  {plan.dtype}"),
+        ("model", f"{plan.model}  {plan.num_parameters / 1e9:.3g}B parameters  {plan.dtype}{fine_tuning}"),
         ("GPUs", f"{plan.num_gpus} ({where}, {gpu}), cluster={cluster.name}"),
         (
             "layout",
@@ -63,7 +67,7 @@ def format_plan(plan: Plan, cfg: Config) -> str:
         ),
         ("layers", f"per PP stage: {stages}{layer_note}"),
         ("memory", memory),
-        ("FLOPs", f"{plan.model_flops_per_sample:.3g} per sample, {step_flops:.3g} per step; {peak}"),
+        ("FLOPs", f"{plan.model_flops_per_sample:.3g} per sample{counted}, {step_flops:.3g} per step; {peak}"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

@@ -7,8 +7,7 @@ launcher/platforms/registry.py) takes PLATFORM from launcher/platforms/<cluster.
 the run directory ask the platform what they need of it through the caller (cli.py passes it in): the platforms
 stand above launcher/plan/ and launcher/jobs/, which never import them.
 
-A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM = <its Platform subclass>()`, and
-its line in registry.py:
+A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM = <its Platform subclass>()`:
 1. Class attributes: `name` (<name>), `cluster_class` (its cluster keys' class in common/config.py), `suffix` (the
    end of its job files' names; training's file is `submission<suffix>`), `resubmit` (the command a job file's
    header gives for submitting it again by hand).
@@ -39,7 +38,6 @@ from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from common.config import BatchCluster, ClusterConfig, Config, ContainerCluster, DataJobConfig, K8sCluster
 from common.plan import Plan
-from data_prep.shards import list_shards
 from launcher.jobs import commands
 from launcher.jobs.commands import REPO
 from launcher.jobs.nsys import nsys_entry, nsys_requested
@@ -250,6 +248,8 @@ class Platform(ABC, Generic[ClusterT]):
             else:
                 jobs.append(self.container_job(cfg, run_dir))
         if "data_preparation" in selected:
+            from data_prep.shards import list_shards  # loaded for this stage only: other runs do without it
+
             jobs += self.data_preparation_jobs(cfg, run_dir, len(list_shards(cfg.data_preparation)))
         if "preflight" in selected:
             jobs.append(self.preflight_job(cfg, plan, run_dir))

@@ -6,6 +6,7 @@ the norms, for the layers its pipeline (and virtual pipeline) stages hold. What 
 megatron-core itself (the chunks' `sharded_state_dict()`: global tensor, offset and shape of every local
 tensor), so every layout megatron can build is covered, the asymmetric pipeline split included. Context- and
 data-parallel ranks read the same as their tensor/pipeline peer. A rank's host memory holds one slice at a time.
+LoRA adapters (peft=lora) are no Llama weights: they keep their initialisation.
 
 A hub id is downloaded once, by rank 0, into the Hugging Face cache (HF_TOKEN for gated models) while the other
 ranks wait; compute nodes without internet use a directory fetched beforehand:
@@ -44,6 +45,7 @@ from common.files import atomic_write
 from common.hf_config import KEY, HFConfigError
 from common.safetensors_io import SafetensorsFileError, SafetensorsFiles
 from recipes.hf import hub, mapping
+from recipes.peft.lora import is_adapter_key
 from recipes.runtime.distributed import unwrap
 
 READ_BLOCK_BYTES = 64 * 2**20
@@ -143,7 +145,7 @@ def load_hf_weights(
         sharded = unwrap(chunk).sharded_state_dict()
         force_all_tensors_to_non_fp8(sharded)  # FP8 parameters: load the high-precision values
         prepared.append(load_preprocess(sharded))
-    local = [t for sharded, _, _ in prepared for t in _sharded_tensors(sharded)]
+    local = [t for sharded, _, _ in prepared for t in _sharded_tensors(sharded) if not is_adapter_key(t.key)]
     count = len(local)
     bar = tqdm(
         total=sum(t.data.numel() * t.data.element_size() for t in local),
@@ -158,13 +160,13 @@ def load_hf_weights(
 
     def fill(value):
         nonlocal done
-        if isinstance(value, ShardedTensor):
+        if isinstance(value, ShardedTensor) and not is_adapter_key(value.key):
             tensor = read_sharded_tensor(src, value, model, padded_vocab).to(value.data.device)
             done += 1
             bar.update(tensor.numel() * tensor.element_size())
             bar.set_postfix_str(f"{done}/{count} tensors", refresh=False)
             return tensor
-        if isinstance(value, ShardedObject):  # Transformer Engine's extra state: keep the freshly built one
+        if isinstance(value, (ShardedObject, ShardedTensor)):  # TE's extra state, adapters: keep the built ones
             return value.data
         return value
 

@@ -12,11 +12,12 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from common.checkpoints import TrainState
-from common.config import Config
+from common.config import Config, LoraConfig
 from common.plan import Plan
 from common.run import load_run_or_exit
 from recipes.hf import importer
 from recipes.observability.observers import Observers
+from recipes.peft import lora
 from recipes.resilience.guard import RunGuard, record_failure
 from recipes.runtime.callbacks import ERROR, Callbacks, Stop
 from recipes.runtime.ranks import rank_info
@@ -78,6 +79,11 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
         init_userbuffers(cfg, plan)
     chunks = build_model_chunks(config, cfg, plan)
     say(f"model: {count_parameters(chunks) / 1e6:.1f}M parameters on rank 0 ({plan.num_parameters / 1e9:.2f}B in all)")
+    if isinstance(cfg.peft, LoraConfig):
+        # Before the DDP wrapper: it and the optimizer then hold gradients and state for the adapters only.
+        adapters = lora.apply_lora(chunks, cfg.peft, cfg.seed)
+        trained = sum(p.numel() for adapter in adapters for p in adapter.parameters())
+        say(f"LoRA: {len(adapters)} adapters, {trained / 1e6:.2f}M trained parameters on rank 0; the base is frozen")
     chunks = wrap_data_parallel(chunks, config, settings.ddp_config(cfg, plan))
     optimizer = get_megatron_optimizer(settings.optimizer_config(cfg, plan), chunks)
     scheduler = OptimizerParamScheduler(optimizer, **settings.scheduler_kwargs(cfg))

@@ -7,6 +7,9 @@ from __future__ import annotations
 import contextlib
 from dataclasses import asdict
 import errno
+import importlib
+import multiprocessing
+from multiprocessing.managers import SyncManager
 import os
 import random
 import shutil
@@ -21,6 +24,7 @@ import numpy as np
 import torch
 
 from common import run_events
+from common.processes import die_with_parent
 from common.checkpoints import (
     STATE_FILE,
     TrainState,
@@ -31,6 +35,7 @@ from common.checkpoints import (
     read_train_state,
     remove_partials,
 )
+from recipes.peft.lora import is_adapter_key
 from recipes.runtime.callbacks import Callback, Stop
 from recipes.trainer.cadence import SavePolicy, StepEnd
 from recipes.runtime.distributed import unwrap
@@ -111,6 +116,8 @@ class Checkpointer(Callback):
         self._in_flight: int | None = None  # the step of an async save not finalized yet
         if async_save:
             self._queue = AsyncCallsQueue()
+            with helpers_immune_to_stop_signals():
+                writers_report_through_a_queue_that_dies_with_the_trainer()
         # This process's saves write under partial names of their own: a writer that outlived a killed trainer
         # (an asynchronous save's process on a lost node) can never write into a later process's save of the
         # same step, and whatever it leaves is a partial that is removed, never loaded.
@@ -256,7 +263,15 @@ def load_model_weights(path: str, chunks, log: Callable[[str], None]) -> None:
     if not os.path.isfile(os.path.join(path, STATE_FILE)):
         raise SystemExit(f"training.checkpoint.init_from={path} is not a complete checkpoint (no {STATE_FILE})")
     log(f"initialising weights from {path}")
-    _load_model_state(chunks, dist_checkpointing.load(_model_sharded_state(chunks), path))
+    sharded = _model_sharded_state(chunks)
+    # LoRA (peft=lora): the base's checkpoint holds no adapters; they keep their initialisation.
+    adapters = {
+        key: {k: state.pop(k).data for k in [k for k in state if is_adapter_key(k)]} for key, state in sharded.items()
+    }
+    loaded = dist_checkpointing.load(sharded, path)
+    for key, kept in adapters.items():
+        loaded[key].update(kept)
+    _load_model_state(chunks, loaded)
 
 
 def disk_full(err: BaseException) -> bool:
@@ -278,3 +293,36 @@ def disk_full(err: BaseException) -> bool:
 
 def _async_strategy() -> str:
     return "nvrx" if HAVE_NVRX else "mcore"
+
+
+# Where each asynchronous writer keeps the queue its processes report their writes through (one per process).
+WRITER_MODULES = (
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async",
+)
+_writer_manager: SyncManager | None = None
+_writer_queue: Any = None
+
+
+def writers_report_through_a_queue_that_dies_with_the_trainer() -> Any:
+    """megatron-core's and nvidia-resiliency-ext's async writers report through a multiprocessing manager's queue,
+    which they start on first use with 'spawn'. A spawned process gets no parent-death signal, and a manager never
+    notices that its parent is gone: a trainer killed hard (kill -9, the OOM killer, ft_launcher restarting a
+    hung rank) left it running for good, holding the job's output open, so a local launch never ended. This
+    starts that manager ourselves, set to die with this process, and gives its queue to both writers. Once per
+    process; call it from the main thread (the kernel's signal follows the thread that started the manager).
+    Returns the queue."""
+    global _writer_manager, _writer_queue
+    if _writer_manager is None:
+        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+        manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
+        _writer_manager, _writer_queue = manager, manager.Queue()
+        for name in WRITER_MODULES:
+            try:
+                module: Any = importlib.import_module(name)  # its queue is a private global
+            except ImportError:
+                continue
+            if not hasattr(module, "_results_queue"):  # a version that keeps it elsewhere would bring the leak back
+                raise RuntimeError(f"{name} no longer keeps its writers' queue in _results_queue: update {__name__}")
+            module._results_queue = _writer_queue
+    return _writer_queue

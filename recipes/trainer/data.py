@@ -16,11 +16,12 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 import numpy as np
 import torch
 
-from common.config import Config
+from common.config import Config, DataFormat
 from common.evaluation import eval_samples
 from common.plan import Plan
 from data_prep.tokenizer import load_tokenizer
 from recipes.runtime.stop_signals import helpers_immune_to_stop_signals
+from recipes.trainer.sft import sft_datasets
 
 # The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
 BATCH_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
@@ -116,6 +117,8 @@ def build_datasets(cfg: Config, plan: Plan, tokenizer, build_here: bool, cache_d
     share of the blend, or training.data.valid_blend read in order."""
     train = cfg.training
     data = train.data
+    if data.format == DataFormat.sft:
+        return build_sft_datasets(cfg, plan, tokenizer) if build_here else (None, None)
     config = GPTDatasetConfig(
         random_seed=cfg.seed,
         sequence_length=plan.seq_length,
@@ -137,6 +140,24 @@ def build_datasets(cfg: Config, plan: Plan, tokenizer, build_here: bool, cache_d
     if separate and build_here and train.val_interval > 0:
         valid_ds = InOrderSequences(list(data.valid_blend or []), plan.seq_length, val_samples)
     return train_ds, valid_ds
+
+
+def build_sft_datasets(cfg: Config, plan: Plan, tokenizer):
+    """Fine-tuning samples (training.data.format=sft): sequences of samples with loss masks, one sample each or
+    packed (recipes/trainer/sft.py); the held-out validation part as its evaluations read it."""
+    train, data = cfg.training, cfg.training.data
+    return sft_datasets(
+        blend_of(list(data.blend or []))[0],
+        data.valid_blend,
+        data.split,
+        cfg.seed,
+        plan.seq_length,
+        data.packing,
+        data.truncate,
+        int(tokenizer.eod),
+        train_sequences=train.train_steps * plan.global_batch_size,
+        valid_sequences=eval_samples(train, plan.global_batch_size) if train.val_interval > 0 else 0,
+    )
 
 
 def sample_indices(

@@ -188,6 +188,7 @@ def test_parse_numbers_and_formats():
     assert detect_format("https://h/c4-train.00001-of-01024.json.gz?download=1") == ("gzip", "jsonl")
     assert detect_format("book.txt") == ("none", "text") and detect_format("README") == ("none", "text")
     assert detect_format("data.bin", "jsonl") == ("none", "jsonl")
+    assert detect_format("data/train-00000-of-00001.parquet") == ("none", "parquet")  # rows, read with pyarrow
     with pytest.raises(ConfigError, match="set data_preparation.format"):
-        detect_format("data.parquet")
+        detect_format("data.csv")
     assert strip_extensions("00.jsonl.zst") == "00" and strip_extensions("v1.2.txt") == "v1.2"

@@ -21,6 +21,7 @@ from launcher_helpers import REPO, run_main
 
 BASE = ("training=llama31/8b", "cluster=bcm", "dry_run=true")
 DATA_PREP = ("stages=[data_preparation]", "data_preparation=files", "data_preparation.inputs=[/tmp/in.jsonl]")
+LORA = ("peft=lora", "training.checkpoint.init_from=/checkpoints/base")
 
 # (overrides after BASE, a text every problem line together must contain)
 CASES = [
@@ -98,6 +99,21 @@ CASES = [
     (["run_name=my run"], "run_name='my run': use letters, digits and . _ = + - only"),
     ([f"run_name={'x' * 300}"], "run_name is 300 characters long; keep it to 200"),
     (["results_dir=/proc/nope"], "results_dir=/proc/nope cannot be created"),
+    # LoRA: its keys, and what it needs of the rest.
+    (["peft=lora"], "peft=lora trains adapters on a frozen base, and no base is given: set training.checkpoint"),
+    ([*LORA, "peft.rank=0"], "peft.rank=0 must be positive"),
+    ([*LORA, "peft.rank=5000"], "peft.rank=5000 is larger than linear_fc1's smallest dimension (4096)"),
+    (
+        [*LORA, "peft.target_modules=[linear_proj,linear_fc2]", "peft.rank=4097"],
+        "peft.rank=4097 is larger than linear_fc2's smallest dimension (4096)",
+    ),
+    ([*LORA, "peft.target_modules=[q_proj]"], "peft.target_modules must be one of linear_qkv, linear_proj"),
+    ([*LORA, "peft.target_modules=[]"], "peft.target_modules=[] adapts nothing"),
+    ([*LORA, "peft.target_modules=[linear_qkv,linear_qkv]"], "names a layer twice"),
+    ([*LORA, "peft.a_init=zero"], "peft.a_init=zero with peft.b_init=zero never trains"),
+    ([*LORA, "peft.dropout=1"], "peft.dropout=1.0 must be in [0, 1)"),
+    (["peft=qlora"], "peft=qlora: no such option; choose one of lora, none"),
+    ([*LORA, "dtype=fp8", "dtype.te_op_fuser=true"], "linear_fc1 and linear_fc2 needs dtype.te_op_fuser=false"),
     # Data preparation settings, checked when the run is planned (not inside the job).
     (
         [*DATA_PREP, "data_preparation.chunk_bytes=-5"],
@@ -107,6 +123,16 @@ CASES = [
     ([*DATA_PREP, "data_preparation.workers=0"], "data_preparation.workers=0: expected a positive integer"),
     ([*DATA_PREP, "data_preparation.workers=abc"], "data_preparation.workers='abc': expected a positive integer"),
     ([*DATA_PREP, "data_preparation.tokenizer.type=tiktoken"], "data_preparation.tokenizer.type=tiktoken"),
+    # Fine-tuning data: what the trainer cannot do yet is refused by the plan, not after the queue wait.
+    (["training.data.format=sft"], "training.data.format=sft needs prepared samples: set training.data.mock=false"),
+    (
+        ["training.data.format=sft", "training.data.mock=false", "training.data.blend=[/tmp/nothing_sft_document]"],
+        "parallelism.cp=2 with training.data.packing=true: packed samples are not padded to multiples of 2 x cp",
+    ),
+    (
+        ["training.data.format=sft", "training.data.mock=false", "training.data.blend=[1,/tmp/a,1,/tmp/b]"],
+        "training.data.blend weights are not used for training.data.format=sft",
+    ),
 ]
 
 
@@ -263,6 +289,50 @@ def config_of_another_version(tmp: Path) -> tuple[list[str], str]:
     )
 
 
+def _sft_samples(tmp: Path, *lines: dict) -> tuple[list[str], Path]:
+    samples = tmp / "train.jsonl"
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = [
+        "main.py",
+        *BASE,
+        f"results_dir={tmp / 'results'}",
+        "stages=[data_preparation]",
+        "data_preparation=sft_jsonl",
+    ]
+    return [*args, f"data_preparation.inputs=[{samples}]", f"data_preparation.output_dir={tmp / 'out'}"], samples
+
+
+def sft_sample_without_its_response(tmp: Path) -> tuple[list[str], str]:
+    argv, samples = _sft_samples(tmp, {"prompt": "p", "response": "r"}, {"prompt": "p", "answer": "a"})
+    return argv, f"data_preparation.response_key=response: {samples}:2: sample 1 has no 'response' field"
+
+
+def sft_sample_with_an_empty_response(tmp: Path) -> tuple[list[str], str]:
+    argv, samples = _sft_samples(tmp, {"prompt": "p", "response": " "})
+    return argv, f"data_preparation.inputs: {samples}:1: sample 0 has an empty response ('response')"
+
+
+def sft_sample_longer_than_a_sequence(tmp: Path) -> tuple[list[str], str]:
+    import numpy as np
+
+    from data_prep.indexed import IndexWriter
+    from data_prep.shards import LOSS_MASK
+
+    prefix = str(tmp / "data" / "train_sft_document")
+    (tmp / "data").mkdir()
+    lengths = np.array([5, 9000], np.int64)
+    for path, dtype in ((prefix, np.int32), (prefix + LOSS_MASK, np.uint8)):
+        writer = IndexWriter(path + ".bin", dtype)
+        writer.add_documents(np.ones(int(lengths.sum()), dtype), lengths)
+        writer.finalize(path + ".idx")
+    args = ["training.data.format=sft", "training.data.mock=false", f"training.data.blend=[{prefix}]"]
+    return (
+        ["main.py", *BASE, f"results_dir={tmp / 'results'}", *args, "training.data.packing=false"],
+        f"training.data.blend: sample 1 of {prefix} has 9,000 tokens, more than training.seq_length=8192, and "
+        "training.data.truncate=false",
+    )
+
+
 FILE_CASES: list[Callable[[Path], tuple[list[str], str]]] = [
     corrupt_safetensors,
     tokenizer_larger_than_the_model,
@@ -272,6 +342,9 @@ FILE_CASES: list[Callable[[Path], tuple[list[str], str]]] = [
     misspelt_key_in_site_yaml,
     half_written_plan,
     config_of_another_version,
+    sft_sample_without_its_response,
+    sft_sample_with_an_empty_response,
+    sft_sample_longer_than_a_sequence,
 ]
 
 

@@ -37,3 +37,22 @@ def test_host_modules_import_no_torch_or_megatron():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_mock_data_dry_run_of_a_named_layout_here_loads_only_the_modules_it_uses(tmp_path):
+    # Each module main.py imports is part of every run's time (the search with its step-time model, data_prep's
+    # readers, the other platforms: about 0.03 s each); they load when a run searches its layout, reads real data or
+    # prepares it, runs on that platform, or when a config fails to compose.
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['main.py', 'dry_run=true', 'results_dir={tmp_path}']\n"
+        "try:\n"
+        "    runpy.run_path('main.py', run_name='__main__')\n"
+        "finally:\n"
+        "    platforms = tuple(f'launcher.platforms.{p}' for p in ('slurm', 'sge', 'bcp', 'k8s'))\n"
+        "    lazy = ('data_prep', 'launcher.autoconf.search', 'launcher.config.errors', *platforms)\n"
+        "    print(sorted(m for m in sys.modules if m.startswith(lazy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]", out.stdout

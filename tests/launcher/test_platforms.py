@@ -14,7 +14,7 @@ from launcher.jobs.render import Job
 from launcher.jobs.submit import Submitted
 from launcher.plan.errors import PlanError
 from launcher.platforms.base import Platform
-from launcher.platforms.registry import PLATFORMS, platform_of
+from launcher.platforms.registry import platform_named, platform_of
 
 RUN = Path("/results/run")
 # The conf/cluster/ option of each platform.
@@ -30,9 +30,9 @@ CAN = {
 }
 
 
-def test_every_platform_the_schema_names_is_registered_under_its_name():
-    assert list(PLATFORMS) == list(PlatformName)
-    for name, platform in PLATFORMS.items():
+def test_every_platform_the_schema_names_is_the_platform_of_its_module():
+    for name in PlatformName:
+        platform = platform_named(name)
         assert isinstance(platform, Platform) and platform.name == name
 
 
@@ -48,13 +48,13 @@ def test_each_platform_is_the_one_of_its_cluster_keys(name):
 
 @pytest.mark.parametrize("name", list(CAN))
 def test_what_each_platform_supports(name):
-    platform = PLATFORMS[PlatformName(name)]
+    platform = platform_named(PlatformName(name))
     assert {need for need in ("container", "preflight", "export", "nsys") if platform.supports(need)} == CAN[name]
 
 
 @pytest.mark.parametrize("name", ["sge", "bcp", "k8s"])
 def test_a_refused_stage_is_refused_by_the_checks_and_by_its_job_in_the_same_words(name):
-    platform = PLATFORMS[PlatformName(name)]
+    platform = platform_named(PlatformName(name))
     nsys = {"cluster.name": f"my-{name}", "profile.enabled": True, "profile.tool": "nsys"}
     cfg = changed(compose([f"cluster={OPTION[name]}"]), nsys)
     refused = platform.refusals(cfg, ["container", "preflight", "training", "export"])
@@ -131,7 +131,7 @@ def _submitted(dependency: str, *stages: str) -> list[Submitted]:
     ],
 )
 def test_the_lines_after_a_submission(name, dependency, expected):
-    platform = PLATFORMS[PlatformName(name)]
+    platform = platform_named(PlatformName(name))
     stages = ("data_preparation", "training")
     assert platform.follow(_jobs(*stages), _submitted(dependency, *stages), RUN) == expected
 

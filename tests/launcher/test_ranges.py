@@ -28,6 +28,8 @@ BASES = {
     "k8s": ["cluster=k8s"],
     "c4": ["data_preparation=c4"],
     "files": ["data_preparation=files"],
+    "sft_jsonl": ["data_preparation=sft_jsonl"],
+    "govreport_mlperf": ["data_preparation=govreport_mlperf"],
     "auto": ["training=llama31/8b", "parallelism=auto", "cluster=bcm"],
     "mlperf": ["training=mlperf/llama31_8b"],
 }

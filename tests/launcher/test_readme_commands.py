@@ -49,6 +49,7 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"python -m data_prep train-tokenizer ", "trains on the reader's corpus (tests/data_prep train tokenizers)"),
     (r"python main.py .*'stages=\[export\]'", "exports the checkpoint a run wrote (stages=[export] alone needs one)"),
     (r"python main.py .*training\.tokenizer\.path=/", "names a tokenizer on the cluster; the plan checks it exists"),
+    (r"python main.py .*'data_preparation\.inputs=\[/", "names input files on the cluster; the plan checks they exist"),
     (
         r"python main.py .*cluster=(bcp|k8s) .*(workspaces|volumes)=",
         "runs from the repository in the cluster's shared workspace or volume, which the plan checks",

@@ -9,8 +9,11 @@ import pytest
 from common import config as schema
 from common.config import load_config
 from common.typed import TypedConfigError, to_plain
+from hydra.core.config_store import ConfigStore
+
 from launcher.config import reference as config_reference
 from launcher.config.compose import compose_plain
+from launcher.config.schema import register
 
 from launcher_helpers import REPO
 
@@ -34,6 +37,7 @@ COMPOSITIONS = (
     + [[f"parallelism={p}", "training=llama31/405b"] for p in options("parallelism")]
     + [[f"cluster={c}"] for c in options("cluster")]
     + [[f"data_preparation={d}"] for d in options("data_preparation")]
+    + [[f"peft={p}"] for p in options("peft")]
     + [["training=mlperf/llama31_405b", "cluster=bcm", "cluster.gpus_per_node=4"]]
 )
 
@@ -52,6 +56,7 @@ def test_every_option_composes_to_the_declared_types(overrides):
     assert to_plain(cfg) == plain
     assert type(cfg.cluster) is schema.CLUSTERS[plain["cluster"]["platform"]]
     assert type(cfg.data_preparation) is schema.DATA_SOURCES[plain["data_preparation"]["name"]]
+    assert type(cfg.peft) is schema.PEFT_METHODS[plain["peft"]["method"]]
 
 
 @pytest.mark.parametrize(
@@ -96,3 +101,11 @@ def test_the_docs_reference_is_the_generated_one():
         f"{config_reference.PAGE} differs from the schema: python -m launcher.config.reference --write "
         f"{config_reference.PAGE}"
     )
+
+
+def test_registering_again_keeps_the_stored_schema():
+    # main.py registers at import and composing registers again: the second converts nothing anew
+    register()
+    stored = ConfigStore.instance().repo["config_schema.yaml"]
+    register()
+    assert ConfigStore.instance().repo["config_schema.yaml"] is stored

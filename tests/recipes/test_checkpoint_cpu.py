@@ -4,6 +4,11 @@ may be one rank's, so no collective may follow), with a record in the run's even
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+import signal
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +18,8 @@ from common import run_events
 from recipes.runtime.callbacks import ERROR, FINISHED, SIGNAL, Stop
 from recipes.trainer import checkpoint
 from recipes.trainer.cadence import SavePolicy
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -65,3 +72,36 @@ def test_a_stop_every_rank_agrees_on_waits_for_the_save_instead(reason, tmp_path
     ckpt.stops(Stop(reason, 34, 272))
     assert waited == [True] and writer.closed == []
     assert run_events.read(str(tmp_path / "run")) == []
+
+
+# A trainer with an asynchronous save set up, killed hard (kill -9) as it starts writing.
+KILLED_WHILE_SAVING = """
+import os, signal
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from recipes.trainer import checkpoint
+queue = checkpoint.writers_report_through_a_queue_that_dies_with_the_trainer()
+assert filesystem_async.get_write_results_queue() is queue, "megatron's writers would start a manager of their own"
+print("writers' queue ready", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_trainer_killed_hard_leaves_no_writer_queue_process_holding_its_output():
+    """The writers' queue lives in a manager process. megatron-core starts it with 'spawn', and it outlived a
+    trainer killed with kill -9, holding the job's stdout open: whoever read the output (the local launch, this
+    test) waited forever. Ours dies with the trainer, so the reader gets end-of-file."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WHILE_SAVING],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the manager is in this process group: killed below if it outlives the trainer
+    )
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("a process the killed trainer started kept its output open: the writers' queue outlived it")
+    assert "writers' queue ready" in output and proc.returncode == -signal.SIGKILL, output

@@ -50,6 +50,9 @@ def interrupt_at_step(overrides: list[str], run_dir: Path, step: int, sig: int) 
         if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= step:
             break
         time.sleep(0.5)
+    if proc.poll() is not None:  # it ended by itself before the step: say why, rather than fail to signal it
+        output, _ = proc.communicate()
+        raise AssertionError(f"main.py ended (exit {proc.returncode}) before step {step}:\n{output[-6000:]}")
     os.killpg(proc.pid, sig)
     output, _ = proc.communicate(timeout=300)
     return output

@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from common.config import Config, DataConfig, Stage
-from data_prep.checks import prepared_data_problems
-from data_prep.tokenizer import tokenizer_problem, vocabulary_size
+from common.config import Config, DataConfig, DataFormat, Stage
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -57,6 +55,8 @@ def _prepared(prefix: str) -> bool:
 def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
     data = cfg.training.data
     _split(data.split, found)
+    if data.format == DataFormat.sft:
+        _sft(cfg, found)
     if data.mock:
         for key, blend in _named_blends(data):
             if blend:
@@ -67,6 +67,10 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
         return
     if not _blends(data, found):
         return
+    # data_prep's readers load for real data only: every mock-data run does without their import
+    from data_prep.checks import prepared_data_problems
+    from data_prep.tokenizer import tokenizer_problem
+
     tokenizer = cfg.training.tokenizer
     problem = tokenizer_problem(tokenizer.type, tokenizer.path, key="training.tokenizer")
     if problem:
@@ -81,11 +85,59 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
         present = [p for p in blend_prefixes(blend) or [] if _prepared(p)]
         for line in prepared_data_problems(f"training.data.{key}", present, tokenizer):
             found.problem(line)
+        if data.format == DataFormat.sft:
+            _sft_files(f"training.data.{key}", present, cfg, found)
+
+
+def _sft(cfg: Config, found: Findings) -> None:
+    """Fine-tuning data: what the trainer can do with it so far."""
+    data, cp = cfg.training.data, cfg.parallelism.cp
+    if data.mock:
+        found.problem(
+            "training.data.format=sft needs prepared samples: set training.data.mock=false and training.data.blend "
+            "to the outputs of data_preparation=sft_jsonl or govreport_mlperf"
+        )
+    if data.blend and not all(isinstance(item, str) for item in data.blend):
+        found.problem(
+            f"training.data.blend weights are not used for training.data.format=sft (every sample of every prefix "
+            f"is trained on, in the seed's order): list the prefixes only; got {data.blend}"
+        )
+    if data.packing and cp is not None and cp > 1:
+        found.problem(
+            f"parallelism.cp={cp} with training.data.packing=true: packed samples are not padded to multiples of "
+            f"2 x cp as context parallelism over packed sequences needs; set training.data.packing=false or "
+            "parallelism.cp=1"
+        )
+    if data.packing:
+        found.problem(
+            "training.data.format=sft with training.data.packing=true: the trainer does not yet hand packed "
+            "sequences (cu_seqlens) to the model, so packed samples would attend to each other; set "
+            "training.data.packing=false"
+        )
+
+
+def _sft_files(key: str, prefixes: list[str], cfg: Config, found: Findings) -> None:
+    """Prepared fine-tuning data: its loss mask is there, and (truncation off) no sample is longer than a sequence."""
+    from data_prep.checks import longer_samples_problem
+    from data_prep.shards import LOSS_MASK
+
+    missing = [p for p in prefixes if not _prepared(p + LOSS_MASK)]
+    if missing:
+        found.problem(
+            f"{key}: {missing[0]} has no loss mask ({LOSS_MASK[1:]}.bin/.idx): it is not fine-tuning data; "
+            "prepare it with data_preparation=sft_jsonl or govreport_mlperf, or set training.data.format=pretrain"
+        )
+    if not cfg.training.data.truncate:
+        problem = longer_samples_problem(key, prefixes, cfg.training.seq_length)
+        if problem:
+            found.problem(problem)
 
 
 def _vocabulary(cfg: Config, found: Findings) -> None:
     """Every token id the tokenizer can give needs an embedding row: the trainer refuses a larger vocabulary on the
     ranks, after the queue wait."""
+    from data_prep.tokenizer import vocabulary_size
+
     tokenizer, vocab = cfg.training.tokenizer, cfg.training.model.vocab_size
     size = vocabulary_size(tokenizer.type, tokenizer.path)
     if size is not None and size > vocab:

@@ -1,0 +1,71 @@
+"""peft: what LoRA needs of the rest of the config. Context parallelism is accepted: an adapter is a per-token
+linear map like the layer it adapts, and the adapters' gradients are reduced over the data- and context-parallel
+ranks with every other trained parameter's."""
+
+from __future__ import annotations
+
+from common.config import Config, LoraConfig, LoraInit, LoraTarget
+from launcher.plan.findings import Findings
+from launcher.plan.formulas import lora_target_features
+from launcher.plan.sizes import Sizes
+
+
+def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
+    if isinstance(cfg.peft, LoraConfig):
+        for line in lora_problems(cfg, cfg.peft):
+            found.problem(line)
+
+
+def lora_problems(cfg: Config, lora: LoraConfig) -> list[str]:
+    return [*_target_problems(cfg, lora), *_init_problems(lora), *_base_problems(cfg), *_mlp_problems(cfg, lora)]
+
+
+def _target_problems(cfg: Config, lora: LoraConfig) -> list[str]:
+    targets = [str(t) for t in lora.target_modules]
+    if not targets:
+        return [
+            "peft.target_modules=[] adapts nothing: name one or more of linear_qkv, linear_proj, linear_fc1, linear_fc2"
+        ]
+    if len(set(targets)) < len(targets):
+        return [f"peft.target_modules=[{','.join(targets)}] names a layer twice: name each once"]
+    # The bound is the whole layer's, not a TP shard's: A and B are r x in and out x r of the whole layer (a shard
+    # of A with fewer than r columns is fine), and a product B A has a rank of at most min(in, out).
+    features = lora_target_features(cfg.training.model)
+    smallest, target = min((min(features[t]), str(t)) for t in lora.target_modules)
+    if lora.rank > smallest:
+        return [
+            f"peft.rank={lora.rank} is larger than {target}'s smallest dimension ({smallest}), which bounds the rank "
+            f"of an update B A: choose peft.rank <= {smallest}"
+        ]
+    return []
+
+
+def _init_problems(lora: LoraConfig) -> list[str]:
+    if lora.a_init == LoraInit.zero and lora.b_init == LoraInit.zero:
+        # dA is B^T (...) and dB is (...) (A x)^T: both zero, forever.
+        return [
+            "peft.a_init=zero with peft.b_init=zero never trains (both get zero gradients): set a_init=kaiming_uniform"
+        ]
+    return []
+
+
+def _base_problems(cfg: Config) -> list[str]:
+    ckpt = cfg.training.checkpoint
+    if ckpt.init_from or ckpt.init_from_hf:
+        return []
+    return [
+        "peft=lora trains adapters on a frozen base, and no base is given: set training.checkpoint.init_from_hf "
+        "(Hugging Face weights) or training.checkpoint.init_from (a checkpoint of a run)"
+    ]
+
+
+def _mlp_problems(cfg: Config, lora: LoraConfig) -> list[str]:
+    # Transformer Engine's fused MLP computes fc1 and fc2 from their weights without calling the layers, so the
+    # hooks that add the adapters' outputs would never run: the adapters would silently do nothing.
+    mlp = [str(t) for t in lora.target_modules if t in (LoraTarget.linear_fc1, LoraTarget.linear_fc2)]
+    if cfg.dtype.te_op_fuser and mlp:
+        return [
+            f"peft.target_modules with {' and '.join(mlp)} needs dtype.te_op_fuser=false: the fused MLP does not run "
+            "the layers the adapters attach to"
+        ]
+    return []

@@ -1,0 +1,51 @@
+"""Composing conf/ (launcher/config/compose.py) reads its YAML files with libyaml's parser under OmegaConf's own
+loader: the same data as OmegaConf's pure-Python reading, and a file that does not parse fails in PyYAML's words."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import omegaconf._utils
+import pytest
+import yaml
+
+from launcher.config.compose import _libyaml_parsing, compose
+
+from launcher_helpers import REPO
+
+# What OmegaConf's loader reads unlike PyYAML's SafeLoader (1e-5 is a float, dates stay strings), and plain values.
+TRICKY = "a: 1e-5\nb: 3.0e+2\nc: .inf\nd: 2024-01-01\ne: 0o17\nf: 1_000\ng: ~\nh: [1, 'x', yes]\ni: {j: null}\n"
+
+
+def _both_ways(text: str) -> tuple[str, str]:
+    """`text` as OmegaConf's loader reads it, and as it reads it within _libyaml_parsing (which must be libyaml's)."""
+    pure = yaml.load(text, Loader=omegaconf._utils.get_yaml_loader())
+    with _libyaml_parsing():
+        loader = omegaconf._utils.get_yaml_loader()
+    assert issubclass(loader, yaml.cyaml.CParser)
+    return repr(yaml.load(text, Loader=loader)), repr(pure)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "conf").rglob("*.yaml")), ids=lambda p: str(p.relative_to(REPO)))
+def test_libyaml_reads_every_conf_file_as_omegaconf_does(path: Path):
+    fast, pure = _both_ways(path.read_text())
+    assert fast == pure
+
+
+def test_libyaml_keeps_omegaconfs_own_reading_of_values():
+    fast, pure = _both_ways(TRICKY)
+    assert fast == pure
+    assert "'a': 1e-05" in fast and "'d': '2024-01-01'" in fast
+
+
+def test_a_file_that_does_not_parse_fails_in_pyyamls_words(tmp_path: Path):
+    # libyaml would say "did not find expected ',' or ']'"; the error lines quote PyYAML's message
+    (tmp_path / "cluster").mkdir()
+    broken = tmp_path / "cluster" / "broken.yaml"
+    broken.write_text("partition: [batch,\naccount: x\n")
+    with pytest.raises(yaml.YAMLError) as composed:
+        compose([f"hydra.searchpath=[file://{tmp_path}]", "cluster=broken"])
+    with open(os.path.realpath(broken)) as f, pytest.raises(yaml.YAMLError) as pure:
+        yaml.load(f, Loader=omegaconf._utils.get_yaml_loader())
+    assert str(composed.value) == str(pure.value)

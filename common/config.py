@@ -575,7 +575,7 @@ class ParallelismConfig:
         "full recomputation: layers per group (uniform) or per stage (block)", within=COUNT
     )
     auto: Optional[AutoConfig] = key("parallelism=auto: the search (The auto-configurator)", default=None)
-    # The MLPerf 405B default picks its layout by node size (conf/parallelism/default/mlperf/llama31_405b/).
+    # MLPerf 405B picks its layout by node size (conf/parallelism/mlperf_llama31_405b.yaml).
     by_node: Optional[Dict[str, Any]] = key("layouts per cluster.gpus_per_node (MLPerf 405B default)", default=None)
     node: Optional[Any] = key("the by_node entry for this cluster", default=None)
 

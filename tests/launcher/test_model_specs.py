@@ -217,3 +217,21 @@ def test_a_training_option_without_a_default_layout_is_one_line(tmp_path):
     )
     assert run_main(*args, "training.default_layout.bf16=tp1", f"results_dir={tmp_path / 'named'}").returncode == 0
     assert run_main(*args, "parallelism=tp1", f"results_dir={tmp_path / 'picked'}").returncode == 0
+
+
+# --------------------------------------------------------------------------- with the fine-tuning groups
+@pytest.mark.parametrize("option", list(MODELS))
+def test_each_model_plans_lora_from_its_hugging_face_weights(cfg_for, option, tmp_path):
+    _, _, extra = MODELS[option]
+    model = cfg_for(f"training={option}").training.model
+    weights = write_hf_dir(tmp_path / MODELS[option][0], published(option), model)
+    base = [f"training={option}", *extra, f"training.checkpoint.init_from_hf={weights}", "dry_run=true"]
+    local_gpus = None if extra else EIGHT_H100
+    full = planned(cfg_for(*base), local_gpus)
+    lora = planned(cfg_for(*base, "peft=lora"), local_gpus)
+    assert (lora.tp, lora.pp, lora.num_parameters) == (full.tp, full.pp, full.num_parameters)
+    assert lora.est_memory_gib_per_gpu < full.est_memory_gib_per_gpu
+    assert lora.model_flops_per_sample < full.model_flops_per_sample
+    # A rank the model's narrowest target cannot hold is refused in its own words, for its own shape.
+    with pytest.raises(PlanError, match=f"smallest dimension \\({model.hidden_size}\\)"):
+        planned(cfg_for(*base, "peft=lora", f"peft.rank={model.hidden_size + 1}"), local_gpus)

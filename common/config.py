@@ -129,6 +129,22 @@ class TokenizerType(StrEnum):
     sentencepiece = "sentencepiece"
 
 
+class Normalization(StrEnum):
+    rmsnorm = "rmsnorm"
+    layernorm = "layernorm"
+
+
+class Activation(StrEnum):
+    """The gated MLP's activation: act(x W_gate) * (x W_up)."""
+
+    swiglu = "swiglu"
+    geglu = "geglu"
+
+
+class RopeScalingType(StrEnum):
+    llama3 = "llama3"
+
+
 class AttentionBackend(StrEnum):
     auto = "auto"
     fused = "fused"
@@ -244,10 +260,25 @@ class LoraInit(StrEnum):
 
 # --------------------------------------------------------------------------- training
 @dataclass
+class RopeScaling:
+    type: RopeScalingType = key(
+        "llama3: Llama 3's frequency scaling (Hugging Face rope_scaling.rope_type); training.model.rope_scaling=null: "
+        "none (Llama 2)"
+    )
+    factor: float = key("long wavelengths are divided by this (Llama 3.1: 8, Llama 3.2: 32)", within=POSITIVE)
+    low_freq_factor: float = key("wavelengths above original / this are scaled whole", within=POSITIVE)
+    high_freq_factor: float = key("wavelengths below original / this are kept", within=POSITIVE)
+    original_max_position_embeddings: int = key("context length the model was first trained at", within=COUNT)
+
+
+@dataclass
 class ModelConfig:
+    """The architecture: everything the plan, the trainer and the Hugging Face mapping read of a model. A family's
+    facts live in conf/training/<family>/_common.yaml, a size's in conf/training/<family>/<size>.yaml."""
+
     num_layers: int = key("decoder layers", within=COUNT)
     hidden_size: int = key("hidden size", within=COUNT)
-    ffn_hidden_size: int = key("SwiGLU MLP width", within=COUNT)
+    ffn_hidden_size: int = key("gated MLP width", within=COUNT)
     num_attention_heads: int = key("query heads", within=COUNT)
     num_query_groups: int = key("key/value heads (grouped-query attention)", within=COUNT)
     kv_channels: int = key("size of one attention head", within=COUNT)
@@ -255,16 +286,24 @@ class ModelConfig:
         "tokenizer vocabulary; megatron pads it for TP (make_vocab_size_divisible_by x tp)", within=COUNT
     )
     make_vocab_size_divisible_by: int = key("the padded vocabulary is a multiple of this x tp", within=COUNT)
-    rotary_base: int = key("RoPE base frequency", within=COUNT)
-    rope_scaling: bool = key("Llama 3.1 RoPE frequency scaling")
-    rope_scaling_factor: float = key("the scaling factor of rope_scaling", within=POSITIVE)
-    norm_epsilon: float = key("RMSNorm epsilon", within=POSITIVE)
+    normalization: Normalization = key("rmsnorm (Llama) or layernorm (with biases)")
+    norm_epsilon: float = key("epsilon of every norm", within=POSITIVE)
+    activation: Activation = key("the gated MLP's activation: swiglu (SiLU, Llama) or geglu (GELU)")
+    add_bias_linear: bool = key("every linear layer has a bias (Hugging Face attention_bias and mlp_bias)")
+    share_embeddings_and_output_weights: bool = key(
+        "tied embeddings: the output layer is the input embedding (Llama 3.2 1B/3B); false: two matrices"
+    )
+    rotary_base: int = key("RoPE base frequency (rope_theta)", within=COUNT)
+    rope_scaling: Optional[RopeScaling] = key("RoPE frequency scaling (Llama 3); null: none (Llama 2)")
     max_position_embeddings: int = key("context length an exported config.json declares", within=COUNT)
     attention_backend: AttentionBackend = key("Transformer Engine attention backend: auto, fused, flash or unfused")
     init_method_std: float = key("standard deviation of the random weight initialisation", within=POSITIVE)
     cross_entropy_fusion: CrossEntropyFusion = key(
         "fused loss kernel: native (megatron-core's), te (Transformer "
         "Engine's, known stability issues) or none (unfused)"
+    )
+    from_hf: bool = key(
+        "take the architecture from training.checkpoint.init_from_hf's config.json instead of these keys"
     )
 
 
@@ -326,9 +365,24 @@ class CheckpointConfig:
 
 
 @dataclass
+class DefaultLayout:
+    """The layout (conf/parallelism/<name>.yaml) a run of this model gets unless parallelism=<name> picks one."""
+
+    bf16: Optional[str] = key("the layout of bf16 runs (conf/parallelism/<name>.yaml); null: parallelism=<name> picks")
+    fp8: Optional[str] = key("of FP8 runs; null: bf16's")
+    nvfp4: Optional[str] = key("of NVFP4 runs; null: fp8's")
+
+    def for_dtype(self, dtype: DtypeConfig) -> str | None:
+        if dtype.fp4:
+            return self.nvfp4 or self.fp8 or self.bf16
+        return (self.fp8 or self.bf16) if dtype.fp8 else self.bf16
+
+
+@dataclass
 class TrainingConfig:
     name: str = key("model name in run names and reports")
     model: ModelConfig = group(ModelConfig, "architecture")
+    default_layout: DefaultLayout = group(DefaultLayout, "the layout unless parallelism=<name> picks one")
     seq_length: int = key("tokens per sequence", within=COUNT)
     micro_batch_size: int = key("sequences per microbatch on one data-parallel rank", within=COUNT)
     global_batch_size: int = key("sequences per optimizer step", within=COUNT)
@@ -521,7 +575,7 @@ class ParallelismConfig:
         "full recomputation: layers per group (uniform) or per stage (block)", within=COUNT
     )
     auto: Optional[AutoConfig] = key("parallelism=auto: the search (The auto-configurator)", default=None)
-    # The MLPerf 405B default picks its layout by node size (conf/parallelism/default/mlperf/llama31_405b/).
+    # MLPerf 405B picks its layout by node size (conf/parallelism/mlperf_llama31_405b.yaml).
     by_node: Optional[Dict[str, Any]] = key("layouts per cluster.gpus_per_node (MLPerf 405B default)", default=None)
     node: Optional[Any] = key("the by_node entry for this cluster", default=None)
 

@@ -26,7 +26,7 @@ from common.typed import TypedConfigError
 from common.plan import Plan
 from launcher.autoconf import is_auto
 from launcher.config import sweep
-from launcher.config.compose import Bases, compose, to_plain
+from launcher.config.compose import Bases, compose, default_layout_of, hydra_state_kept, search_path, to_plain
 from launcher.jobs.rundir import record_jobs, run_dir_of, write_run_dir
 from launcher.jobs.stages import StagePlan
 from launcher.jobs.submit import SubmitError, run_here
@@ -295,15 +295,27 @@ def run_sweep(argv: Sequence[str]) -> int:
 def run_hydra_app(cfg: DictConfig) -> None:
     """main.py's single run through Hydra's app, for a command line with Hydra's own flags (--config-dir, --cfg,
     ...): the config it composed, typed."""
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:
         _err("error: -m with Hydra's --config-path/--config-name/--config-dir is not supported; sweep without them")
         sys.exit(2)
+    overrides = list(hydra.overrides.task)
     try:
-        config = load_config(to_plain(cfg))
+        if default_layout_of(hydra.runtime.choices, cfg) is None:
+            config = load_config(to_plain(cfg))
+        else:  # composed again by compose(), which names that layout (with the --config-dir directories)
+            with hydra_state_kept():
+                config = compose([*overrides, *search_path(config_dirs_of(sys.argv[1:]))])
     except TypedConfigError as err:  # a value composition let through that the typed config refuses
         _err(f"error: {err}")
         sys.exit(2)
-    run(config, list(HydraConfig.get().overrides.task))
+    except (HydraException, OmegaConfBaseException) as err:  # here, not in Hydra's app: it would add its own line
+        from launcher.config.errors import error_lines  # loaded when a config fails to compose only
+
+        for line in error_lines(err, config_dirs_of(sys.argv[1:])):
+            _err(f"error: {line}")
+        sys.exit(2)
+    run(config, overrides)
 
 
 def run_overrides(overrides: Sequence[str]) -> None:

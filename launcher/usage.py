@@ -37,13 +37,12 @@ def usage(config_dirs: Sequence[Path] = ()) -> str:
 
 
 def group_options(group: str, config_dirs: Sequence[Path] = ()) -> list[str]:
-    """A group's selectable options in conf/ and the --config-dir directories (not _private.yaml files, not the
-    default layouts that parallelism's default points at)."""
+    """A group's selectable options in conf/ and the --config-dir directories (not _private.yaml files)."""
     found = set()
     for root in [CONF_DIR, *config_dirs]:
         for path in (Path(root) / group).rglob("*.yaml"):
             relative = path.relative_to(Path(root) / group)
-            if not any(part.startswith("_") for part in relative.parts) and relative.parts[0] != "default":
+            if not any(part.startswith("_") for part in relative.parts):
                 found.add(relative.with_suffix("").as_posix())
     return sorted(found)
 

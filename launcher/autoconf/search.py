@@ -22,7 +22,7 @@ from launcher.autoconf.steptime import StepTime, predict
 from launcher.config.compose import CONF_DIR, compose, hydra_state_kept
 from launcher.plan.build import build_plan
 from launcher.plan.checks import ranges
-from launcher.plan.validate import LAYOUT_CHECKS, validate
+from launcher.plan.validate import LAYOUT_CHECKS, validate, with_hf_architecture
 from launcher.plan.errors import PlanError
 from launcher.plan.hardware import LocalGpus, gpu_spec
 from launcher.plan.table import layout as layout_label
@@ -202,6 +202,7 @@ def _gpu_type_problem(cfg: Config, local_gpus: LocalGpus | None) -> str | None:
 
 def search(cfg: Config, local_gpus: LocalGpus | None = None) -> Search:
     """Every candidate through the plan's layout checks; the ones that fit ranked by predicted step time."""
+    cfg = with_hf_architecture(cfg)  # the step-time model reads the architecture too
     out_of_range = ranges.problems(cfg)  # once here: every layout tried is checked with ranges_checked=True
     if out_of_range:
         raise PlanError(out_of_range)
@@ -480,7 +481,7 @@ def resolve(
     chosen = result.ranked[pick]
     with hydra_state_kept():
         overrides, final = pick_overrides(user_overrides, chosen, cfg)
-    _check_same_plan(build_plan(final, local_gpus), chosen.plan)
+    _check_same_plan(build_plan(with_hf_architecture(final), local_gpus), chosen.plan)
     if say:
         say(format_search(result, auto.top, pick))
         p = chosen.plan

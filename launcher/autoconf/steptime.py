@@ -44,7 +44,7 @@ from launcher.autoconf.perfdata import (
 )
 from launcher.config.compose import CONF_DIR, compose
 from launcher.plan.build import build_plan
-from launcher.plan.formulas import layer_parameters
+from launcher.plan.formulas import stage_parameters
 from launcher.plan.hardware import GpuSpec, gpu_spec
 
 GB = 1e9
@@ -165,12 +165,12 @@ def _output_layer_seconds(
 
 def _stage_parameters(model: ModelConfig, plan: Plan) -> float:
     """Parameters on the most loaded pipeline stage, per TP rank."""
-    embed = plan.padded_vocab_size * model.hidden_size
     stages = plan.layers_per_pipeline_stage
-    worst = 0.0
-    for s, n in enumerate(stages):
-        worst = max(worst, n * layer_parameters(model) + embed * ((s == 0) + (s == len(stages) - 1)))
-    return worst / plan.tp
+    last = len(stages) - 1
+    return (
+        max(stage_parameters(model, n, s == 0, s == last, plan.padded_vocab_size) for s, n in enumerate(stages))
+        / plan.tp
+    )
 
 
 def predict(cfg: Config, plan: Plan, constants: StepTimeConstants) -> StepTime:

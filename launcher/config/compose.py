@@ -6,7 +6,7 @@ import copy
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import omegaconf._utils
 import yaml
@@ -16,13 +16,17 @@ from hydra._internal.defaults_list import Overrides
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.types import Override
+from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from common.config import Config, load_config
+from common.config import Config, DefaultLayout, DtypeConfig, load_config
+from common.typed import from_plain
 from launcher.config.schema import register
 from launcher.config.sweep import parse
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# conf/config.yaml's parallelism: not a layout, but the one the training option names (training.default_layout).
+DEFAULT_LAYOUT = "default"
 # The configs a sweep composed from its points' config-group overrides alone, by those overrides (None: it did not
 # compose): the points that differ only in keys share one (_from_base).
 Bases = dict[tuple[str, ...], Optional[DictConfig]]
@@ -47,13 +51,61 @@ def _plain_value(cfg: DictConfig, key: str) -> Any:
 
 def _composed(overrides: Sequence[str], bases: Bases | None = None) -> DictConfig:
     """The config as `python main.py <overrides>` composes it (the schema registered first), Hydra's node
-    included, outside of @hydra.main; from a base of `bases` where one fits (the points of a sweep)."""
+    included, outside of @hydra.main; from a base of `bases` where one fits (the points of a sweep). A run that
+    takes the default layout is composed again with that layout named, so it is the same run as one that names
+    it (in a sweep, from the base of the overrides that name it)."""
     _hydra_over_conf()
+    cfg = _compose_once(overrides, bases)
+    layout = default_layout_of(cfg.hydra.runtime.choices, cfg)
+    if layout is None:
+        return cfg
+    try:
+        return _compose_once(with_layout(overrides, layout), bases)
+    except MissingConfigException as err:
+        if f"parallelism/{layout}" not in str(err):
+            raise
+        raise ConfigCompositionException(
+            f"training.default_layout names parallelism={layout}, which is not a layout of conf/parallelism/: fix "
+            "the training option's default_layout, or choose a layout with parallelism=<name>"
+        ) from None
+
+
+def _compose_once(overrides: Sequence[str], bases: Bases | None) -> DictConfig:
     cfg = _from_base(overrides, bases) if bases is not None else None
     if cfg is None:
         cfg = _hydra_composed(overrides)
     HydraConfig.instance().set_config(cfg)
     return cfg
+
+
+def default_layout_of(choices: Mapping[str, Any], cfg: DictConfig) -> str | None:
+    """The layout the training option names for the dtype (training.default_layout) when the run takes the
+    default (`choices`: Hydra's group choices); None when it names a layout."""
+    if choices.get("parallelism") != DEFAULT_LAYOUT:
+        return None
+    layouts = from_plain(DefaultLayout, _resolved(cfg.training.default_layout), path="training.default_layout")
+    layout = layouts.for_dtype(from_plain(DtypeConfig, _resolved(cfg.dtype), path="dtype"))
+    if layout is None:
+        raise ConfigCompositionException(
+            f"training={choices.get('training')} names no default layout (training.default_layout.bf16): set it "
+            "to a layout of conf/parallelism/ in the option's YAML, or choose one with parallelism=<name>"
+        )
+    return layout
+
+
+def _resolved(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True, throw_on_missing=True, enum_to_str=True)
+
+
+def with_layout(overrides: Sequence[str], layout: str) -> list[str]:
+    """The overrides choosing `layout` instead of the default (a `parallelism=default` among them replaced)."""
+    kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") != "parallelism"]
+    return [*kept, f"parallelism={layout}"]
+
+
+def search_path(config_dirs: Sequence[Path]) -> list[str]:
+    """The override adding --config-dir directories to the search path of compose() (none without any)."""
+    return [f"hydra.searchpath=[{','.join(f'file://{d}' for d in config_dirs)}]"] if config_dirs else []
 
 
 def _hydra_composed(overrides: Sequence[str]) -> DictConfig:

@@ -23,7 +23,7 @@ from omegaconf.errors import (
 )
 
 from common import config as schema
-from launcher.config.compose import CONF_DIR, compose
+from launcher.config.compose import CONF_DIR, compose, search_path
 from launcher.usage import group_options
 
 
@@ -54,14 +54,13 @@ def every_error_line(
     """Hydra stops at the first override that does not fit the schema; compose again without each offending
     override in turn, so one run of main.py names every bad value, not just the first."""
     lines, remaining = error_lines(exc, config_dirs), list(overrides)
-    search_path = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in config_dirs)}]"] if config_dirs else []
     for _ in range(limit):
         offending = _offending_override(exc, remaining)
         if offending is None:
             break
         remaining.remove(offending)
         try:
-            compose([*remaining, *search_path])
+            compose([*remaining, *search_path(config_dirs)])
             break
         except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:
             exc = err
@@ -291,13 +290,6 @@ def _missing_option(exc: Any, config_dirs: Sequence[Path] = ()) -> str:
     path = match.group(1) if match else str(getattr(exc, "missing_cfg_file", ""))
     # Options may lie in sub-folders of their group (training=llama31/8b): the group is the first folder.
     group, _, option = path.partition("/")
-    if group == "parallelism" and option.startswith("default/"):
-        training, _, dtype = option.removeprefix("default/").rpartition("/")
-        return (
-            f"training={training} with dtype={dtype} has no default layout (parallelism/{option}.yaml): choose "
-            f"one with parallelism=<name> ({', '.join(group_options('parallelism', config_dirs))}), or add that file "
-            "(it names a layout, as conf/parallelism/default/ does)"
-        )
     if not group_options(group, config_dirs):
         return _first_line(exc)
     return f"{group}={option}: {_no_such_option(group, option, config_dirs)}"

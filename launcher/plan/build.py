@@ -9,12 +9,7 @@ from typing import Callable
 from common.config import Config, DtypeConfig, ParallelismConfig, RankOrder
 from common.plan import Plan
 from launcher.plan.env import training_env
-from launcher.plan.formulas import (
-    layer_parameters,
-    layers_per_pipeline_stage,
-    model_flops_per_sample,
-    padded_vocab_size,
-)
+from launcher.plan.formulas import layers_per_pipeline_stage, model_flops_per_sample, num_parameters, padded_vocab_size
 from launcher.plan.hardware import LocalGpus
 from launcher.plan.memory import estimate_memory_gib
 from launcher.plan.sizes import Sizes, sizes_of
@@ -85,9 +80,7 @@ def build_plan(cfg: Config, local_gpus: LocalGpus | None = None) -> Plan:
         model_flops_per_sample=model_flops_per_sample(model, train.seq_length, cfg.peft),
         est_memory_gib_per_gpu=memory,
         padded_vocab_size=vocab,
-        num_parameters=model.num_layers * layer_parameters(model)
-        + 2 * model.vocab_size * model.hidden_size
-        + model.hidden_size,
+        num_parameters=num_parameters(model),
         gpu_type=sizes.gpu_type,
         peak_flops_per_gpu=peak,
         peak_flops_kind=kind,

@@ -1,10 +1,10 @@
-"""The plan's formulas: padded vocabulary, model FLOPs per sample, parameters per layer (LoRA adapters' too), the
-pipeline split."""
+"""The plan's formulas: padded vocabulary, model FLOPs per sample, parameters (per layer, per pipeline stage, in
+all; LoRA adapters' too), the pipeline split."""
 
 from __future__ import annotations
 
 import math
-from common.config import LoraConfig, LoraTarget, ModelConfig, PeftConfig
+from common.config import LoraConfig, LoraTarget, ModelConfig, Normalization, PeftConfig
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -38,12 +38,39 @@ def model_flops_per_sample(model: ModelConfig, seq_length: int, peft: PeftConfig
     return full + seq_length * (adapters - weight_gradients)
 
 
+def norm_parameters(model: ModelConfig) -> int:
+    """One norm's parameters: RMSNorm has a scale, LayerNorm a scale and a bias."""
+    return model.hidden_size * (2 if model.normalization == Normalization.layernorm else 1)
+
+
 def layer_parameters(model: ModelConfig) -> int:
-    """Parameters of one decoder layer (attention, SwiGLU MLP, two RMSNorm weights, no biases)."""
+    """Parameters of one decoder layer: attention, the gated MLP, two norms, and each linear layer's bias with
+    add_bias_linear."""
     h, ffn = model.hidden_size, model.ffn_hidden_size
     q = model.num_attention_heads * model.kv_channels
     kv = 2 * model.num_query_groups * model.kv_channels
-    return h * (q + kv) + q * h + 3 * h * ffn + 2 * h
+    weights = h * (q + kv) + q * h + 3 * h * ffn
+    biases = (q + kv) + h + 2 * ffn + h if model.add_bias_linear else 0  # qkv, proj, fc1 (gate and up), fc2
+    return weights + biases + 2 * norm_parameters(model)
+
+
+def embedding_matrices(model: ModelConfig, first: bool, last: bool) -> int:
+    """Vocabulary x hidden matrices on a pipeline stage: the input embedding on the first, the output layer on the
+    last. Tied embeddings share one where both are on the same stage; megatron-core keeps a copy on the last stage
+    otherwise (kept equal by reducing their gradients together)."""
+    return int(first) + int(last) - int(model.share_embeddings_and_output_weights and first and last)
+
+
+def stage_parameters(model: ModelConfig, layers: int, first: bool, last: bool, padded_vocab: int) -> int:
+    """Parameters of one pipeline stage (all its TP ranks together)."""
+    return layers * layer_parameters(model) + embedding_matrices(model, first, last) * padded_vocab * model.hidden_size
+
+
+def num_parameters(model: ModelConfig) -> int:
+    """The model's parameters as its Hugging Face form counts them: the vocabulary unpadded, tied embeddings once,
+    the final norm."""
+    embeddings = embedding_matrices(model, first=True, last=True) * model.vocab_size * model.hidden_size
+    return model.num_layers * layer_parameters(model) + embeddings + norm_parameters(model)
 
 
 def lora_target_features(model: ModelConfig) -> dict[LoraTarget, tuple[int, int]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.config import LoraConfig, ModelConfig, PeftConfig, Recompute
-from launcher.plan.formulas import layer_parameters, lora_layer_parameters
+from launcher.plan.formulas import lora_layer_parameters, stage_parameters
 
 GIB = 1024**3
 
@@ -36,13 +36,11 @@ def estimate_memory_gib(
     adapters count as trained weights; activations are counted as for full training."""
     h, ffn = model.hidden_size, model.ffn_hidden_size
     groups, heads = model.num_query_groups, model.num_attention_heads
-    embed_params = padded_vocab * h
-    layer_params = layer_parameters(model)
     worst = 0.0
     for stage, n_layers in enumerate(stage_layers):
         first, last = stage == 0, stage == pp - 1
-        # This stage's layers, the untied input and output embeddings where they live, split over TP.
-        params = (n_layers * layer_params + embed_params * (first + last)) / tp
+        # This stage's layers, the input and output embeddings where they live, split over TP.
+        params = stage_parameters(model, n_layers, first, last, padded_vocab) / tp
         adapters = n_layers * lora_layer_parameters(model, peft, tp) if isinstance(peft, LoraConfig) else 0.0
         trained = adapters if isinstance(peft, LoraConfig) else params
         weight_bytes = params * (1 if fp8_params else 2) + adapters * 2

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from common import hf_config
 from common.config import Config, Stage
 from common.plan import Plan
 from launcher.jobs.rundir import default_run_name
@@ -76,14 +77,45 @@ class Validated:
 
 
 def normalized(cfg: Config) -> Config:
-    """The config as every later step reads it: stages in run order, results_dir absolute, the run named."""
+    """The config as every later step reads it: the architecture from Hugging Face where training.model.from_hf
+    says so, stages in run order, results_dir absolute, the run named. Raises PlanError."""
     cfg = dataclasses.replace(
-        cfg,
+        with_hf_architecture(cfg),
         stages=[Stage(name) for name in stage_order(cfg.stages)],
         results_dir=str(Path(cfg.results_dir).expanduser().absolute()),
     )
     # The default name describes the run, stages included, so it is made from the config normalized so far.
     return dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name(cfg))
+
+
+def with_hf_architecture(cfg: Config) -> Config:
+    """training.model.from_hf: its architecture keys from init_from_hf's config.json, read on this machine, so that
+    config.yaml records them and every check sees them."""
+    model, value = cfg.training.model, cfg.training.checkpoint.init_from_hf
+    if not model.from_hf:
+        return cfg
+    if not value:
+        raise PlanError(
+            [f"training.model.from_hf=true needs {hf_config.KEY}: the checkpoint whose config.json gives the model"]
+        )
+    directory = hf_config.local_directory(value)
+    if directory is None:
+        where = (
+            f"fetch it first (python -m recipes.hf.importer fetch {value})"
+            if hf_config.is_hub_id(value)
+            else "it is no directory here"
+        )
+        raise PlanError(
+            [
+                f"training.model.from_hf=true reads the config.json of {hf_config.KEY}={value} on this machine, and "
+                f"{where}; or set the training.model keys and training.model.from_hf=false"
+            ]
+        )
+    try:
+        found = hf_config.model_from_config(hf_config.read_config(directory), model, value)
+    except hf_config.HFConfigError as err:
+        raise PlanError([str(err)]) from None
+    return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, model=found))
 
 
 def validate(

@@ -256,6 +256,10 @@ def export(
 ) -> Path:
     """Write the Hugging Face model of `checkpoint` (a run's training.model in `run_config`) into `out`."""
     model = run_config.training.model
+    try:  # before anything is read or written
+        hf_config.check_exportable(model)
+    except hf_config.HFConfigError as err:
+        raise ExportError(str(err)) from None
     if dtype not in DTYPE_CODES:
         raise ExportError(f"--dtype {dtype}: use one of {', '.join(DTYPE_CODES)}")
     path = resolve_checkpoint(checkpoint)

@@ -9,7 +9,6 @@ of those, so the import (recipes/hf/importer.py), the export (recipes/hf/checkpo
 from __future__ import annotations
 
 from dataclasses import dataclass
-import inspect
 import re
 from typing import Any, Iterator, Mapping
 
@@ -17,7 +16,7 @@ import torch
 
 # The tensors' names and shapes: common/hf_config.py, where the plan reads them on the host too.
 from common.config import ModelConfig
-from common.hf_config import hf_layer_name, hf_shapes  # noqa: F401
+from common.hf_config import hf_layer_name, hf_shapes, llama_config  # noqa: F401
 
 EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT = "output_layer.weight"
@@ -39,6 +38,10 @@ _HF_LAYER = {
     FC1: ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     FC2: ("mlp.down_proj.weight",),
 }
+# add_bias_linear: each linear layer's bias, laid out as the rows of its weight.
+BIASES = {name: name.removesuffix(".weight") + ".bias" for name in (QKV, PROJ, FC1, FC2)}
+_HF_LAYER.update({BIASES[name]: tuple(s.removesuffix(".weight") + ".bias" for s in _HF_LAYER[name]) for name in BIASES})
+_WEIGHT_OF = {bias: weight for weight, bias in BIASES.items()}
 _NUMBERED_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
@@ -80,6 +83,7 @@ def pieces(name: str, layer: int | None, model: ModelConfig, padded_vocab: int) 
     if suffix not in _HF_LAYER or layer is None:
         raise KeyError(f"{name} is not a Llama weight")
     sources = [hf_layer_name(layer, s) for s in _HF_LAYER[suffix]]
+    suffix = _WEIGHT_OF.get(suffix, suffix)  # a bias has its weight's rows
     if suffix == QKV:
         heads, groups, d = model.num_attention_heads, model.num_query_groups, model.kv_channels
         per_group = heads // groups
@@ -95,13 +99,18 @@ def pieces(name: str, layer: int | None, model: ModelConfig, padded_vocab: int) 
 
 
 def global_names(model: ModelConfig) -> Iterator[tuple[str, int | None]]:
-    """Every megatron tensor of the model as (name, layer), in Hugging Face order (embedding, layers, norm, head)."""
+    """Every megatron tensor of the model as (name, layer), in Hugging Face order (embedding, layers, norm, head).
+    Tied embeddings have no output layer of their own: megatron checkpoints the last stage's copy under the
+    embedding's name, and transformers saves no lm_head."""
     yield EMBEDDING, None
     for layer in range(model.num_layers):
         for suffix in LAYER_TENSORS:
             yield LAYER_PREFIX + suffix, layer
+            if model.add_bias_linear and suffix in BIASES:
+                yield LAYER_PREFIX + BIASES[suffix], layer
     yield FINAL_NORM, None
-    yield OUTPUT, None
+    if not model.share_embeddings_and_output_weights:
+        yield OUTPUT, None
 
 
 def split_to_hf(name: str, layer: int | None, tensor: torch.Tensor, model: ModelConfig) -> dict[str, torch.Tensor]:
@@ -152,39 +161,8 @@ def hf_to_megatron(
     }
 
 
-def hf_config_kwargs(model: ModelConfig, max_position_embeddings: int | None = None) -> dict[str, Any]:
-    """transformers.LlamaConfig arguments for a training.model config (the Llama 3.1 RoPE scaling included)."""
-    rope = (
-        {
-            "rope_type": "llama3",
-            "factor": float(model.rope_scaling_factor),
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        }
-        if model.rope_scaling
-        else None
-    )
-    kwargs = dict(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden_size,
-        intermediate_size=model.ffn_hidden_size,
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_key_value_heads=model.num_query_groups,
-        head_dim=model.kv_channels,
-        max_position_embeddings=max_position_embeddings or model.max_position_embeddings,
-        rms_norm_eps=model.norm_epsilon,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-        hidden_act="silu",
-    )
+def hf_config(model: ModelConfig) -> Any:
+    """transformers.LlamaConfig of a training.model: the config.json an export writes, as transformers reads it."""
     from transformers import LlamaConfig  # only tests and references use it; the training image need not have it
 
-    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:  # transformers >= 5
-        kwargs["rope_parameters"] = {**(rope or {"rope_type": "default"}), "rope_theta": float(model.rotary_base)}
-    else:
-        kwargs["rope_theta"] = float(model.rotary_base)
-        kwargs["rope_scaling"] = rope
-    return kwargs
+    return LlamaConfig.from_dict(llama_config(model, torch_dtype="float32", bos_token_id=None, eos_token_id=None))

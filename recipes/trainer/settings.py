@@ -74,6 +74,10 @@ def fixed(value: Any) -> Source:
 CUDA_GRAPH_IMPL = {"none": "none", "per_layer": "transformer_engine", "full_iteration": "full_iteration"}
 # training.model.cross_entropy_fusion -> (cross_entropy_loss_fusion, cross_entropy_fusion_impl).
 CROSS_ENTROPY = {"native": (True, "native"), "te": (True, "te"), "none": (False, "native")}
+# training.model.normalization -> TransformerConfig.normalization.
+NORMALIZATION = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+# training.model.activation -> TransformerConfig.activation_func of the gated MLP (act(x W_gate) * x W_up).
+ACTIVATION = {"swiglu": F.silu, "geglu": F.gelu}
 # dtype.fp4 -> (TransformerConfig.fp4, fp4_recipe): NVFP4 is E2M1 values with FP8 block scales.
 FP4 = {"nvfp4": ("e2m1", "nvfp4")}
 NO_FP4 = (None, "nvfp4")
@@ -129,11 +133,13 @@ TRANSFORMER_FIELDS: dict[str, Source] = {
     "num_attention_heads": lambda run: run.model.num_attention_heads,
     "num_query_groups": lambda run: run.model.num_query_groups,
     "kv_channels": lambda run: run.model.kv_channels,
-    "normalization": fixed("RMSNorm"),
+    "normalization": lambda run: NORMALIZATION[run.model.normalization],
     "layernorm_epsilon": lambda run: run.model.norm_epsilon,
+    # Every activation of the spec is gated: the MLP of LlamaForCausalLM, whose gate and up make linear_fc1.
     "gated_linear_unit": fixed(True),
-    "activation_func": fixed(F.silu),
-    "add_bias_linear": fixed(False),
+    "activation_func": lambda run: ACTIVATION[run.model.activation],
+    "add_bias_linear": lambda run: run.model.add_bias_linear,
+    # q/k/v biases alone (Qwen's) have no LlamaForCausalLM form; add_bias_linear gives them with the others.
     "add_qkv_bias": fixed(False),
     "hidden_dropout": fixed(0.0),
     "attention_dropout": fixed(0.0),
@@ -279,16 +285,18 @@ def scheduler_kwargs(cfg: Config) -> dict[str, Any]:
 
 def gpt_model_kwargs(cfg: Config, plan: Plan) -> dict[str, Any]:
     model = cfg.training.model
+    scaling = model.rope_scaling
     return dict(
         vocab_size=plan.padded_vocab_size,
         max_sequence_length=plan.seq_length,
         position_embedding_type="rope",
         rotary_percent=1.0,
         rotary_base=model.rotary_base,
-        # Llama 3.1 frequency scaling (mcore fixes low/high factors 1/4 and original length 8192).
-        rope_scaling=bool(model.rope_scaling),
-        rope_scaling_factor=float(model.rope_scaling_factor),
-        share_embeddings_and_output_weights=False,
+        # Llama 3 frequency scaling: megatron-core takes the factor and fixes low/high factors 1/4 and the original
+        # length 8192 (the plan refuses other values); megatron-core's default factor where there is no scaling.
+        rope_scaling=scaling is not None,
+        rope_scaling_factor=float(scaling.factor) if scaling else 8.0,
+        share_embeddings_and_output_weights=model.share_embeddings_and_output_weights,
         parallel_output=True,
     )
 

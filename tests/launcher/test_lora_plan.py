@@ -90,3 +90,25 @@ def test_the_plan_of_a_lora_run_uses_the_lora_estimate():
     assert isinstance(cfg.peft, LoraConfig)
     more = dataclasses.replace(cfg, peft=dataclasses.replace(cfg.peft, rank=256))
     assert build_plan(more).est_memory_gib_per_gpu > lora.est_memory_gib_per_gpu
+
+
+def test_a_tied_embedding_is_one_frozen_matrix_under_lora():
+    cfg = compose(["training=llama32/1b", "training.checkpoint.init_from=/checkpoints/base", *LORA_OVERRIDES])
+    assert isinstance(cfg.peft, LoraConfig)
+    tied = cfg.training.model
+    assert tied.share_embeddings_and_output_weights
+    untied = dataclasses.replace(tied, share_embeddings_and_output_weights=False)
+    kwargs = dict(
+        tp=1, pp=1, cp=1, dp=1, vp=None, stage_layers=[tied.num_layers], padded_vocab=tied.vocab_size,
+        seq_length=8192, micro_batch_size=1, distributed_optimizer=True, grad_fp32=True, fp8_params=False,
+        recompute=None,
+    )  # fmt: skip
+    matrix = tied.vocab_size * tied.hidden_size
+
+    def more(peft) -> float:
+        """What untying adds: a second vocabulary x hidden matrix on the one stage."""
+        return estimate_memory_gib(untied, **kwargs, peft=peft) - estimate_memory_gib(tied, **kwargs, peft=peft)  # type: ignore[arg-type]
+
+    # Trained: its bf16 weight, fp32 gradient, fp32 main weight and Adam's m and v; frozen: its bf16 weight alone.
+    assert more(None) == pytest.approx(matrix * (2 + 4 + 12) / GIB, abs=0.11)
+    assert more(cfg.peft) == pytest.approx(matrix * 2 / GIB, abs=0.11)

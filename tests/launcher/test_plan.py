@@ -15,8 +15,10 @@ from launcher_helpers import EIGHT_H100, NO_GPU, REPO, planned
 MODELS = ("tiny", "8b", "70b", "405b")
 DTYPES = ("bf16", "fp8")
 CLUSTERS = ("local", "bcm")
-LAYOUTS = tuple(sorted(p.stem for p in (REPO / "conf" / "parallelism").glob("*.yaml") if not p.stem.startswith("_")))
-DEFAULT = "default"  # no parallelism override: conf/parallelism/default/<model>/<dtype>.yaml
+DEFAULT = "default"  # no parallelism override: the layout training.default_layout names for the dtype
+LAYOUTS = tuple(
+    sorted(p.stem for p in (REPO / "conf" / "parallelism").glob("*.yaml") if p.stem[0] != "_" and p.stem != DEFAULT)
+)
 
 # What is meant to work, on H100 nodes of 8 (cluster=bcm) and on one machine with 8 H100s (cluster=local).
 # Everything else must fail validation: layouts that do not split the model's heads or layers, need more GPUs
@@ -38,6 +40,7 @@ VALID: dict[tuple[str, str], tuple[set[str], set[str]]] = {  # (model, layout) -
     ("70b", "tp4_pp8_vp5"): (BOTH, {"bcm"}),
     ("405b", DEFAULT): (BOTH, {"bcm"}),
     ("405b", "tp8_pp8_cp2_vp8_asym"): (BOTH, {"bcm"}),
+    ("405b", "mlperf_llama31_405b"): (BOTH, {"bcm"}),  # MLPerf's layout for 8-GPU nodes: the 405B default's
 }
 
 
@@ -47,6 +50,7 @@ def test_every_layout_is_covered():
     assert set(LAYOUTS) == {
         "auto",
         "custom",
+        "mlperf_llama31_405b",
         "pp2_vp2_asym",
         "tp1",
         "tp1_cp2",

@@ -21,13 +21,12 @@ CONF = REPO / "conf"
 
 
 def options(group: str) -> list[str]:
-    """Every selectable option of a group (files under conf/<group>/, without the private _*.yaml and the
-    default/ pointers, which the named layouts cover)."""
+    """Every selectable option of a group (files under conf/<group>/, without the private _*.yaml)."""
     root = CONF / group
     found = []
     for path in sorted(root.rglob("*.yaml")):
         rel = path.relative_to(root).with_suffix("").as_posix()
-        if not any(part.startswith("_") for part in rel.split("/")) and not rel.startswith("default/"):
+        if not any(part.startswith("_") for part in rel.split("/")):
             found.append(rel)
     return found
 

@@ -65,8 +65,15 @@ def test_points_composed_from_a_shared_base_equal_their_own_compose(results):
     for point in points:
         assert _recorded(point, bases) == _recorded(point), point
     assert len(points) == 4
-    # One composition per training choice, the batch sizes applied to its copies
-    assert len(bases) == 2 and all(base is not None for base in bases.values())
+    # Per training choice, one composition that finds its default layout (training.default_layout) and one that
+    # names that layout, the batch sizes applied to copies of the second
+    layouts = {choice: compose([f"training={choice}"]).parallelism.name for choice in ("llama31/8b", "llama31/70b")}
+    assert set(bases) == {
+        (f"training={choice}", "cluster=bcm", *named)
+        for choice, layout in layouts.items()
+        for named in ((), (f"parallelism={layout}",))
+    }
+    assert all(base is not None for base in bases.values())
 
 
 def test_a_bad_key_in_a_shared_point_fails_as_it_does_alone():

@@ -3,9 +3,10 @@ come from a composed config and plan through recipes.trainer.settings, with mega
 Engine needs a GPU) in fp32. The sharded checkpoint layout (keys, global shapes, offsets of every TP / PP / VP
 shard) is the same as with the Transformer Engine spec.
 
-megatron-core calls CUDA in three places these tests pass through (the device of a rotary buffer and of a
-checkpoint-save flag, a stream synchronize, the model-parallel RNG fork around dropout); the spawned processes
-redirect them to the CPU. Nothing outside these test processes is changed."""
+megatron-core calls CUDA in four places these tests pass through (the device of a rotary buffer and of a
+checkpoint-save flag, a stream synchronize, the model-parallel RNG fork around dropout, and the copy of tied
+embeddings a later pipeline stage gets, moved to the GPU for its all-reduce); the spawned processes redirect them
+to the CPU. Nothing outside these test processes is changed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from common.plan import Plan
 def _cpu_only() -> None:
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
 
 
 def _entry(rank: int, world: int, rendezvous: str, fn: Callable, args: tuple, queue) -> None:
@@ -98,7 +100,7 @@ def build_chunks(cfg: dict, plan: Plan, dtype: torch.dtype = torch.float32) -> l
         deallocate_pipeline_outputs=False,
     )
     config = TransformerConfig(**kwargs)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization=config.normalization)
     chunks = []
     for stage in range(plan.vp or 1):
         vp_stage = stage if plan.vp else None

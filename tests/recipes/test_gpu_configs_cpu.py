@@ -47,6 +47,7 @@ CONFIGS = {
         f"hf: layout {name}": [*test_gpu_hf.COMMON, "cluster=local", "training.data.mock=true", *layout]
         for name, layout in test_gpu_hf.LAYOUTS.items()
     },
+    "hf: tied embeddings": tiny(*test_gpu_hf.TIED),
     "resilience": [*test_gpu_resilience.TINY],
     "mlperf": [
         "training=mlperf/llama31_8b",

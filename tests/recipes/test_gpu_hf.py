@@ -8,7 +8,9 @@ and every layer still moves it. Then:
 - the first-step loss (before any update) of runs started with init_from_hf in TP2+SP, PP2 x VP2 asymmetric,
   CP2, DP2 (2 GPUs) and TP1 (1 GPU) equals transformers' loss of that model on the same global batch;
 - the TP2 run trains 20 steps and is exported: transformers' logits of the export equal the megatron model's;
-- the TP1 run starts from that export, saves its initial weights, and their export is byte-identical."""
+- the TP1 run starts from that export, saves its initial weights, and their export is byte-identical.
+The tiny model with Llama 3.2's tied embeddings trains 100 steps on real text (test_gpu_training's corpus) and its
+export, evaluated by transformers on the run's validation sequences, gives the run's last validation loss."""
 
 import json
 import math
@@ -18,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from common.evaluation import eval_samples
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from launcher.plan.hardware import LocalGpus
 from test_gpu_model import single_rank  # noqa: F401  (fixture: a one-rank NCCL world in this process)
-from test_gpu_training import gpu_count, main_py, read_metrics
+from test_gpu_training import corpus, gpu_count, main_py, read_metrics, tiny  # noqa: F401  (corpus: a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(3600)]
@@ -62,7 +65,7 @@ def write_tokenizer(directory: Path) -> None:
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> dict:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from recipes.hf import mapping
 
@@ -73,7 +76,7 @@ def work(tmp_path_factory) -> dict:
     cfg = compose(COMMON + ["cluster.gpus_per_node=1"])
     model_cfg = cfg.training.model
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
+    model = LlamaForCausalLM(mapping.hf_config(model_cfg))
     h = model_cfg.hidden_size
     with torch.no_grad():
         embedding = torch.randn(VOCAB, h)
@@ -89,17 +92,24 @@ def work(tmp_path_factory) -> dict:
     return {"root": root, "source": source, "overrides": overrides, "batch": first_global_batch(overrides)}
 
 
-def first_global_batch(overrides: list[str]) -> list[dict]:
-    """The samples of step 1, exactly as training reads them (same dataset, same order): 0 .. GBS-1."""
+def dataset_samples(overrides: list[str], validation: bool) -> list[dict]:
+    """Samples exactly as training reads them (same dataset, same order): step 1's global batch of the training
+    set, or the sequences every evaluation reads from the validation set."""
     import tempfile
 
     from recipes.trainer import data
 
     cfg = compose(overrides + ["cluster.gpus_per_node=1"])
     plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",)))
+    count = eval_samples(cfg.training, plan.global_batch_size) if validation else plan.global_batch_size
     with tempfile.TemporaryDirectory() as cache:
-        train_ds, _ = data.build_datasets(cfg, plan, data.build_tokenizer(cfg), True, cache)
-        return [train_ds[i] for i in range(plan.global_batch_size)]
+        train_ds, valid_ds = data.build_datasets(cfg, plan, data.build_tokenizer(cfg), True, cache)
+        dataset = valid_ds if validation else train_ds
+        return [dataset[i] for i in range(count)]
+
+
+def first_global_batch(overrides: list[str]) -> list[dict]:
+    return dataset_samples(overrides, validation=False)
 
 
 def transformers_loss(model_dir: Path, batch: list[dict], dtype) -> float:
@@ -252,3 +262,34 @@ def test_tp1_from_the_export_and_byte_identical_round_trip(work, tp2_run):
     different = [f for f in files if (first / f).read_bytes() != (second / f).read_bytes()]
     print(f"\nexport -> import (TP1) -> export: {len(files)} files, {len(different)} differ")
     assert not different, different
+
+
+TIED = [  # the tiny shape with Llama 3.2's tied embeddings, evaluated once at its end, then exported
+    "training.model.share_embeddings_and_output_weights=true",
+    "training.train_steps=100",
+    "training.val_interval=100",
+    "training.checkpoint.interval=0",
+    "stages=[training,export]",
+]
+
+
+def test_tied_embeddings_train_and_the_export_gives_the_runs_validation_loss(corpus, tmp_path):  # noqa: F811
+    import torch
+
+    overrides = tiny(corpus, tmp_path, "tied", *TIED)
+    main_py(*overrides)
+    run = tmp_path / "tied"
+    metrics = read_metrics(run)
+    assert sorted(metrics) == list(range(1, 101))
+    first, last = metrics[1]["loss"], metrics[100]["val_loss"]
+    exported = run / "hf"
+    config = json.loads((exported / "config.json").read_text())
+    weights = json.loads((exported / "model.safetensors.index.json").read_text())["weight_map"]
+    assert config["tie_word_embeddings"] and "lm_head.weight" not in weights
+    ours = transformers_loss(exported, dataset_samples(overrides, validation=True), torch.float32)
+    print(
+        f"\ntied embeddings, 100 steps: loss {first:.3f} at step 1, validation loss {last:.4f} at step 100; "
+        f"transformers on the export: {ours:.4f} (|diff| {abs(ours - last):.4f})"
+    )
+    assert last < first - 1.0  # it trained
+    assert abs(ours - last) < 0.02

@@ -35,7 +35,7 @@ def single_rank():
 
 def test_megatron_llama_matches_transformers(single_rank):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from recipes.hf import mapping
     from recipes.trainer import model as model_lib, settings
@@ -51,16 +51,16 @@ def test_megatron_llama_matches_transformers(single_rank):
     )
     plan = build_plan(cfg, LocalGpus(1, "h100", ("gpu",)))
     model_cfg = cfg.training.model
-    assert model_cfg.rope_scaling
+    assert model_cfg.rope_scaling is not None
     config = settings.transformer_config(cfg, plan, grad_accum_fusion=False)
     megatron_model = model_lib.build_model_chunks(config, cfg, plan)[0].eval()
 
     state = {k: v for k, v in megatron_model.state_dict().items() if not k.endswith("_extra_state")}
     hf_state = mapping.megatron_to_hf(state, model_cfg)
-    reference = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg))).cuda().float().eval()
+    reference = LlamaForCausalLM(mapping.hf_config(model_cfg)).cuda().float().eval()
     missing, unexpected = reference.load_state_dict({k: v.float() for k, v in hf_state.items()}, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
-    hf_bf16 = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg))).cuda().to(torch.bfloat16).eval()
+    hf_bf16 = LlamaForCausalLM(mapping.hf_config(model_cfg)).cuda().to(torch.bfloat16).eval()
     hf_bf16.load_state_dict(hf_state, strict=False)
 
     torch.manual_seed(0)

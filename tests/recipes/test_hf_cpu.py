@@ -1,11 +1,12 @@
 """Hugging Face weights in and out, on the CPU: a random Llama 3.1-shaped model made with transformers (GQA, RoPE
 scaling, a vocabulary that is not a multiple of 128, several safetensors shards) is imported into megatron-core
 models in several layouts (ranks as gloo processes), checked against transformers' logits, saved with
-dist_checkpointing as training saves, exported back and compared tensor by tensor; errors for broken inputs."""
+dist_checkpointing as training saves, exported back and compared tensor by tensor; errors for broken inputs. The
+other architectures' features (Llama 3.2's tied embeddings, Llama 2's RoPE without scaling, biases, GeGLU) make the
+same round trip."""
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 import cpu_megatron  # noqa: E402
+from hf_dirs import write_hf_dir  # noqa: E402
 from common.run import load_run_config  # noqa: E402
 from common.typed import to_plain  # noqa: E402
 from common import hf_config  # noqa: E402
@@ -35,8 +37,7 @@ from recipes.hf import checkpoint_to_hf, exporter, importer, mapping  # noqa: E4
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
 
-SMALL = [
-    "training=llama31/tiny",
+SHAPE = [
     "training.model.vocab_size=1000",
     "training.model.num_layers=6",
     "training.model.hidden_size=64",
@@ -49,6 +50,13 @@ SMALL = [
     "training.global_batch_size=4",
     "cluster.gpus_per_node=2",
 ]
+SMALL = ["training=llama31/tiny", *SHAPE]
+# The small shape with each architecture's features: a training option and what it changes.
+VARIANTS = {
+    "llama32_tied": ["training=llama32/1b", *SHAPE],
+    "llama2_rope": ["training=llama2/70b", *SHAPE],
+    "biases_geglu": [*SMALL, "training.model.add_bias_linear=true", "training.model.activation=geglu"],
+}
 LAYOUTS = {
     "tp1": ["parallelism=tp1"],
     "tp2": ["parallelism=tp2_sp", "parallelism.sequence_parallel=false", "parallelism.tp_comm_overlap=false"],
@@ -56,8 +64,8 @@ LAYOUTS = {
 }
 
 
-def configured(layout: str, *extra: str) -> tuple[dict, Plan]:
-    cfg = compose([*SMALL, *LAYOUTS[layout], *extra])
+def configured(layout: str, *extra: str, small: list[str] = SMALL) -> tuple[dict, Plan]:
+    cfg = compose([*small, *LAYOUTS[layout], *extra])
     plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
     return cfg, plan
 
@@ -83,16 +91,15 @@ def write_tokenizer(directory: Path) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory) -> dict:
-    """The random model in bf16, saved in several shards, with a tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def make_source(tmp_path_factory, small: list[str]) -> dict:
+    """A random model of the small shape `small` in bf16, saved in several shards, with a tokenizer."""
+    from transformers import LlamaForCausalLM
 
     directory = tmp_path_factory.mktemp("hf_source")
-    cfg, _ = configured("tp1")
+    cfg, _ = configured("tp1", small=small)
     model_cfg = cfg.training.model
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
+    model = LlamaForCausalLM(mapping.hf_config(model_cfg))
     with torch.no_grad():  # large enough weights that every mix-up shows; norms not all ones
         for param in model.parameters():
             if param.dim() == 1:
@@ -110,7 +117,24 @@ def source(tmp_path_factory) -> dict:
     reference = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32)
     with torch.no_grad():
         logits = reference(tokens).logits
-    return {"dir": directory, "tokenizer": tokenizer, "tokens": tokens, "logits": logits, "model": model_cfg}
+    return {
+        "dir": directory,
+        "tokenizer": tokenizer,
+        "tokens": tokens,
+        "logits": logits,
+        "model": model_cfg,
+        "small": small,
+    }
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> dict:
+    return make_source(tmp_path_factory, SMALL)
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant_source(request, tmp_path_factory) -> dict:
+    return make_source(tmp_path_factory, VARIANTS[request.param])
 
 
 def with_tokenizer(source: dict) -> list[str]:
@@ -127,13 +151,14 @@ def import_and_forward(rank: int, cfg: dict, plan: Plan, hf_dir: str, tokens):
     )
     logits = cpu_megatron.tp_logits(chunks[0], tokens)
     embedding = chunks[0].embedding.word_embeddings.weight.detach().clone()
-    output = chunks[0].output_layer.weight.detach().clone()
+    output = chunks[0].output_layer.weight  # none of its own with tied embeddings: the embedding is the output
+    output = embedding if output is None else output.detach().clone()
     return ps.get_tensor_model_parallel_rank(), logits, embedding, output
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2"])
-def test_import_gives_transformers_logits(layout, source):
-    cfg, plan = configured(layout, *with_tokenizer(source))
+def imported_logits_match(layout: str, source: dict) -> tuple[list, Plan]:
+    """Import `source` into megatron in `layout`: its logits are transformers'. The ranks' results, and the plan."""
+    cfg, plan = configured(layout, *with_tokenizer(source), small=source["small"])
     results = cpu_megatron.run_ranks(import_and_forward, plan.num_gpus, cfg, plan, str(source["dir"]), source["tokens"])
     logits = results[0][1][..., : source["model"].vocab_size]
     ref = source["logits"]
@@ -143,6 +168,12 @@ def test_import_gives_transformers_logits(layout, source):
         f"logit scale {ref.abs().max().item():.1f}"
     )
     assert diff < 1e-3 * ref.abs().max().item()
+    return results, plan
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2"])
+def test_import_gives_transformers_logits(layout, source):
+    results, plan = imported_logits_match(layout, source)
 
     # Vocabulary padding rows are copies of the last vocabulary row, in both the embedding and the output layer.
     vocab, padded = source["model"].vocab_size, plan.padded_vocab_size
@@ -165,7 +196,7 @@ def import_and_save(rank: int, cfg: dict, plan: Plan, hf_dir: str, run_dir: str)
 
 
 def checkpoint_from(hf_dir: Path, layout: str, run_dir: Path, source: dict) -> Path:
-    cfg, plan = configured(layout, *with_tokenizer(source))
+    cfg, plan = configured(layout, *with_tokenizer(source), small=source["small"])
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg)))  # as main.py writes it; export reads it
     path = cpu_megatron.run_ranks(import_and_save, plan.num_gpus, cfg, plan, str(hf_dir), str(run_dir))[0]
@@ -221,6 +252,33 @@ def test_export_of_a_tp2_and_a_pp2_vp2_checkpoint_gives_back_the_source_weights(
             f"{(logits - source['logits']).abs().max().item():.1e}"
         )
         assert torch.equal(logits, source["logits"])
+
+
+def test_each_architecture_feature_makes_the_round_trip(variant_source, tmp_path):
+    """Tied embeddings (the last pipeline stage holds megatron's copy of the embedding), RoPE without scaling, biases
+    and GeGLU: the import gives transformers' logits (TP2), a PP2 x VP2 checkpoint exports the source's tensors, and
+    transformers' forward on the export gives the source's logits."""
+    from transformers import AutoModelForCausalLM
+
+    imported_logits_match("tp2", variant_source)
+    checkpoint = checkpoint_from(variant_source["dir"], "pp2_vp2_asym", tmp_path / "run", variant_source)
+    out = tmp_path / "export"
+    assert exporter.main(["--checkpoint", str(checkpoint), "--out", str(out), "--no-progress"]) == 0
+    original, exported = tensors_of(variant_source["dir"]), tensors_of(out)
+    assert sorted(exported) == sorted(original)
+    different = [k for k in original if not torch.equal(exported[k], original[k])]
+    assert not different, different
+    model = variant_source["model"]
+    assert hf_config.differences(json.loads((out / "config.json").read_text()), model) == []
+    assert ("lm_head.weight" in exported) != model.share_embeddings_and_output_weights
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        logits = reloaded(variant_source["tokens"]).logits
+    print(
+        f"\nexported model's logits vs the source model's: max |diff| "
+        f"{(logits - variant_source['logits']).abs().max().item():.1e}"
+    )
+    assert torch.equal(logits, variant_source["logits"])
 
 
 def test_export_import_export_is_byte_identical(source, pp_checkpoint, tmp_path):
@@ -347,19 +405,12 @@ def test_config_mismatch_names_the_keys(source):
 
 # --------------------------------------------------------------------------- before any GPU work
 def fake_llama_dir(directory: Path, **changes) -> Path:
-    """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes, and a model.safetensors whose header
-    holds every tensor of that model: a sparse file of the full size (the plan reads headers and sizes only)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """config.json of Meta's Llama 3.1 8B (transformers 4 layout), with changes, and the header of every tensor of
+    that model (tests/hf_dirs.py)."""
     model = compose(["training=llama31/8b"]).training.model
     config = hf_config.llama_config(model, torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001)
     config.update(changes)
-    (directory / "config.json").write_text(json.dumps(config))
-    shapes = hf_config.hf_shapes(model)
-    header = safetensors_io.encode_header(list(shapes), shapes, "bfloat16", 2)
-    with open(directory / "model.safetensors", "wb") as f:
-        f.write(header)
-        f.truncate(len(header) + 2 * sum(math.prod(shape) for shape in shapes.values()))
-    return directory
+    return write_hf_dir(directory, config, model)
 
 
 def main_py(*args: str, cwd: Path) -> subprocess.CompletedProcess:

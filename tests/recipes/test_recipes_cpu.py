@@ -151,6 +151,50 @@ def test_model_kwargs_use_padded_vocab_and_llama31_rope():
     assert kw["position_embedding_type"] == "rope" and not kw["share_embeddings_and_output_weights"]
 
 
+@pytest.mark.parametrize(
+    "overrides,expect",
+    [
+        (["training=llama32/1b"], dict(share=True, rope=True, factor=32.0, base=500000)),
+        (["training=llama2/70b", "cluster=bcm"], dict(share=False, rope=False, base=10000)),
+    ],
+)
+def test_model_kwargs_follow_the_model_spec(overrides, expect):
+    cfg, plan = plan_for(*overrides)
+    kw = settings.gpt_model_kwargs(cfg, plan)
+    assert kw["share_embeddings_and_output_weights"] == expect["share"] and kw["rope_scaling"] == expect["rope"]
+    assert kw["rotary_base"] == expect["base"] and kw["rope_scaling_factor"] == expect.get("factor", 8.0)
+
+
+def test_transformer_config_follows_the_model_spec():
+    import torch.nn.functional as F
+
+    llama = settings.transformer_config_kwargs(*plan_for(), grad_accum_fusion=False)
+    assert (llama["normalization"], llama["activation_func"], llama["add_bias_linear"]) == ("RMSNorm", F.silu, False)
+    other = settings.transformer_config_kwargs(
+        *plan_for(
+            "training.model.normalization=layernorm",
+            "training.model.activation=geglu",
+            "training.model.add_bias_linear=true",
+            "training.model.norm_epsilon=1e-6",
+        ),
+        grad_accum_fusion=False,
+    )
+    assert (other["normalization"], other["activation_func"], other["add_bias_linear"]) == ("LayerNorm", F.gelu, True)
+    assert other["layernorm_epsilon"] == 1e-6 and other["gated_linear_unit"]
+
+
+def test_the_plan_knows_megatron_cores_fixed_rope_scaling():
+    """The values launcher/plan/checks/model.py lets through are the ones megatron-core applies."""
+    import inspect
+
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from launcher.plan.checks.model import MEGATRON_ROPE_SCALING
+
+    defaults = inspect.signature(RotaryEmbedding._apply_scaling).parameters
+    assert {key: defaults[key].default for key in MEGATRON_ROPE_SCALING} == MEGATRON_ROPE_SCALING
+
+
 def test_optimizer_and_schedule():
     cfg, plan = plan_for("training=llama31/405b", "cluster=bcm")
     opt = settings.optimizer_config(cfg, plan)

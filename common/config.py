@@ -929,7 +929,8 @@ class EvalBlend:
     name: str = key("the blend's name in the results (letters, digits, '.', '_', '-')")
     prefixes: List[str] = key("data preparation outputs (.bin/.idx prefixes), read in order")
     samples: Optional[int] = key(
-        "sequences of seq_length tokens to evaluate; null: as many as the trainer's validation", default=None,
+        "sequences of seq_length tokens to evaluate; null: as many as the trainer's validation",
+        default=None,
         within=COUNT,
     )
 
@@ -979,7 +980,8 @@ class Config:
     results_dir: str = key("run directories go under it")
     run_name: Optional[str] = key(
         "the run directory's name; null: <model>_<dtype>_<layout>_<N>gpu for training, "
-        "data_<source>[_<output directory name>] for data preparation alone, container_<image> for the image alone"
+        "data_<source>[_<output directory name>] for data preparation alone, eval_<directory> for evaluating "
+        "evaluation.model alone, container_<image> for the image alone"
     )
     seed: int = key("random seed", within=SEED)
     memory_check: bool = key("fail when the memory estimate exceeds the GPU; false accepts the risk")

@@ -36,6 +36,15 @@ FETCHED = "fetched.json"
 FETCH_COMMAND = "python -m recipes.evaluation fetch"
 
 
+def offline_env(data_dir: str) -> dict[str, str]:
+    """The evaluation job's environment: the hub off, the tasks' data from where `fetch` put it."""
+    return {
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_CACHE": os.path.join(data_dir, "datasets"),
+    }
+
+
 def read_rows(run_dir: str) -> list[dict]:
     """The evaluation rows of a run directory: its tasks' then its blends' (none when it was not evaluated)."""
     rows: list[dict] = []

@@ -30,6 +30,7 @@ PlatformName, and a class for its cluster keys).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from abc import ABC, abstractmethod
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from common.config import BatchCluster, ClusterConfig, Config, ContainerCluster, DataJobConfig, K8sCluster
+from common.evaluation import offline_env
 from common.plan import Plan
 from launcher.jobs import commands
 from launcher.jobs.commands import REPO
@@ -259,6 +261,8 @@ class Platform(ABC, Generic[ClusterT]):
             jobs.append(training)
         if "export" in selected:
             jobs.append(self.export_job(cfg, run_dir))
+        if "evaluation" in selected:
+            jobs += self.evaluation_jobs(cfg, plan, run_dir)
         for job in jobs[:-1]:
             job.followed = True
         return StagePlan(jobs=jobs, command=command, notes=notes)
@@ -268,9 +272,12 @@ class Platform(ABC, Generic[ClusterT]):
         """The jobs that prepare the shards and check them."""
 
     @abstractmethod
-    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(
+        self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str], stage: str = "training"
+    ) -> tuple[Job, str]:
         """The training job and its launch command (plan.command); `entry` is what every rank runs
-        (rank_entry)."""
+        (rank_entry). Another `stage` (eval_loss) is a job of the same shape running another entry, without the
+        report that ends training."""
 
     def rank_entry(self, cfg: Config, run_dir: Path) -> list[str]:
         """What every training rank runs: the training entry, or with profile.tool=nsys a wrapper that runs it
@@ -300,6 +307,32 @@ class Platform(ABC, Generic[ClusterT]):
     def export_job(self, cfg: Config, run_dir: Path) -> Job:
         """One process on one node exporting the run's newest checkpoint to Hugging Face format."""
         raise PlanError([self._refusal(cfg, "export")])
+
+    def evaluation_jobs(self, cfg: Config, plan: Plan, run_dir: Path) -> list[Job]:
+        """The evaluation stage: the loss of evaluation.blends in the training job's shape (eval_loss), then the
+        lm-eval tasks and the held-out perplexity task on one node (evaluation); each only where configured."""
+        ev = cfg.evaluation
+        jobs = [self.eval_loss_job(cfg, plan, run_dir)] if ev.blends else []
+        if ev.tasks or ev.heldout:
+            jobs.append(self.evaluation_job(cfg, run_dir))
+        return jobs
+
+    def eval_loss_job(self, cfg: Config, plan: Plan, run_dir: Path) -> Job:
+        """Every rank of the training job's shape (its nodes, ranks, environment and image) running
+        recipes/evaluation/loss.py from the newest checkpoint; no restarts, no signal before the time limit."""
+        resilience = dataclasses.replace(cfg.resilience, job_restarts=0, in_job_restarts=0)
+        once = dataclasses.replace(cfg, resilience=resilience)
+        job, _ = self.training_job(once, plan, run_dir, commands.eval_loss_entry(run_dir), stage="eval_loss")
+        names = ", ".join(blend.name for blend in cfg.evaluation.blends)
+        job.title = f"Held-out loss of {names} from the newest checkpoint on the training job's {gpus(plan.num_gpus)}"
+        job.signal = None
+        job.time_limit = cfg.evaluation.time_limit
+        return job
+
+    @abstractmethod
+    def evaluation_job(self, cfg: Config, run_dir: Path) -> Job:
+        """lm-eval on the run's Hugging Face model: one process on one node, the model sharded over its GPUs, the
+        hub off (commands.harness_command, evaluation_env)."""
 
     def container_wrapper(self, cfg: Config, env: Mapping[str, str] = {}) -> list[str]:
         """What goes before a command to run it in cluster.container: `apptainer exec ... image.sif` with the
@@ -374,7 +407,7 @@ class Platform(ABC, Generic[ClusterT]):
 def next_step(stages: list[str], run_dir: Path) -> str:
     """What to run once the submitted jobs are done, for what they make: the report reads training's step timings,
     which data preparation and the image build have none of."""
-    if "training" in stages:
+    if "training" in stages or "evaluation" in stages or "eval_loss" in stages:
         return f"   report: python -m launcher.report {run_dir}"
     if "data_preparation" in stages:
         return f"   shards: python -m data_prep list --config {run_dir / 'config.yaml'}"
@@ -431,6 +464,18 @@ def training_title(plan: Plan, how: str) -> str:
 
 def export_title(run_dir: Path) -> str:
     return f"Export the newest checkpoint of {run_dir.name} to Hugging Face format"
+
+
+def evaluation_title(cfg: Config, run_dir: Path) -> str:
+    ev = cfg.evaluation
+    what = [f"{len(ev.tasks)} lm-eval task{'s' if len(ev.tasks) != 1 else ''}"] if ev.tasks else []
+    what += ["held-out perplexity"] if ev.heldout else []
+    return f"Evaluate {ev.model or run_dir.name + ' (its export)'}: {' and '.join(what)} on one node"
+
+
+def evaluation_env(cfg: Config) -> dict[str, str]:
+    """The evaluation job's environment: the hub off, the tasks' data where fetch put it."""
+    return offline_env(cfg.evaluation.data_dir)
 
 
 def preflight_title(plan: Plan) -> str:

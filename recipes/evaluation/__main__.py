@@ -4,14 +4,12 @@
         the tasks' data into DIR, on a machine with internet (a login node)
     python -m recipes.evaluation harness --run-dir RUN_DIR
         lm-eval on the run's Hugging Face model (the evaluation job, one node)
-    python -m recipes.evaluation loss --run-dir RUN_DIR
-        every rank of the training job's shape: the loss of evaluation.blends from the newest checkpoint
+(The loss of evaluation.blends, on every rank of the training job's shape, is python -m recipes.evaluate.)
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -25,11 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     fetch_p.add_argument("--include-path", help="a directory of your own task YAMLs")
     fetch_p.add_argument("--dry-run", action="store_true", help="print what would be fetched; write nothing")
     fetch_p.add_argument("--force", action="store_true", help="fetch tasks already recorded again")
-    for name, text in (("harness", "lm-eval on the run's Hugging Face model"), ("loss", "the loss of blends")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--run-dir", required=True, help="run directory holding config.yaml and plan.json")
-        if name == "harness":
-            p.add_argument("--device", help="lm-eval's device (default: the GPUs)")
+    harness_p = sub.add_parser("harness", help="lm-eval on the run's Hugging Face model")
+    harness_p.add_argument("--run-dir", required=True, help="run directory holding config.yaml")
+    harness_p.add_argument("--device", help="lm-eval's device (default: the GPUs)")
     args = parser.parse_args(argv)
 
     if args.command == "fetch":
@@ -43,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    run_dir = os.path.abspath(args.run_dir)
     if args.command == "harness":
+        run_dir = os.path.abspath(args.run_dir)
         from common.run import load_run_or_exit
         from recipes.evaluation.harness import run_harness
         from recipes.evaluation.tasks import HeldoutError
@@ -56,21 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    from common import stack
-    from recipes.runtime import ranks
-
-    ranks.die_with_torchrun()
-    # Before megatron is imported, which the stack check does: megatron looks for apex's kernel at import.
-    with contextlib.suppress(ImportError):  # no torch: the check names it
-        from recipes.trainer import wgrad_fallback
-
-        wgrad_fallback.install()
-    info = ranks.rank_info()
-    stack.check_run(run_dir, info.rank, info.local_rank)  # exits 2 with one line when the stack does not match
-    from recipes.evaluation.loss import run_loss
-
-    return run_loss(run_dir)
+    raise AssertionError(args.command)  # argparse accepts no other
 
 
-if __name__ == "__main__":  # dist_checkpointing starts a multiprocessing manager: the guard is required
+if __name__ == "__main__":
     sys.exit(main())

@@ -10,7 +10,7 @@ import os
 from typing import Any, Callable
 
 from common.config import Config
-from common.evaluation import HARNESS_RESULTS, HELDOUT_TASK, RESULTS_DIR, TASK_ROWS
+from common.evaluation import HARNESS_RESULTS, HELDOUT_TASK, RESULTS_DIR, TASK_ROWS, offline_env
 from common.files import atomic_write
 from recipes.evaluation.tasks import write_heldout_task
 
@@ -24,15 +24,6 @@ def model_dir(cfg: Config, run_dir: str) -> str:
 def max_length(cfg: Config) -> int:
     """Tokens per request window: evaluation.heldout_max_length, else the length the model was trained at."""
     return int(cfg.evaluation.heldout_max_length or cfg.training.seq_length)
-
-
-def offline_env(cfg: Config) -> dict[str, str]:
-    """The hub off; the tasks' data from where `fetch` put it."""
-    return {
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_CACHE": os.path.join(cfg.evaluation.data_dir, "datasets"),
-    }
 
 
 def task_list(cfg: Config, out_dir: str) -> tuple[list[str], list[str]]:
@@ -78,7 +69,7 @@ def run_harness(cfg: Config, run_dir: str, device: str | None = None, say: Calla
     ev = cfg.evaluation
     if not tasks:
         raise SystemExit("evaluation: no tasks (evaluation.tasks is empty and evaluation.heldout names no file)")
-    os.environ.update(offline_env(cfg))  # before datasets is imported: it reads them once
+    os.environ.update(offline_env(ev.data_dir))  # before datasets is imported: it reads them once
     import lm_eval
     from lm_eval.tasks import TaskManager
 

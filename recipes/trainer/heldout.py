@@ -1,4 +1,5 @@
-"""The trainer's own evaluation over evaluation.blends, from the run's newest complete checkpoint, at the run's
+"""The trainer's own evaluation over evaluation.blends (the evaluation stage's eval_loss job, python -m
+recipes.evaluate), from the run's newest complete checkpoint, at the run's
 layout (every rank of the training job's shape runs it): the model as training builds it, its weights from the
 checkpoint, each blend's first sequences read in order (InOrderSequences, as training.data.valid_blend is read),
 the loss through megatron-core's forward-only pipeline schedule and reduced over every token, as the trainer's
@@ -92,7 +93,9 @@ def run_loss(run_dir: str) -> int:
         rows = []
         for blend in blends:
             samples = blend_samples(cfg, plan, blend.samples)
-            dataset = data.InOrderSequences(list(blend.prefixes), plan.seq_length, samples) if reads_data(chunks) else None
+            dataset = (
+                data.InOrderSequences(list(blend.prefixes), plan.seq_length, samples) if reads_data(chunks) else None
+            )
             start = time.perf_counter()
             loss = _loss(chunks, plan, dataset, samples, schedule, cfg.training.data.num_workers)
             seconds = time.perf_counter() - start

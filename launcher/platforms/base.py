@@ -20,8 +20,9 @@ A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM 
    checks cluster.container_runtime against `runtimes`, the image unless the container stage builds it, and the
    time limits), `render` (files besides the job's own), `container_wrapper` (how a command enters the image; the
    default: `apptainer exec`).
-5. What it runs besides data preparation and training: `preflight_job`, `export_job` and `rank_variable` (the
-   profiled ranks of profile.tool=nsys) are refused by default, in one line naming the way around; the container
+5. What it runs besides data preparation and training: `preflight_job`, `export_job`, `evaluation_job` and
+   `rank_variable` (the profiled ranks of profile.tool=nsys) are refused by default, in one line naming the way
+   around (the evaluation's blends run in the training job's shape, `training_job(..., stage="eval_loss")`); the container
    stage builds cluster.container unless `builds_images = False` (images run by name from a registry).
 Then its golden files (tests/golden/, written by tests like tests/launcher/test_render.py). Users pick it with a
 conf/cluster/<cluster>.yaml that names it, which the config schema checks (common/config.py:
@@ -65,6 +66,8 @@ REFUSALS = {
     "`python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints --out DIR` where the checkpoint is",
     "preflight": "stages has preflight but cluster={cluster} has no preflight job yet: drop preflight from stages, "
     "or run it on cluster=local or a Slurm cluster",
+    "evaluation": "stages has evaluation but cluster={cluster} has no evaluation job yet: drop evaluation from "
+    "stages, or run it on cluster=local or a Slurm cluster",
     "nsys": "profile.tool=nsys cannot wrap the profiled ranks on cluster={cluster} yet: use profile.tool=torch",
     "job_restarts": "resilience.job_restarts={job_restarts}: cluster={cluster} has no jobs that wait for the one "
     "before them to end however it ended ({why})",
@@ -119,8 +122,8 @@ class Platform(ABC, Generic[ClusterT]):
         return self.client is None
 
     def supports(self, need: str) -> bool:
-        """Whether this platform can do `need`: the container, preflight or export stage, or "nsys" (the profiled
-        ranks' wrapper). A subclass supports preflight and export by implementing their job."""
+        """Whether this platform can do `need`: the container, preflight, export or evaluation stage, or "nsys" (the
+        profiled ranks' wrapper). A subclass supports preflight, export and evaluation by implementing their job."""
         if need == "container":
             return self.builds_images
         if need == "nsys":
@@ -131,7 +134,7 @@ class Platform(ABC, Generic[ClusterT]):
     def refusals(self, cfg: Config, selected: Sequence[str]) -> list[str]:
         """One line for each thing the selected stages (and profile.tool=nsys) ask of this platform that it cannot
         do, in stage order."""
-        needs = [stage for stage in ("container", "export", "preflight") if stage in selected]
+        needs = [stage for stage in ("container", "export", "preflight", "evaluation") if stage in selected]
         if nsys_requested(cfg.profile):
             needs.append("nsys")
         return [self._refusal(cfg, need) for need in needs if not self.supports(need)]
@@ -329,10 +332,10 @@ class Platform(ABC, Generic[ClusterT]):
         job.time_limit = cfg.evaluation.time_limit
         return job
 
-    @abstractmethod
     def evaluation_job(self, cfg: Config, run_dir: Path) -> Job:
         """lm-eval on the run's Hugging Face model: one process on one node, the model sharded over its GPUs, the
         hub off (commands.harness_command, evaluation_env)."""
+        raise PlanError([self._refusal(cfg, "evaluation")])
 
     def container_wrapper(self, cfg: Config, env: Mapping[str, str] = {}) -> list[str]:
         """What goes before a command to run it in cluster.container: `apptainer exec ... image.sif` with the

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from common import lm_eval_index
 from common.evaluation import FETCH_COMMAND, FETCHED, fetched_tasks
 from common.files import atomic_write
 
@@ -22,7 +23,6 @@ class FetchError(ValueError):
 @dataclass
 class Planned:
     task: str
-    kind: str  # task, group or tag
     source: str  # the hub data set it loads, where the index says
     fetched: bool
 
@@ -33,13 +33,14 @@ def _task_manager(include_path: str | None):
     return TaskManager(include_path=include_path or None)
 
 
-def plan_fetch(tasks: list[str], data_dir: str, include_path: str | None = None, manager=None) -> list[Planned]:
-    """What fetching `tasks` into data_dir does, one entry per task, in order. Raises FetchError for a name lm-eval
-    does not know, nothing fetched."""
+def plan_fetch(tasks: list[str], data_dir: str, include_path: str | None = None) -> list[Planned]:
+    """What fetching `tasks` into data_dir does, one entry per task, in order, from lm-eval's task files
+    (common/lm_eval_index.py). Raises FetchError for a name lm-eval does not know, nothing fetched."""
     if not tasks:
         raise FetchError("fetch: no tasks; name them with --tasks lambada_openai,boolq,...")
-    manager = manager or _task_manager(include_path)
-    index = manager.task_index
+    index = lm_eval_index.known(include_path)
+    if index is None:
+        raise FetchError("fetch: lm-eval is not installed here: pip install 'lm-eval[hf]==0.4.13'")
     unknown = [t for t in tasks if t not in index]
     if unknown:
         raise FetchError(
@@ -49,11 +50,8 @@ def plan_fetch(tasks: list[str], data_dir: str, include_path: str | None = None,
     done = fetched_tasks(data_dir)
     planned = []
     for task in tasks:
-        entry = index[task]
-        cfg = entry.cfg or {}
-        source = str(cfg.get("dataset_path", "")) + (f" ({cfg['dataset_name']})" if cfg.get("dataset_name") else "")
-        kind = getattr(entry.kind, "name", str(entry.kind)).lower()
-        planned.append(Planned(task, kind, source or "as its YAML says", task in done))
+        source = lm_eval_index.dataset_of(index[task])
+        planned.append(Planned(task, source or "its member tasks' data sets", task in done))
     return planned
 
 
@@ -72,7 +70,7 @@ def fetch(
     say(f"fetch into {data_dir}: {len(todo)} of {len(planned)} tasks to fetch")
     for p in planned:
         state = "fetch" if p in todo else "already fetched"
-        say(f"  {p.task:<24} {p.kind:<6} {p.source:<40} {state}")
+        say(f"  {p.task:<24} {p.source:<48} {state}")
     if dry_run:
         say("dry run: nothing was downloaded or written")
         return planned

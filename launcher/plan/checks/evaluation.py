@@ -11,6 +11,7 @@ from pathlib import Path
 
 from common.checkpoints import latest_checkpoint
 from common.config import Config, Stage
+from common import lm_eval_index
 from common.evaluation import FETCH_COMMAND, HELDOUT_TASK, eval_samples, fetched_tasks
 from launcher.plan.findings import Findings
 from launcher.plan.formulas import layer_parameters
@@ -60,16 +61,6 @@ def local_tasks(include_path: str | None) -> set[str]:
     return names
 
 
-def known_tasks(include_path: str | None) -> set[str] | None:
-    """Every name lm-eval knows (tasks, groups, tags), or None where lm-eval is not installed on this machine.
-    Loaded only when a task is neither fetched nor local: indexing lm-eval's tasks takes seconds."""
-    try:
-        from lm_eval.tasks import TaskManager
-    except ImportError:
-        return None
-    return set(TaskManager(include_path=include_path or None).all_tasks)
-
-
 def _tasks(cfg: Config, found: Findings) -> None:
     ev = cfg.evaluation
     if ev.include_path and not os.path.isdir(ev.include_path):
@@ -84,7 +75,8 @@ def _tasks(cfg: Config, found: Findings) -> None:
     pending = [t for t in ev.tasks if t not in ready and t != HELDOUT_TASK]
     if not pending:
         return
-    known = known_tasks(ev.include_path)
+    # Read only when a task is neither fetched nor local: scanning lm-eval's task files takes a few seconds.
+    known = lm_eval_index.known(ev.include_path)
     unknown = [t for t in pending if known is not None and t not in known]
     if unknown:
         found.problem(

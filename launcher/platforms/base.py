@@ -22,8 +22,8 @@ A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM 
    default: `apptainer exec`).
 5. What it runs besides data preparation and training: `preflight_job`, `export_job`, `evaluation_job` and
    `rank_variable` (the profiled ranks of profile.tool=nsys) are refused by default, in one line naming the way
-   around (the evaluation's blends run in the training job's shape, `training_job(..., stage="eval_loss")`); the container
-   stage builds cluster.container unless `builds_images = False` (images run by name from a registry).
+   around (the evaluation's blends run in the training job's shape, `training_job(..., stage="eval_loss")`); the
+   container stage builds cluster.container unless `builds_images = False` (images run by name from a registry).
 Then its golden files (tests/golden/, written by tests like tests/launcher/test_render.py). Users pick it with a
 conf/cluster/<cluster>.yaml that names it, which the config schema checks (common/config.py:
 PlatformName, and a class for its cluster keys).

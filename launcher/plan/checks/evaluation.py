@@ -43,7 +43,9 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
     _tasks(cfg, found)
     for name in ev.heldout:
         if not os.path.isfile(name):
-            found.problem(f"evaluation.heldout: {name} is not a file (JSON lines with a text key, or a text file)")
+            found.problem_unless_dry_run(
+                f"evaluation.heldout: {name} is not a file (JSON lines with a text key, or a text file)"
+            )
     _model(cfg, sizes, found)
 
 
@@ -120,8 +122,7 @@ def _model(cfg: Config, sizes: Sizes, found: Findings) -> None:
     ev = cfg.evaluation
     source = model_source(cfg)
     if ev.model and not os.path.isfile(os.path.join(ev.model, "config.json")):
-        found.problem(f"evaluation.model={ev.model} is not a Hugging Face directory (no config.json)")
-        return
+        found.problem_unless_dry_run(f"evaluation.model={ev.model} is not a Hugging Face directory (no config.json)")
     if not ev.model and Stage.export not in cfg.stages and not os.path.isfile(os.path.join(source, "config.json")):
         found.problem_unless_dry_run(
             f"stages has evaluation but {source} holds no exported model: add export to stages "

@@ -11,8 +11,9 @@ import re
 from pathlib import Path
 
 # Top-level `task: name`, `group: name`, `tag: name`; a tag may also be a list of names.
-# Keys may be quoted ("task": "wmdp_bio"), as many generated task files write them.
-NAME = re.compile(r"^['\"]?(task|group|tag)['\"]?:[ \t]*['\"]?([^\s'\"#,\[\]{}]+)", re.MULTILINE)
+# Keys may be quoted ("task": "wmdp_bio"), as many generated task files write them, and indented (JSON, which is
+# YAML, or a group's inline task definitions).
+NAME = re.compile(r"^[ \t]*['\"]?(task|group|tag)['\"]?:[ \t]*['\"]?([^\s'\"#,\[\]{}]+)", re.MULTILINE)
 TAG_LIST = re.compile(r"^['\"]?(?:tag|task)['\"]?:[ \t]*\n((?:[ \t]*-[ \t]*\S+[ \t]*\n)+)", re.MULTILINE)
 FIELD = re.compile(
     r"^['\"]?(dataset_path|dataset_name|include)['\"]?:[ \t]*['\"]?([^'\"#\n]+?)['\"]?[ \t]*$", re.MULTILINE
@@ -61,6 +62,13 @@ def known(include_path: str | None = None) -> dict[str, Path] | None:
     if include_path and Path(include_path).is_dir():
         names.update(_scan(Path(include_path)))
     return names
+
+
+def local_tasks(include_path: str | None) -> set[str]:
+    """The names the YAML files under a directory of the user's own tasks declare (evaluation.include_path)."""
+    if not include_path or not Path(include_path).is_dir():
+        return set()
+    return set(_scan(Path(include_path).resolve()))
 
 
 def dataset_of(path: Path, depth: int = 3) -> str:

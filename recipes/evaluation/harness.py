@@ -9,6 +9,7 @@ import math
 import os
 from typing import Any, Callable
 
+from common import lm_eval_index
 from common.config import Config
 from common.evaluation import HARNESS_RESULTS, HELDOUT_TASK, RESULTS_DIR, TASK_ROWS, offline_env
 from common.files import atomic_write
@@ -73,6 +74,7 @@ def run_harness(cfg: Config, run_dir: str, device: str | None = None, say: Calla
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    local = lm_eval_index.local_tasks(ev.include_path)
     model = model_dir(cfg, run_dir)
     model_args: dict[str, Any] = {"pretrained": model, "dtype": ev.dtype, "max_length": max_length(cfg)}
     if device is None:
@@ -92,8 +94,8 @@ def run_harness(cfg: Config, run_dir: str, device: str | None = None, say: Calla
         limit=ev.limit,
         device=device,
         log_samples=False,
-        # lm-eval's own tasks indexed only when some are asked for (indexing them takes seconds).
-        task_manager=TaskManager(include_path=include or None, include_defaults=bool(ev.tasks)),
+        # lm-eval's own tasks indexed only when some are asked for (indexing them takes most of a minute).
+        task_manager=TaskManager(include_path=include or None, include_defaults=not set(ev.tasks) <= local),
     )
     if results is None:  # a rank other than the first under lm-eval's own data parallelism
         return ""

@@ -22,7 +22,6 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # share on top.
 OVERHEAD = 1.2
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-TASK_LINE = re.compile(r"^task:\s*['\"]?([^'\"#\s]+)", re.MULTILINE)
 
 
 def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
@@ -50,19 +49,6 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
 
 
 # --------------------------------------------------------------------------- lm-eval tasks
-def local_tasks(include_path: str | None) -> set[str]:
-    """The task names the YAML files under evaluation.include_path declare (`task: name`)."""
-    names: set[str] = set()
-    if not include_path:
-        return names
-    for path in Path(include_path).rglob("*.y*ml"):
-        try:
-            names.update(TASK_LINE.findall(path.read_text(errors="replace")))
-        except OSError:
-            continue
-    return names
-
-
 def _tasks(cfg: Config, found: Findings) -> None:
     ev = cfg.evaluation
     if ev.include_path and not os.path.isdir(ev.include_path):
@@ -73,7 +59,7 @@ def _tasks(cfg: Config, found: Findings) -> None:
             f"evaluation.tasks names {HELDOUT_TASK}, the held-out perplexity task's own name: list its files in "
             "evaluation.heldout instead"
         )
-    ready = local_tasks(ev.include_path) | fetched_tasks(ev.data_dir)
+    ready = lm_eval_index.local_tasks(ev.include_path) | fetched_tasks(ev.data_dir)
     pending = [t for t in ev.tasks if t not in ready and t != HELDOUT_TASK]
     if not pending:
         return

@@ -277,3 +277,17 @@ def test_the_report_of_an_evaluated_run_prints_its_rows(tmp_path, capsys):
     assert report_main([str(run)]) == 0
     out = capsys.readouterr().out
     assert "evaluation of eval_hf" in out and "0.6000 ± 0.0100" in out
+
+
+@pytest.mark.parametrize(
+    "what,message",
+    [
+        ("heldout", "holds no exported model: add export to stages"),
+        ("blends", "has no complete checkpoint to evaluate"),
+    ],
+)
+def test_evaluation_alone_of_a_run_without_what_it_reads_is_one_line(tmp_path, what, message):
+    """The held-out task reads the run's export, the blends its newest checkpoint: neither is there."""
+    (given,) = [o for o in inputs(tmp_path) if o.startswith(f"evaluation.{what}=")]
+    (line,) = refusal(tmp_path, "stages=[evaluation]", "evaluation.tasks=[]", given)
+    assert message in line

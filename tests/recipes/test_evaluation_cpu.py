@@ -2,11 +2,10 @@
 saves and exported by our exporter, evaluated through lm-eval (recipes/evaluation/harness.py), gives the word
 perplexity that a plain transformers loop computes on the same text with the same rolling windows."""
 
+import functools
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from launcher.config.compose import compose  # noqa: E402
 from launcher.plan.build import build_plan  # noqa: E402
 from launcher.plan.hardware import LocalGpus  # noqa: E402
 from recipes.evaluation.harness import run_harness  # noqa: E402
+from recipes.hf import exporter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)
@@ -94,14 +94,14 @@ def exported(tmp_path_factory) -> dict:
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
     cpu_megatron.run_ranks(init_and_save, 1, cfg, plan, str(run_dir))
-    export = subprocess.run(
-        [sys.executable, "-m", "recipes.hf.exporter", "--checkpoint", str(run_dir / "checkpoints")]
-        + ["--out", str(run_dir / "hf"), "--dtype", "float32", "--no-progress"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    # Our exporter, as `python -m recipes.hf.exporter --checkpoint RUN/checkpoints --out RUN/hf` runs it.
+    assert (
+        exporter.main(
+            ["--checkpoint", str(run_dir / "checkpoints"), "--out", str(run_dir / "hf")]
+            + ["--dtype", "float32", "--no-progress"]
+        )
+        == 0
     )
-    assert export.returncode == 0, export.stderr[-3000:]
     docs = [TEXT * (i + 1) + f"Document {i} ends here." for i in range(4)] + ["Short one."]
     heldout = root / "heldout.jsonl"
     heldout.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
@@ -124,8 +124,7 @@ def windows(tokens: list[int], prefix: int, length: int) -> list[tuple[list[int]
 
 def reference_word_perplexity(hf_dir: Path, docs: list[str], length: int) -> float:
     """exp(-(sum of every token's log-likelihood) / (words)), token by token in plain transformers."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    model, tokenizer = loaded(str(hf_dir))
     total, words = 0.0, 0
     for doc in docs:
         tokens = tokenizer(doc, add_special_tokens=False)["input_ids"]
@@ -143,6 +142,12 @@ def reference_word_perplexity(hf_dir: Path, docs: list[str], length: int) -> flo
             total += logprobs[p, target].item()
         words += len(re.split(r"\s+", doc))
     return math.exp(-total / words)
+
+
+@functools.lru_cache(maxsize=1)
+def loaded(hf_dir: str):
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(hf_dir)
 
 
 def test_heldout_perplexity_through_lm_eval_equals_a_plain_transformers_loop(exported):

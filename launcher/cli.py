@@ -194,8 +194,13 @@ def _run_here(prepared: Prepared, say: Say) -> int:
             "platforms)."
         )
         return 0
+    if plan.cannot_train_reason and any(j.stage in ("eval_loss", "evaluation") for j in prepared.stages.jobs):
+        say(f"did not evaluate: {plan.cannot_train_reason}; the evaluation jobs are in the run directory above.")
+        return 0
     if any(j.stage == "training" for j in jobs):
         say(f"done: log {run_dir / 'logs' / 'training.log'}, report {run_dir / 'logs' / 'report.txt'}")
+    elif any(j.stage in ("eval_loss", "evaluation") for j in jobs):
+        say(f"done: evaluation rows in {run_dir / 'evaluation'}; print them with python -m launcher.report {run_dir}")
     return 0
 
 

@@ -93,9 +93,10 @@ def run_loss(run_dir: str) -> int:
         rows = []
         for blend in blends:
             samples = blend_samples(cfg, plan, blend.samples)
-            dataset = (
-                data.InOrderSequences(list(blend.prefixes), plan.seq_length, samples) if reads_data(chunks) else None
-            )
+            key = f"evaluation.blends: {blend.name}"
+            reads = reads_data(chunks)
+            dataset = data.InOrderSequences(list(blend.prefixes), plan.seq_length, samples, key) if reads else None
+            say(f"{blend.name}: {samples} sequences of {plan.seq_length} tokens from step {step}'s weights ...")
             start = time.perf_counter()
             loss = _loss(chunks, plan, dataset, samples, schedule, cfg.training.data.num_workers)
             seconds = time.perf_counter() - start

@@ -291,3 +291,39 @@ def test_evaluation_alone_of_a_run_without_what_it_reads_is_one_line(tmp_path, w
     (given,) = [o for o in inputs(tmp_path) if o.startswith(f"evaluation.{what}=")]
     (line,) = refusal(tmp_path, "stages=[evaluation]", "evaluation.tasks=[]", given)
     assert message in line
+
+
+# --------------------------------------------------------------------------- the held-out task and lm-eval's rows
+def test_the_heldout_task_reads_json_lines_and_text_files_and_names_a_bad_line(tmp_path):
+    from recipes.evaluation.tasks import HeldoutError, heldout_documents, write_heldout_task
+
+    (tmp_path / "a.jsonl").write_text('{"body": "first"}\n\n{"body": "second"}\n')
+    (tmp_path / "b.txt").write_text("a whole file\nis one document\n")
+    files = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.txt")]
+    assert heldout_documents(files, "body") == ["first", "second", "a whole file\nis one document\n"]
+    directory = write_heldout_task(files, "body", str(tmp_path / "task"))
+    task = yaml.safe_load((tmp_path / "task" / "heldout.yaml").read_text())
+    assert task["output_type"] == "loglikelihood_rolling" and task["dataset_path"] == "json"
+    data = [json.loads(line) for line in open(task["dataset_kwargs"]["data_files"]["test"])]
+    assert [d["text"] for d in data] == heldout_documents(files, "body") and directory == str(tmp_path / "task")
+    with pytest.raises(HeldoutError, match=r"a.jsonl line 1 is not a JSON object with the key 'text'"):
+        heldout_documents(files, "text")
+
+
+def test_lm_eval_results_become_one_row_per_task_and_metric():
+    from recipes.evaluation.harness import summary_rows
+
+    results = {
+        "results": {
+            "boolq": {"alias": "boolq", "acc,none": 0.62, "acc_stderr,none": 0.0085},
+            "heldout": {"word_perplexity,none": 31.5, "word_perplexity_stderr,none": "N/A", "bits_per_byte,none": 1.2},
+            "lambada_openai": {"acc,none": 0.4, "acc_stderr,none": 0.007, "perplexity,none": 20.1},
+        }
+    }
+    assert [(r["task"], r["metric"], r["value"], r["stderr"]) for r in summary_rows(results, "hf")] == [
+        ("boolq", "acc", 0.62, 0.0085),
+        ("heldout", "word_perplexity", 31.5, None),
+        ("heldout", "bits_per_byte", 1.2, None),
+        ("lambada_openai", "acc", 0.4, 0.007),
+        ("lambada_openai", "perplexity", 20.1, None),
+    ]

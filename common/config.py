@@ -108,6 +108,7 @@ class Stage(StrEnum):
     preflight = "preflight"
     training = "training"
     export = "export"
+    evaluation = "evaluation"
 
 
 class PlatformName(StrEnum):
@@ -976,6 +977,39 @@ class MLPerfConfig:
     rules: MLPerfRules = group(MLPerfRules, "what the benchmark fixes")
 
 
+# --------------------------------------------------------------------------- evaluation
+@dataclass
+class EvalBlend:
+    name: str = key("the blend's name in the results (letters, digits, '.', '_', '-')")
+    prefixes: List[str] = key("data preparation outputs (.bin/.idx prefixes), read in order")
+    samples: Optional[int] = key(
+        "sequences of seq_length tokens to evaluate; null: as many as the trainer's validation",
+        default=None,
+        within=COUNT,
+    )
+
+
+@dataclass
+class EvaluationConfig:
+    tasks: List[str] = key("lm-evaluation-harness tasks run on the Hugging Face model (the default suite: NeMo's)")
+    num_fewshot: Optional[int] = key("few-shot examples per task; null: each task's own", within=NON_NEGATIVE)
+    batch_size: int = key("lm-eval's batch size", within=COUNT)
+    limit: Optional[int] = key("at most this many items per task (smoke tests); null: every item", within=COUNT)
+    dtype: str = key("dtype the Hugging Face model is loaded in: bfloat16, float16 or float32")
+    model: Optional[str] = key(
+        "a Hugging Face directory to evaluate; null: the run's export (training.checkpoint.export_dir, else RUN_DIR/hf)"
+    )
+    data_dir: str = key("the tasks' data, prepared on a machine with internet by python -m recipes.evaluation fetch")
+    include_path: Optional[str] = key("a directory of your own lm-eval task YAMLs (tasks then names them)")
+    heldout: List[str] = key("JSON-lines or text files: held-out perplexity (word, byte, bits per byte)")
+    heldout_text_key: str = key("the JSON key holding a held-out document's text")
+    heldout_max_length: Optional[int] = key(
+        "tokens per rolling window of the held-out task; null: training.seq_length", within=COUNT
+    )
+    blends: List[EvalBlend] = key("named .bin/.idx blends whose loss the trainer computes from the newest checkpoint")
+    time_limit: Optional[str] = key("time limit of the evaluation jobs; null: cluster.time_limit")
+
+
 # --------------------------------------------------------------------------- the whole config
 @dataclass
 class Config:
@@ -992,12 +1026,16 @@ class Config:
     preflight: PreflightConfig = group(PreflightConfig, "network preflight stage")
     resilience: ResilienceConfig = group(ResilienceConfig, "restarts, hang detection, stragglers (long runs)")
     mlperf: Optional[MLPerfConfig] = key("MLPerf Training benchmark settings (training=mlperf/...)", default=None)
-    stages: List[Stage] = key("stages to run, in order: container, data_preparation, preflight, training, export")
+    evaluation: EvaluationConfig = group(EvaluationConfig, "the evaluation stage: held-out loss, benchmark tasks")
+    stages: List[Stage] = key(
+        "stages to run, in order: container, data_preparation, preflight, training, export, evaluation"
+    )
     dry_run: bool = key("plan, validate and write everything; submit and run nothing")
     results_dir: str = key("run directories go under it")
     run_name: Optional[str] = key(
         "the run directory's name; null: <model>_<dtype>_<layout>_<N>gpu for training, "
-        "data_<source>[_<output directory name>] for data preparation alone, container_<image> for the image alone"
+        "data_<source>[_<output directory name>] for data preparation alone, eval_<directory> for evaluating "
+        "evaluation.model alone, container_<image> for the image alone"
     )
     seed: int = key("random seed", within=SEED)
     memory_check: bool = key("fail when the memory estimate exceeds the GPU; false accepts the risk")

@@ -3,6 +3,9 @@ the MLPerf log use it."""
 
 from __future__ import annotations
 
+import json
+import os
+
 from common.config import TrainingConfig
 
 
@@ -16,3 +19,47 @@ def eval_microbatches(samples: int, micro_batch_size: int, dp_size: int, per_cal
     a training step's, the last one taking the rest (the plan checked that samples split into microbatches)."""
     total = samples // (micro_batch_size * dp_size)
     return [per_call] * (total // per_call) + ([total % per_call] if total % per_call else [])
+
+
+# --------------------------------------------------------------------------- the evaluation stage's files
+# Under the run directory (or, for evaluation.model alone, the evaluation's own run directory):
+RESULTS_DIR = "evaluation"
+# One JSON object a line: {"task", "metric", "value", "stderr", "model", "step"}; the report prints them.
+TASK_ROWS = "tasks.jsonl"  # lm-eval's tasks (and the held-out perplexity task)
+BLEND_ROWS = "blends.jsonl"  # the in-framework loss of evaluation.blends
+# lm-eval's own results JSON, as it wrote it.
+HARNESS_RESULTS = "lm_eval_results.json"
+# The held-out perplexity task's name in lm-eval and in the rows.
+HELDOUT_TASK = "heldout"
+# What `python -m recipes.evaluation fetch` records in the data directory: the tasks it prepared there.
+FETCHED = "fetched.json"
+FETCH_COMMAND = "python -m recipes.evaluation fetch"
+
+
+def offline_env(data_dir: str) -> dict[str, str]:
+    """The evaluation job's environment: the hub off, the tasks' data from where `fetch` put it."""
+    return {
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_CACHE": os.path.join(data_dir, "datasets"),
+    }
+
+
+def read_rows(run_dir: str) -> list[dict]:
+    """The evaluation rows of a run directory: its tasks' then its blends' (none when it was not evaluated)."""
+    rows: list[dict] = []
+    for name in (TASK_ROWS, BLEND_ROWS):
+        path = os.path.join(run_dir, RESULTS_DIR, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                rows += [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def fetched_tasks(data_dir: str) -> set[str]:
+    """The tasks whose data `fetch` prepared in data_dir."""
+    try:
+        with open(os.path.join(data_dir, FETCHED)) as f:
+            return set(json.load(f).get("tasks", {}))
+    except (OSError, ValueError, AttributeError):
+        return set()

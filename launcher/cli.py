@@ -145,7 +145,11 @@ def _checkpoint_note(cfg: Config, newest: tuple[int, str]) -> str:
     """What the selected stages do with the run's checkpoints, naming the one they read."""
     which = f"{newest[1]} (step {newest[0]}), the newest complete checkpoint"
     if "training" not in cfg.stages:
-        return f"the export reads {which}" if "export" in cfg.stages else f"this run directory has {which}"
+        if "export" in cfg.stages:
+            return f"the export reads {which}"
+        if cfg.evaluation.blends and "evaluation" in cfg.stages:
+            return f"evaluation.blends are evaluated from {which}"
+        return f"this run directory has {which}"
     if not cfg.training.checkpoint.load:
         return f"training.checkpoint.load=false: training starts from scratch, not from {which}"
     return f"training resumes from {which}"
@@ -174,9 +178,9 @@ def _run_here(prepared: Prepared, say: Say) -> int:
     plan, run_dir = prepared.plan, prepared.run_dir
     jobs = prepared.stages.jobs
     if plan.cannot_train_reason:  # the stages that need this machine's GPUs, and the export of what they train
-        skipped = (
-            {"preflight", "training", "export"} if "training" in prepared.cfg.stages else {"preflight", "training"}
-        )
+        skipped = {"preflight", "training", "eval_loss", "evaluation"}
+        if "training" in prepared.cfg.stages:
+            skipped.add("export")
         jobs = [j for j in jobs if j.stage not in skipped]
     code = run_here(jobs, run_dir, say)
     if code:
@@ -190,8 +194,13 @@ def _run_here(prepared: Prepared, say: Say) -> int:
             "platforms)."
         )
         return 0
+    if plan.cannot_train_reason and any(j.stage in ("eval_loss", "evaluation") for j in prepared.stages.jobs):
+        say(f"did not evaluate: {plan.cannot_train_reason}; the evaluation jobs are in the run directory above.")
+        return 0
     if any(j.stage == "training" for j in jobs):
         say(f"done: log {run_dir / 'logs' / 'training.log'}, report {run_dir / 'logs' / 'report.txt'}")
+    elif any(j.stage in ("eval_loss", "evaluation") for j in jobs):
+        say(f"done: evaluation rows in {run_dir / 'evaluation'}; print them with python -m launcher.report {run_dir}")
     return 0
 
 

@@ -160,6 +160,16 @@ def export_hf_command(ckpt: CheckpointConfig, run_dir: Path) -> list[str]:
     ]
 
 
+def eval_loss_entry(run_dir: Path) -> list[str]:
+    """What every rank of the training job's shape runs for evaluation.blends (recipes/evaluate.py)."""
+    return ["python", "-m", "recipes.evaluate", "--run-dir", str(run_dir)]
+
+
+def harness_command(run_dir: Path) -> list[str]:
+    """lm-eval on the run's Hugging Face model, one process on one node (recipes/evaluation/harness.py)."""
+    return ["python", "-m", "recipes.evaluation", "harness", "--run-dir", str(run_dir)]
+
+
 def report_command(run_dir: Path) -> list[str]:
     return ["python", "-m", "launcher.report", str(run_dir)]
 
@@ -192,7 +202,9 @@ def container_mounts(cfg: Config) -> list[str]:
         dirs.append(Path(output_dir))  # created before the data preparation job is submitted
     training = cfg.training
     # Every value of these sections as config.yaml writes it, whatever source or key names a path.
-    sections = [training.tokenizer, training.data, training.checkpoint, cfg.data_preparation]
+    sections: list[Any] = [training.tokenizer, training.data, training.checkpoint, cfg.data_preparation]
+    if "evaluation" in cfg.stages:  # the tasks' data, the model, the held-out files, the blends
+        sections.append(cfg.evaluation)
     for path in _abs_paths(to_plain(sections)):
         p = Path(path)
         # A directory is mounted itself; a file or a prefix (.bin/.idx without extension) through its parent.

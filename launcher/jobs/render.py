@@ -10,7 +10,7 @@ from pathlib import Path
 
 @dataclass
 class Job:
-    stage: str  # container | data_preparation | data_check | preflight | training | export
+    stage: str  # container | data_preparation | data_check | preflight | training | export | eval_loss | evaluation
     script: str  # file name in the run directory
     title: str  # one line for the script's header
     lines: list[str]  # the shell body, after the environment

@@ -35,9 +35,12 @@ def default_run_name(cfg: Config) -> str:
     different things never meet in one directory: `<model>_<dtype>_<layout>_<N>gpu` for training (and the stages
     that go with it; `<model>_lora_...` for LoRA), `data_<source>` for data preparation alone,
     `data_<source>_<output directory's name>` where that differs from the source (the data set it makes: C4 and
-    MLPerf's C4 files never share one), `container_<image>` for the image build alone."""
+    MLPerf's C4 files never share one), `eval_<directory>` for the evaluation of a Hugging Face directory alone
+    (evaluation.model), `container_<image>` for the image build alone."""
     stages = set(cfg.stages)
-    if stages & {"training", "preflight", "export"}:
+    if stages == {"evaluation"} and cfg.evaluation.model:
+        return "eval_" + re.sub(r"[^A-Za-z0-9._=+-]", "-", Path(cfg.evaluation.model).name or "model")
+    if stages & {"training", "preflight", "export", "evaluation"}:
         par = cfg.parallelism
         # A fine-tuning run never shares (and resumes from) the directory of the pretraining run of its layout.
         model = cfg.training.name if cfg.peft.method == PeftMethod.none else f"{cfg.training.name}_{cfg.peft.method}"

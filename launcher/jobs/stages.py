@@ -1,6 +1,6 @@
-"""Stages (container, data_preparation, preflight, training, export) in run order, and the jobs they make, which the
-cluster's platform lays out (launcher/platforms/base.py: Platform.plan_stages). What the stages ask of the platform
-is checked before (launcher/plan/checks/)."""
+"""Stages (container, data_preparation, preflight, training, export, evaluation) in run order, and the jobs they
+make, which the cluster's platform lays out (launcher/platforms/base.py: Platform.plan_stages). What the stages ask
+of the platform is checked before (launcher/plan/checks/)."""
 
 from __future__ import annotations
 

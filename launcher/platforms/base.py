@@ -20,9 +20,10 @@ A new platform is one file, launcher/platforms/<name>.py, ending with `PLATFORM 
    checks cluster.container_runtime against `runtimes`, the image unless the container stage builds it, and the
    time limits), `render` (files besides the job's own), `container_wrapper` (how a command enters the image; the
    default: `apptainer exec`).
-5. What it runs besides data preparation and training: `preflight_job`, `export_job` and `rank_variable` (the
-   profiled ranks of profile.tool=nsys) are refused by default, in one line naming the way around; the container
-   stage builds cluster.container unless `builds_images = False` (images run by name from a registry).
+5. What it runs besides data preparation and training: `preflight_job`, `export_job`, `evaluation_job` and
+   `rank_variable` (the profiled ranks of profile.tool=nsys) are refused by default, in one line naming the way
+   around (the evaluation's blends run in the training job's shape, `training_job(..., stage="eval_loss")`); the
+   container stage builds cluster.container unless `builds_images = False` (images run by name from a registry).
 Then its golden files (tests/golden/, written by tests like tests/launcher/test_render.py). Users pick it with a
 conf/cluster/<cluster>.yaml that names it, which the config schema checks (common/config.py:
 PlatformName, and a class for its cluster keys).
@@ -30,6 +31,7 @@ PlatformName, and a class for its cluster keys).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from abc import ABC, abstractmethod
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from common.config import BatchCluster, ClusterConfig, Config, ContainerCluster, DataJobConfig, K8sCluster
+from common.evaluation import offline_env
 from common.plan import Plan
 from launcher.jobs import commands
 from launcher.jobs.commands import REPO
@@ -63,6 +66,8 @@ REFUSALS = {
     "`python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints --out DIR` where the checkpoint is",
     "preflight": "stages has preflight but cluster={cluster} has no preflight job yet: drop preflight from stages, "
     "or run it on cluster=local or a Slurm cluster",
+    "evaluation": "stages has evaluation but cluster={cluster} has no evaluation job yet: drop evaluation from "
+    "stages, or run it on cluster=local or a Slurm cluster",
     "nsys": "profile.tool=nsys cannot wrap the profiled ranks on cluster={cluster} yet: use profile.tool=torch",
     "job_restarts": "resilience.job_restarts={job_restarts}: cluster={cluster} has no jobs that wait for the one "
     "before them to end however it ended ({why})",
@@ -117,8 +122,8 @@ class Platform(ABC, Generic[ClusterT]):
         return self.client is None
 
     def supports(self, need: str) -> bool:
-        """Whether this platform can do `need`: the container, preflight or export stage, or "nsys" (the profiled
-        ranks' wrapper). A subclass supports preflight and export by implementing their job."""
+        """Whether this platform can do `need`: the container, preflight, export or evaluation stage, or "nsys" (the
+        profiled ranks' wrapper). A subclass supports preflight, export and evaluation by implementing their job."""
         if need == "container":
             return self.builds_images
         if need == "nsys":
@@ -129,7 +134,7 @@ class Platform(ABC, Generic[ClusterT]):
     def refusals(self, cfg: Config, selected: Sequence[str]) -> list[str]:
         """One line for each thing the selected stages (and profile.tool=nsys) ask of this platform that it cannot
         do, in stage order."""
-        needs = [stage for stage in ("container", "export", "preflight") if stage in selected]
+        needs = [stage for stage in ("container", "export", "preflight", "evaluation") if stage in selected]
         if nsys_requested(cfg.profile):
             needs.append("nsys")
         return [self._refusal(cfg, need) for need in needs if not self.supports(need)]
@@ -259,6 +264,8 @@ class Platform(ABC, Generic[ClusterT]):
             jobs.append(training)
         if "export" in selected:
             jobs.append(self.export_job(cfg, run_dir))
+        if "evaluation" in selected:
+            jobs += self.evaluation_jobs(cfg, plan, run_dir)
         for job in jobs[:-1]:
             job.followed = True
         return StagePlan(jobs=jobs, command=command, notes=notes)
@@ -268,9 +275,12 @@ class Platform(ABC, Generic[ClusterT]):
         """The jobs that prepare the shards and check them."""
 
     @abstractmethod
-    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(
+        self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str], stage: str = "training"
+    ) -> tuple[Job, str]:
         """The training job and its launch command (plan.command); `entry` is what every rank runs
-        (rank_entry)."""
+        (rank_entry). Another `stage` (eval_loss) is a job of the same shape running another entry, without the
+        report that ends training."""
 
     def rank_entry(self, cfg: Config, run_dir: Path) -> list[str]:
         """What every training rank runs: the training entry, or with profile.tool=nsys a wrapper that runs it
@@ -300,6 +310,32 @@ class Platform(ABC, Generic[ClusterT]):
     def export_job(self, cfg: Config, run_dir: Path) -> Job:
         """One process on one node exporting the run's newest checkpoint to Hugging Face format."""
         raise PlanError([self._refusal(cfg, "export")])
+
+    def evaluation_jobs(self, cfg: Config, plan: Plan, run_dir: Path) -> list[Job]:
+        """The evaluation stage: the loss of evaluation.blends in the training job's shape (eval_loss), then the
+        lm-eval tasks and the held-out perplexity task on one node (evaluation); each only where configured."""
+        ev = cfg.evaluation
+        jobs = [self.eval_loss_job(cfg, plan, run_dir)] if ev.blends else []
+        if ev.tasks or ev.heldout:
+            jobs.append(self.evaluation_job(cfg, run_dir))
+        return jobs
+
+    def eval_loss_job(self, cfg: Config, plan: Plan, run_dir: Path) -> Job:
+        """Every rank of the training job's shape (its nodes, ranks, environment and image) running
+        recipes/evaluation/loss.py from the newest checkpoint; no restarts, no signal before the time limit."""
+        resilience = dataclasses.replace(cfg.resilience, job_restarts=0, in_job_restarts=0)
+        once = dataclasses.replace(cfg, resilience=resilience)
+        job, _ = self.training_job(once, plan, run_dir, commands.eval_loss_entry(run_dir), stage="eval_loss")
+        names = ", ".join(blend.name for blend in cfg.evaluation.blends)
+        job.title = f"Held-out loss of {names} from the newest checkpoint on the training job's {gpus(plan.num_gpus)}"
+        job.signal = None
+        job.time_limit = cfg.evaluation.time_limit
+        return job
+
+    def evaluation_job(self, cfg: Config, run_dir: Path) -> Job:
+        """lm-eval on the run's Hugging Face model: one process on one node, the model sharded over its GPUs, the
+        hub off (commands.harness_command, evaluation_env)."""
+        raise PlanError([self._refusal(cfg, "evaluation")])
 
     def container_wrapper(self, cfg: Config, env: Mapping[str, str] = {}) -> list[str]:
         """What goes before a command to run it in cluster.container: `apptainer exec ... image.sif` with the
@@ -374,7 +410,7 @@ class Platform(ABC, Generic[ClusterT]):
 def next_step(stages: list[str], run_dir: Path) -> str:
     """What to run once the submitted jobs are done, for what they make: the report reads training's step timings,
     which data preparation and the image build have none of."""
-    if "training" in stages:
+    if "training" in stages or "evaluation" in stages or "eval_loss" in stages:
         return f"   report: python -m launcher.report {run_dir}"
     if "data_preparation" in stages:
         return f"   shards: python -m data_prep list --config {run_dir / 'config.yaml'}"
@@ -431,6 +467,18 @@ def training_title(plan: Plan, how: str) -> str:
 
 def export_title(run_dir: Path) -> str:
     return f"Export the newest checkpoint of {run_dir.name} to Hugging Face format"
+
+
+def evaluation_title(cfg: Config, run_dir: Path) -> str:
+    ev = cfg.evaluation
+    what = [f"{len(ev.tasks)} lm-eval task{'s' if len(ev.tasks) != 1 else ''}"] if ev.tasks else []
+    what += ["held-out perplexity"] if ev.heldout else []
+    return f"Evaluate {ev.model or run_dir.name + ' (its export)'}: {' and '.join(what)} on one node"
+
+
+def evaluation_env(cfg: Config) -> dict[str, str]:
+    """The evaluation job's environment: the hub off, the tasks' data where fetch put it."""
+    return offline_env(cfg.evaluation.data_dir)
 
 
 def preflight_title(plan: Plan) -> str:

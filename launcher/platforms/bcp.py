@@ -20,13 +20,23 @@ from launcher.jobs.commands import REPO, REPORT_FALLBACK
 from launcher.jobs.render import KEEP_LOG, Job, tee
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
 from launcher.plan.errors import PlanError
-from launcher.platforms.base import Platform, Say, outside_mounts, time_seconds, training_title
+from launcher.platforms.base import (
+    Platform,
+    Say,
+    evaluation_env,
+    evaluation_title,
+    outside_mounts,
+    time_seconds,
+    training_title,
+)
 from launcher.platforms.base import gpus as gpus_text
 
 # dgxa100.80g.8.norm: the GPU family, memory per GPU, GPUs per replica, class.
 INSTANCE = re.compile(r"^dgx(?P<gpu>[a-z]+\d+)\.\d+g\.(?P<gpus>\d+)\.")
 # `ngc base-command job info` prints the job's state as "Status: <STATE>" under "Job Status".
 STATUS = re.compile(r"^\s*Status:\s*([A-Z_]+)\s*$", re.MULTILINE)
+# The jobs that need the GPU instance (the others run on cluster.data_instance where it is set).
+GPU_STAGES = ("training", "eval_loss", "evaluation")
 UNFINISHED = {"CREATED", "QUEUED", "STARTING", "RUNNING", "PENDING_TERMINATION", "PENDING_STORAGE_CREATION"}
 SUCCEEDED = "FINISHED_SUCCESS"
 
@@ -84,12 +94,14 @@ class Bcp(Platform[BcpCluster]):
             )
         ]
 
-    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(
+        self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str], stage: str = "training"
+    ) -> tuple[Job, str]:
         """bcprun starts one process per GPU on every replica (array type PYTORCH: torchrun's RANK / LOCAL_RANK /
         WORLD_SIZE / MASTER_ADDR); the first replica then prints the report."""
         cluster = self.cluster_of(cfg)
         _, gpus = instance_gpus(cluster.instance)
-        if gpus and plan.gpus_per_node != gpus and "training" in cfg.stages:
+        if gpus and plan.gpus_per_node != gpus and ("training" in cfg.stages or stage != "training"):
             raise PlanError(
                 [
                     f"the plan uses {gpus_text(plan.gpus_per_node)} per node but cluster.instance="
@@ -99,13 +111,14 @@ class Bcp(Platform[BcpCluster]):
             )
         command = _bcprun(plan.num_nodes, plan.gpus_per_node, plan.env, shlex.join(entry))
         report = shlex.join(commands.report_command(run_dir))
-        lines = [
-            logged(command, run_dir, "training"),
-            "# The throughput / MFU table and the loss and step-time plot of this run.",
-            tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK,
-        ]
+        lines = [logged(command, run_dir, stage)]
+        if stage == "training":
+            lines += [
+                "# The throughput / MFU table and the loss and step-time plot of this run.",
+                tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK,
+            ]
         job = self.job(
-            "training",
+            stage,
             training_title(plan, "bcprun, one process per GPU"),
             lines,
             env=dict(plan.env),
@@ -114,6 +127,18 @@ class Bcp(Platform[BcpCluster]):
             gpus_per_node=plan.gpus_per_node,
         )
         return job, command
+
+    def evaluation_job(self, cfg: Config, run_dir: Path) -> Job:
+        """One replica: lm-eval shards the model over its GPUs."""
+        harness = shlex.join(commands.harness_command(run_dir))
+        return self.job(
+            "evaluation",
+            evaluation_title(cfg, run_dir),
+            [logged(harness, run_dir, "evaluation")],
+            env=evaluation_env(cfg),
+            gpus_per_node=cfg.cluster.gpus_per_node,
+            time_limit=cfg.evaluation.time_limit,
+        )
 
     # ----------------------------------------------------------------------- rendering
     def render(self, job: Job, cfg: Config, run_dir: Path) -> dict[str, str]:
@@ -286,7 +311,7 @@ def job_name(cluster: BcpCluster, stage: str, run_dir: Path) -> str:
 def ngc_command(job: Job, cluster: BcpCluster, run_dir: Path) -> list[str]:
     """The documented `ngc base-command job run` options: the job runs the body script on its first replica."""
     instance = cluster.instance
-    if job.stage != "training" and cluster.data_instance:
+    if job.stage not in GPU_STAGES and cluster.data_instance:
         instance = cluster.data_instance
     args = [
         "ngc",

@@ -23,9 +23,25 @@ from launcher.jobs import commands
 from launcher.jobs.commands import REPO, REPORT_FALLBACK
 from launcher.jobs.render import Job
 from launcher.jobs.submit import SubmitError, Submitted, run_client, submit_in_order
-from launcher.platforms.base import Platform, Say, outside_mounts, time_seconds, training_title
+from launcher.platforms.base import (
+    Platform,
+    Say,
+    evaluation_env,
+    evaluation_title,
+    outside_mounts,
+    time_seconds,
+    training_title,
+)
 
-SHORT = {"data_preparation": "data", "data_check": "check", "training": "train"}
+SHORT = {
+    "data_preparation": "data",
+    "data_check": "check",
+    "training": "train",
+    "eval_loss": "evalloss",
+    "evaluation": "eval",
+}
+# Jobs of the training job's shape: one pod per node, torchrun in each, found through a headless Service.
+RANKED = ("training", "eval_loss")
 
 
 class K8s(Platform[K8sCluster]):
@@ -75,17 +91,21 @@ class K8s(Platform[K8sCluster]):
             ),
         ]
 
-    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(
+        self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str], stage: str = "training"
+    ) -> tuple[Job, str]:
         """torchrun in each pod, its node rank the pod's completion index; pod 0 ends with the report."""
-        command = _torchrun(cfg, self.cluster_of(cfg), plan, run_dir, entry)
+        command = _torchrun(cfg, self.cluster_of(cfg), plan, run_dir, entry, stage)
         report = shlex.join(commands.report_command(run_dir))
-        lines = [
-            command,
-            "# The throughput / MFU table (into pod 0's log) and the loss and step-time plot (into the run directory).",
-            f'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then {report}{REPORT_FALLBACK}; fi',
-        ]
+        lines = [command]
+        if stage == "training":
+            lines += [
+                "# The throughput / MFU table (into pod 0's log) and the loss and step-time plot (into the run "
+                "directory).",
+                f'if [ "$JOB_COMPLETION_INDEX" = 0 ]; then {report}{REPORT_FALLBACK}; fi',
+            ]
         job = self.job(
-            "training",
+            stage,
             training_title(plan, "one pod per node, torchrun in each"),
             lines,
             env=dict(plan.env),
@@ -94,6 +114,17 @@ class K8s(Platform[K8sCluster]):
             gpus_per_node=plan.gpus_per_node,
         )
         return job, command
+
+    def evaluation_job(self, cfg: Config, run_dir: Path) -> Job:
+        """One pod with one node's GPUs: lm-eval shards the model over them."""
+        return self.job(
+            "evaluation",
+            evaluation_title(cfg, run_dir),
+            [shlex.join(commands.harness_command(run_dir))],
+            env=evaluation_env(cfg),
+            gpus_per_node=cfg.cluster.gpus_per_node,
+            time_limit=cfg.evaluation.time_limit,
+        )
 
     # ----------------------------------------------------------------------- the manifests
     def render_script(self, job: Job, cfg: Config, run_dir: Path) -> str:
@@ -197,8 +228,8 @@ def job_name(cluster: K8sCluster, stage: str, run_dir: Path) -> str:
     return dns_name(cluster.job_name_prefix or "", SHORT[stage], run_dir.name)
 
 
-def _torchrun(cfg: Config, cluster: K8sCluster, plan: Plan, run_dir: Path, entry: list[str]) -> str:
-    master = job_name(cluster, "training", run_dir)
+def _torchrun(cfg: Config, cluster: K8sCluster, plan: Plan, run_dir: Path, entry: list[str], stage: str) -> str:
+    master = job_name(cluster, stage, run_dir)
     if cfg.resilience.in_job_restarts:
         # ft_launcher's c10d rendezvous on pod 0 (it has no static one): it restarts every rank in the pods.
         return commands.ft_launch_command(
@@ -251,7 +282,7 @@ def _pod(cluster: K8sCluster, job: Job, name: str) -> dict[str, Any]:
     env = {"PYTHONPATH": str(REPO), **job.env}
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
-    if job.stage == "training":
+    if job.gpus_per_node:
         limits["nvidia.com/gpu"] = job.gpus_per_node
         limits.update(cluster.resources)
     elif job.cpus_per_task:
@@ -269,7 +300,7 @@ def _pod(cluster: K8sCluster, job: Job, name: str) -> dict[str, Any]:
     if resources:
         container["resources"] = resources
     pod: dict[str, Any] = {"restartPolicy": "Never"}
-    if job.stage == "training":
+    if job.stage in RANKED:
         pod["subdomain"] = name  # <name>-<index>.<name> resolves to each pod through the headless Service
         # Kubernetes sends SIGTERM at the deadline and waits this long: the trainer checkpoints and exits.
         pod["terminationGracePeriodSeconds"] = cluster.signal_before_timeout_s or 30
@@ -290,7 +321,7 @@ def _pod(cluster: K8sCluster, job: Job, name: str) -> dict[str, Any]:
 def manifests(job: Job, cluster: K8sCluster, run_dir: Path) -> list[dict[str, Any]]:
     name = job_name(cluster, job.stage, run_dir)
     meta = _metadata(cluster, name, job, run_dir)
-    completions = job.nodes if job.stage == "training" else (job.array_size or 1)
+    completions = job.nodes if job.stage in RANKED else (job.array_size or 1)
     spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": completions,
@@ -304,7 +335,7 @@ def manifests(job: Job, cluster: K8sCluster, run_dir: Path) -> list[dict[str, An
     spec["activeDeadlineSeconds"] = limit
     spec["template"] = {"metadata": {"labels": dict(meta["labels"])}, "spec": _pod(cluster, job, name)}
     documents = [{"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}]
-    if job.stage == "training":
+    if job.stage in RANKED:
         service = {
             "apiVersion": "v1",
             "kind": "Service",

@@ -13,7 +13,7 @@ from launcher.jobs import commands
 from launcher.jobs.commands import REPO, REPORT_FALLBACK, bare_path
 from launcher.jobs.render import KEEP_LOG, Job, tee
 from launcher.platforms import containers
-from launcher.platforms.base import Platform, export_title, gpus, preflight_title
+from launcher.platforms.base import Platform, evaluation_env, evaluation_title, export_title, gpus, preflight_title
 
 
 class Local(Platform[LocalCluster]):
@@ -56,7 +56,9 @@ class Local(Platform[LocalCluster]):
             )
         ]
 
-    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(
+        self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str], stage: str = "training"
+    ) -> tuple[Job, str]:
         """The stack check, then torchrun over this machine's GPUs (ft_launcher with resilience.in_job_restarts);
         the job ends with the report."""
         if cfg.resilience.in_job_restarts:
@@ -64,16 +66,19 @@ class Local(Platform[LocalCluster]):
         else:
             command = shlex.join(commands.torchrun_command(plan.num_gpus, run_dir, entry))
         report = shlex.join(commands.report_command(run_dir))
-        log = run_dir / "logs" / "training.log"
+        log = run_dir / "logs" / f"{stage}.log"
         lines = [
             "# The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.",
             tee(shlex.join(commands.stack_check_command(run_dir)), log),
             tee(command, log),
-            "# The throughput / MFU table and the loss and step-time plot of this run.",
-            tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK,
         ]
+        if stage == "training":
+            lines += [
+                "# The throughput / MFU table and the loss and step-time plot of this run.",
+                tee(report, run_dir / "logs" / "report.txt", append=False) + REPORT_FALLBACK,
+            ]
         return self.job(
-            "training",
+            stage,
             f"Train {plan.model} ({plan.dtype}) on {gpus(plan.num_gpus)} of this machine",
             lines,
             env=dict(plan.env),
@@ -98,6 +103,17 @@ class Local(Platform[LocalCluster]):
             "export",
             export_title(run_dir),
             [tee(export, run_dir / "logs" / "export.log")],
+            path_first=bare_path(self.cluster_of(cfg)),
+        )
+
+    def evaluation_job(self, cfg: Config, run_dir: Path) -> Job:
+        """lm-eval over this machine's GPUs, the model sharded over them."""
+        harness = shlex.join(commands.harness_command(run_dir))
+        return self.job(
+            "evaluation",
+            evaluation_title(cfg, run_dir),
+            [tee(harness, run_dir / "logs" / "evaluation.log")],
+            env=evaluation_env(cfg),
             path_first=bare_path(self.cluster_of(cfg)),
         )
 

@@ -18,6 +18,8 @@ from launcher.platforms.base import (
     Platform,
     Say,
     chain_lines,
+    evaluation_env,
+    evaluation_title,
     export_title,
     hms,
     queued,
@@ -87,13 +89,29 @@ class Sge(Platform[SgeCluster]):
             path_first=bare_path(self.cluster_of(cfg)),
         )
 
-    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def evaluation_job(self, cfg: Config, run_dir: Path) -> Job:
+        """One process on one node with its GPUs: lm-eval shards the model over them."""
+        env = evaluation_env(cfg)
+        harness = shlex.join(commands.harness_command(run_dir))
+        return self.job(
+            "evaluation",
+            evaluation_title(cfg, run_dir),
+            [commands.shell_line([], harness, self.container_wrapper(cfg, env))],
+            env=env,
+            path_first=bare_path(self.cluster_of(cfg)),
+            gpus_per_node=cfg.cluster.gpus_per_node,
+            time_limit=cfg.evaluation.time_limit,
+        )
+
+    def training_job(
+        self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str], stage: str = "training"
+    ) -> tuple[Job, str]:
         """mpirun starts one rank per GPU on the hosts Grid Engine gave the job; ranks come from the MPI
         launcher's variables (OMPI_COMM_WORLD_RANK / _LOCAL_RANK / _SIZE). The job ends with the report."""
         cluster = self.cluster_of(cfg)
         if (
             plan.num_nodes > 1
-            and "training" in cfg.stages
+            and ("training" in cfg.stages or stage != "training")
             and not (cluster.node_resource or cluster.parallel_environment)
         ):
             raise PlanError(
@@ -152,13 +170,17 @@ class Sge(Platform[SgeCluster]):
             "export MASTER_PORT=$((20000 + JOB_ID % 40000))",
             commands.grouped_line(groups, program),
             *after,
-            "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
-            commands.shell_line([], report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
         ]
+        if stage == "training":
+            lines += [
+                "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run "
+                "directory).",
+                commands.shell_line([], report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
+            ]
         margin = cluster.signal_before_timeout_s
         how = "mpirun, ft_launcher on every node" if in_job else "mpirun, one rank per GPU"
         job = self.job(
-            "training",
+            stage,
             training_title(plan, how),
             lines,
             env=dict(plan.env),

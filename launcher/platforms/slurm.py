@@ -17,6 +17,8 @@ from launcher.platforms.base import (
     Platform,
     Say,
     chain_lines,
+    evaluation_env,
+    evaluation_title,
     export_title,
     preflight_title,
     queued,
@@ -89,7 +91,9 @@ class Slurm(Platform[SlurmCluster]):
             ),
         ]
 
-    def training_job(self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str]) -> tuple[Job, str]:
+    def training_job(
+        self, cfg: Config, plan: Plan, run_dir: Path, entry: list[str], stage: str = "training"
+    ) -> tuple[Job, str]:
         """srun starts one task per GPU; ranks come from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS. With
         resilience.in_job_restarts, one task per node runs ft_launcher, which starts the node's ranks. With
         resilience.job_restarts, the job asks first whether it still has work (chain_lines). The job ends with
@@ -127,12 +131,16 @@ class Slurm(Platform[SlurmCluster]):
             *(FT_RENDEZVOUS if in_job else RENDEZVOUS),
             commands.shell_line(srun, program, container),
             *after,
-            "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run directory).",
-            commands.shell_line(one_task, report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
         ]
+        if stage == "training":
+            lines += [
+                "# The throughput / MFU table (into this log) and the loss and step-time plot (into the run "
+                "directory).",
+                commands.shell_line(one_task, report, self.container_wrapper(cfg)) + REPORT_FALLBACK,
+            ]
         margin = cluster.signal_before_timeout_s
         job = self.job(
-            "training",
+            stage,
             training_title(plan, how),
             lines,
             signal=f"USR1@{margin}" if margin else None,
@@ -168,6 +176,23 @@ class Slurm(Platform[SlurmCluster]):
             [line],
             path_first=bare_path(cluster),
             exclusive=cluster.exclusive,
+        )
+
+    def evaluation_job(self, cfg: Config, run_dir: Path) -> Job:
+        """One task on one node with its GPUs: lm-eval shards the model over them."""
+        cluster = self.cluster_of(cfg)
+        env = evaluation_env(cfg)
+        srun = commands.srun_prefix(cfg, cluster, env_keys=list(env), extra=["--nodes=1", "--ntasks=1"])
+        harness = shlex.join(commands.harness_command(run_dir))
+        return self.job(
+            "evaluation",
+            evaluation_title(cfg, run_dir),
+            [commands.shell_line(srun, harness, self.container_wrapper(cfg, env))],
+            env=env,
+            path_first=bare_path(cluster),
+            gpus_per_node=cluster.gpus_per_node,
+            exclusive=cluster.exclusive,
+            time_limit=cfg.evaluation.time_limit,
         )
 
     # ----------------------------------------------------------------------- the sbatch script

@@ -5,6 +5,7 @@ PNG of loss and step time per run.
     python -m launcher.report results/RUN_A results/RUN_B
     python -m launcher.report --rank results/llama31_8b_bf16_*      # fastest first, beside the model's prediction
     python -m launcher.report nemo.log --gbs 128 --seq 8192 --gpus 64 --model llama31/70b --peak fp8
+    python -m launcher.report --compare results/RUN_A results/RUN_B   # evaluation rows side by side
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from launcher.report import mlperf, resilience, telemetry
+from launcher.report import evaluation, mlperf, resilience, telemetry
 from launcher.report.throughput import default_plot_path, format_table, load, mfu_warnings, plot, summarize
 
 
@@ -32,6 +33,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--rank",
         action="store_true",
         help="also rank the runs, fastest first, beside the step-time model's prediction for each (run directories)",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="print the runs' evaluation rows (the evaluation stage's) side by side, one column per run directory",
     )
     p.add_argument(
         "--plot",
@@ -66,16 +72,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError:
             print(f"error: --window {args.window!r}: use START:END, e.g. 35:45", file=sys.stderr)
             return 2
-    reports, mlperf_runs = [], []
+    if args.compare:
+        return compare(args.paths)
+    reports, mlperf_runs, evaluated = [], [], []
     try:
         for path in args.paths:
             runs = mlperf.load_runs(path)
             mlperf_runs += runs
+            rows = evaluation.rows_of(path)
+            if rows:
+                evaluated.append((path, rows))
             try:
                 info, steps = load(path, args)
                 reports.append(summarize(info, steps, window))
             except ValueError as err:
-                if not runs:  # an MLPerf log without step timings (mllog.txt) still has its score
+                # An MLPerf log without step timings (mllog.txt) still has its score; an evaluated run (a Hugging
+                # Face directory's evaluation, say) its evaluation.
+                if not (runs or rows):
                     raise
                 print(f"note: no throughput for {path}: {err}")
     except (ValueError, KeyError) as err:
@@ -103,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_ranking(reports, [path if path.is_dir() else None for path in args.paths]))
     if mlperf_runs:
         print("\n" + mlperf.format_section(mlperf_runs))
+    for path, rows in evaluated:
+        print("\n" + evaluation.format_rows(path, rows))
     try:
         if reports:
             print(f"plot: {plot(reports, out)}")
@@ -116,6 +131,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         beside = f"{out.stem}_{path.name}_telemetry.png" if len(run_dirs) > 1 else f"{out.stem}_telemetry.png"
         telemetry.report(path, png=out.with_name(beside) if args.plot else None)
         resilience.report(path)
+    return 0
+
+
+def compare(paths: Sequence[Path]) -> int:
+    """--compare: the evaluation rows of two or more run directories side by side."""
+    if len(paths) < 2:
+        print("error: --compare needs two or more run directories", file=sys.stderr)
+        return 2
+    runs = [evaluation.rows_of(path) for path in paths]
+    bare = [str(path) for path, rows in zip(paths, runs) if not rows]
+    if bare:
+        print(
+            f"error: --compare: {', '.join(bare)} holds no evaluation rows (evaluation/tasks.jsonl, "
+            "evaluation/blends.jsonl): run the evaluation stage there first",
+            file=sys.stderr,
+        )
+        return 2
+    print(evaluation.format_compare(list(paths), runs))
     return 0
 
 

@@ -59,7 +59,7 @@ class InOrderSequences(torch.utils.data.Dataset):
     inputs and labels shifted by one), cut as megatron's GPTDataset cuts its samples. MLPerf evaluates on exactly
     these sequences."""
 
-    def __init__(self, prefixes: list[str], seq_length: int, num_samples: int):
+    def __init__(self, prefixes: list[str], seq_length: int, num_samples: int, key: str = "training.data.valid_blend"):
         self.seq_length = seq_length
         self.parts = []
         for prefix in prefixes:
@@ -69,9 +69,9 @@ class InOrderSequences(torch.utils.data.Dataset):
         available = max(0, int(self.offsets[-1]) - 1) // seq_length
         if num_samples > available:
             raise SystemExit(
-                f"training.data.valid_blend holds {available} sequences of {seq_length} tokens but an "
-                f"evaluation reads {num_samples} (training.val_samples); prepare more validation data "
-                "or evaluate fewer sequences"
+                f"{key} holds {available} sequences of {seq_length} tokens but an evaluation reads "
+                f"{num_samples}; prepare more data or evaluate fewer sequences (training.val_samples, or the "
+                "blend's samples)"
             )
         self.num_samples = num_samples
 

@@ -32,6 +32,8 @@ BASES = {
     "govreport_mlperf": ["data_preparation=govreport_mlperf"],
     "auto": ["training=llama31/8b", "parallelism=auto", "cluster=bcm"],
     "mlperf": ["training=mlperf/llama31_8b"],
+    # A list of sections is empty by default: one entry to put the value in.
+    "blends": ["evaluation.blends=[{name: val, prefixes: [/data/val_text_document], samples: 8}]"],
 }
 ROOTS = [
     (schema.Config, "", "default"),
@@ -74,6 +76,8 @@ def numeric_keys(kind: type, prefix: str) -> list[tuple[str, dataclasses.Field]]
 
 def base_of(path: str, base: str) -> str:
     """The composition that has the section of `path` (sections that are null by default need their option)."""
+    if path.startswith("evaluation.blends"):
+        return "blends"
     return "mlperf" if path.startswith("mlperf.") else "auto" if path.startswith("parallelism.auto.") else base
 
 

@@ -46,6 +46,10 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"python bench/bench_train\.py|bash bench/gpu_", "trains on GPUs (tests/launcher/test_bench_*.py cover the rest)"),
     (r"python -m recipes\.hf\.exporter", "reads a trained checkpoint (tests/recipes/test_hf_cpu.py exports one)"),
     (r"python -m launcher\.report ", "reads run directories that training wrote (results/...)"),
+    (
+        r"python -m recipes\.evaluation fetch ",
+        "downloads task data from the hub (network); tests/launcher/test_evaluation.py runs its --dry-run",
+    ),
     (r"python -m data_prep train-tokenizer ", "trains on the reader's corpus (tests/data_prep train tokenizers)"),
     (r"python main.py .*'stages=\[export\]'", "exports the checkpoint a run wrote (stages=[export] alone needs one)"),
     (r"python main.py .*training\.tokenizer\.path=/", "names a tokenizer on the cluster; the plan checks it exists"),

@@ -47,6 +47,7 @@ OPERATIONAL = (
     "data_preparation.chunk_bytes",
     "data_preparation.download.",
     "data_preparation.job.",
+    "evaluation.",
 )
 SHOWN = 4  # differing keys named in the message
 

@@ -278,11 +278,13 @@ def boundaries_of(position_ids: torch.Tensor) -> torch.Tensor:
 def packed_microbatch(batch: dict[str, Any]) -> dict[str, Any]:
     """A microbatch of packed sequences ([mbs, seq] per field) as the model takes it: each field flattened to
     [1, mbs * seq] (megatron-core's THD layout has one sequence per microbatch; the samples' boundaries are in
-    cu_seqlens) and `packed_seq_params` with them. max_seqlen is seq, the bound every segment keeps: a constant
-    needs no device-to-host copy per microbatch, and the attention kernels stop at each segment's own end."""
-    seq = batch["position_ids"].shape[-1]
+    cu_seqlens) and `packed_seq_params` with them. max_seqlen is the longest segment, read back once per
+    microbatch: the attention kernels size their work by it, and megatron-core's unfused RoPE for THD reads
+    frequencies as large as the whole microbatch as positions that run on across samples."""
+    cu_seqlens = boundaries_of(batch["position_ids"])
+    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
     packed = {key: value.reshape(1, -1) for key, value in batch.items()}
-    packed["packed_seq_params"] = packed_seq_params(boundaries_of(batch["position_ids"]), seq)
+    packed["packed_seq_params"] = packed_seq_params(cu_seqlens, max_seqlen)
     return packed
 
 

@@ -188,7 +188,7 @@ def test_the_trainer_finds_the_boundaries_in_the_position_ids(tmp_path):
         assert packed[key].shape == (1, 27) and packed[key][0].tolist() == stacked[key].reshape(-1).tolist(), key
     params = packed["packed_seq_params"]
     assert params.cu_seqlens_q.tolist() == expected["cu_seqlens"].tolist() and params.cu_seqlens_q.dtype == torch.int32
-    assert params.max_seqlen_q == 9 >= expected["max_seqlen"]  # the bound every segment keeps
+    assert params.max_seqlen_q == params.max_seqlen_kv == expected["max_seqlen"]
     # A sample of one token is a segment too; a sequence without padding ends at its last sample.
     assert boundaries_of(torch.tensor([[0, 0, 1, 2], [0, 1, 0, 1]])).tolist() == [0, 1, 4, 6, 8]
 

@@ -181,6 +181,7 @@ class Steps(Callback):
                 self.train_cfg.data.num_workers,
             )
         source = data.MicrobatchSource(loader, shape, self.packing) if any(self.needs_data) else None
+        iters: list[data.MicrobatchSource | data.ChunkView | None]
         if source is not None and sum(self.needs_data) > 1:  # packed sequences: every chunk of the rank reads
             views = iter(data.ChunkViews(source, sum(self.needs_data)).views())
             iters = [next(views) if needs else None for needs in self.needs_data]

@@ -83,13 +83,10 @@ def sft_data(tmp_path_factory) -> dict:
     return test_gpu_sft.prepare(tmp_path_factory.mktemp("sft"))
 
 
-SFT_LAYOUTS = ["one_gpu", *(name for name in test_gpu_training.LAYOUTS if name != "cp2")]
-
-
 def sft_configs(data: dict, root: Path) -> dict[str, list[str]]:
     configs = {
         f"sft: {layout} {mode}": overrides
-        for layout in SFT_LAYOUTS
+        for layout in test_gpu_sft.SFT_LAYOUTS
         for mode, overrides in test_gpu_sft.eval_pair(data, root, layout).items()
     }
     base = test_gpu_sft.run_overrides(data, root, "full_sft", *test_gpu_sft.HF_RUN)

@@ -236,8 +236,12 @@ def test_a_fine_tuning_step_reports_its_trained_tokens():
     )
     assert record.tokens_per_s == 8 * 1024 / 0.5 and record.trained_tokens_per_s == 6000
     assert "trained_tokens_per_s=6000" in metrics.progress_line(record, 10)
+    from recipes.observability.tracking import scalars
+
+    assert scalars(record)["perf/trained_tokens_per_s"] == 6000  # TensorBoard and W&B
     plain = metrics.step_metrics(plan, step=3, loss=2.0, lr=1e-4, grad_norm=1.0, step_time_s=0.5, consumed_samples=24)
     assert plain.trained_tokens_per_s is None and "trained_tokens" not in metrics.progress_line(plain, 10)
+    assert "perf/trained_tokens_per_s" not in scalars(plain)
 
 
 def test_the_trainer_builds_sft_data_from_the_config(tmp_path):

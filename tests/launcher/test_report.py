@@ -279,7 +279,7 @@ def test_a_fine_tuning_run_reports_its_trained_tokens_beside_all_tokens(tmp_path
             r["trained_tokens_per_s"] = (1000 if r["step"] % 2 else 3000) / r["step_time_s"]
     (sft / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     plain = _run_dir(tmp_path, "plain", 0.25)
-    out = run_report(str(sft), str(plain), "--window", "4:14")
+    out = run_report(str(sft), str(plain), "--window", "4:14", "--plot", str(tmp_path / "sft.png"))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     header = next(line for line in lines if line.startswith("run"))

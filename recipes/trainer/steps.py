@@ -89,6 +89,8 @@ class Steps(Callback):
     (evaluation runs it), `training_schedule` the one training steps run (CUDA graphs may wrap it); `ranges` names
     a stretch of work in the profile (the observers')."""
 
+    packing = False  # packed fine-tuning sequences (set from the config in __init__)
+
     def __init__(
         self,
         chunks: list,

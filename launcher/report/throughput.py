@@ -36,6 +36,7 @@ _KEYS = {
     "grad_norm": "grad_norm",
     "val_loss": "val_loss",
     "tokens_per_s": "tokens_per_s",
+    "trained_tokens_per_s": "trained_tokens_per_s",
     "tflops_per_gpu": "tflops_per_gpu",
     "mfu": "mfu",
 }
@@ -57,6 +58,7 @@ class StepRecord:
     lr: float | None = None
     grad_norm: float | None = None
     tokens_per_s: float | None = None
+    trained_tokens_per_s: float | None = None  # fine-tuning: the loss mask's tokens (no prompt, no padding) per s
     tflops_per_gpu: float | None = None
     mfu: float | None = None
     mfu_peak_flops: float | None = None  # the peak the trainer divided by (planned without a GPU type)
@@ -129,6 +131,19 @@ class RunReport:
         if not (self.info.global_batch_size and self.info.seq_length):
             return None
         return self.info.global_batch_size * self.info.seq_length / self.step_time_s
+
+    @property
+    def trained_tokens_per_s(self) -> float | None:
+        """Fine-tuning runs: tokens that count in the loss per second over the window (None where a step of the
+        window did not log them: pretraining counts every token, tokens_per_s)."""
+        lo, hi = self.window
+        timed = [s for s in self.steps if s.step_time_s is not None][lo:hi]
+        rates = [s.trained_tokens_per_s for s in timed]
+        if not rates or any(r is None for r in rates):
+            return None
+        # Tokens over time: each step's count is its rate times its time.
+        tokens = sum(float(r) * float(s.step_time_s) for r, s in zip(rates, timed) if r is not None and s.step_time_s)
+        return tokens / sum(float(s.step_time_s) for s in timed if s.step_time_s)
 
     @property
     def tokens_per_s_per_gpu(self) -> float | None:
@@ -324,6 +339,10 @@ def format_table(reports: Sequence[RunReport]) -> str:
         "days/1T tok",
         "loss",
     ]
+    # Fine-tuning runs add the tokens that count in the loss (tokens/s counts padding and prompts too).
+    trained = any(r.trained_tokens_per_s is not None for r in reports)
+    if trained:
+        header.insert(9, "trained tok/s")
     rows = [header]
     for r in reports:
         i = r.info
@@ -346,8 +365,10 @@ def format_table(reports: Sequence[RunReport]) -> str:
                 _fmt(r.loss, ".4f"),
             ]
         )
+        if trained:
+            rows[-1].insert(9, _fmt(r.trained_tokens_per_s, ",.0f"))
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
-    left = {0, 2, 11}
+    left = {0, 2, 12 if trained else 11}
     lines = [
         "  ".join(cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
         for row in rows

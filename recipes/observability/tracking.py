@@ -36,6 +36,7 @@ SCALARS = {
     "step_time_s": "perf/step_time_s",
     "tokens_per_s": "perf/tokens_per_s",
     "tokens_per_s_per_gpu": "perf/tokens_per_s_per_gpu",
+    "trained_tokens_per_s": "perf/trained_tokens_per_s",  # fine-tuning: the loss mask's tokens
     "tflops_per_gpu": "perf/tflops_per_gpu",
     "mfu": "perf/mfu",
     "peak_memory_gib": "memory/peak_gib",

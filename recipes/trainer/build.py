@@ -108,7 +108,8 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
     observers.model_ready(config, state.step)
 
     tokenizer = data.build_tokenizer(cfg)
-    datasets = data.build_datasets(cfg, plan, tokenizer, reads_data(chunks), data.dataset_cache_dir(run_dir))
+    reads = reads_data(chunks, data.packs(cfg))
+    datasets = data.build_datasets(cfg, plan, tokenizer, reads, data.dataset_cache_dir(run_dir))
     steps = Steps(
         chunks,
         optimizer,

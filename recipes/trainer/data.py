@@ -4,6 +4,7 @@ for context parallelism)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 import os
 from typing import Any, Iterator
@@ -21,7 +22,7 @@ from common.evaluation import eval_samples
 from common.plan import Plan
 from data_prep.tokenizer import load_tokenizer
 from recipes.runtime.stop_signals import helpers_immune_to_stop_signals
-from recipes.trainer.sft import sft_datasets
+from recipes.trainer.sft import packed_microbatch, sft_datasets
 
 # The four per-token fields a microbatch carries, stacked into one int64 tensor so the TP broadcast is one call.
 BATCH_FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
@@ -229,13 +230,20 @@ def close_sources(sources) -> None:
             source.close()
 
 
+def packs(cfg: Config) -> bool:
+    """The run trains on packed fine-tuning sequences (THD with cu_seqlens) rather than one sequence per row."""
+    return cfg.training.data.format == DataFormat.sft and bool(cfg.training.data.packing)
+
+
 class MicrobatchSource:
     """One rank's microbatches. TP rank 0 of a stage that needs data reads them; the other TP ranks receive
-    them by broadcast. Every rank of the stage then keeps its context-parallel share of the sequence."""
+    them by broadcast. Every rank of the stage then keeps its context-parallel share of the sequence. Packed
+    sequences (`packing`) leave as one THD sequence with their packed_seq_params (recipes/trainer/sft.py)."""
 
-    def __init__(self, loader: Iterator[torch.Tensor] | None, shape: tuple[int, int]):
+    def __init__(self, loader: Iterator[torch.Tensor] | None, shape: tuple[int, int], packing: bool = False):
         self.loader = loader
         self.shape = shape
+        self.packing = packing
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.tp_src = ps.get_tensor_model_parallel_src_rank()
         self.tp_size = ps.get_tensor_model_parallel_world_size()
@@ -258,11 +266,51 @@ class MicrobatchSource:
             torch.distributed.broadcast(stacked, src=self.tp_src, group=self.tp_group)
         batch = dict(zip(BATCH_FIELDS, stacked.unbind(0)))
         batch["loss_mask"] = batch["loss_mask"].float()
+        if self.packing:  # the plan refuses packing with context parallelism
+            return packed_microbatch(batch)
         if self.cp_size > 1:
             batch["cu_seqlens"] = None
             batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=self.cp_group)
             batch.pop("cu_seqlens", None)
         return batch
+
+
+class ChunkViews:
+    """One rank's microbatches for several of its model chunks: with packed sequences every pipeline stage needs
+    the samples' boundaries, so with virtual pipeline stages one rank holds several chunks that read data. Each
+    view yields every microbatch once, in order; a microbatch is read when the first view asks for it and kept
+    until the others have had it."""
+
+    def __init__(self, source, count: int):
+        self.source = source
+        self.queues: list[deque] = [deque() for _ in range(count)]
+
+    def views(self) -> list["ChunkView"]:
+        return [ChunkView(self, k) for k in range(len(self.queues))]
+
+    def next_for(self, k: int):
+        if not self.queues[k]:
+            batch = next(self.source)
+            for queue in self.queues:
+                queue.append(batch)
+        return self.queues[k].popleft()
+
+    def close(self) -> None:
+        self.source.close()
+
+
+class ChunkView:
+    def __init__(self, shared: ChunkViews, k: int):
+        self.shared, self.k = shared, k
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.shared.next_for(self.k)
+
+    def close(self) -> None:
+        self.shared.close()
 
 
 def dataset_cache_dir(run_dir: str) -> str:

@@ -27,6 +27,9 @@ class StepMetrics:
     mfu_peak_flops: float | None
     consumed_samples: int
     val_loss: float | None = None
+    # Fine-tuning: the tokens the loss was taken over (the loss mask's: no prompt, no padding) and their rate
+    trained_tokens: int | None = None
+    trained_tokens_per_s: float | None = None
     peak_memory_gib: float | None = None  # the largest of any rank's peak allocation so far
     # resilience.straggler_detection's report of this step: [rank, node, GPU, relative speed] per rank
     gpu_relative_perf: list | None = None
@@ -42,6 +45,7 @@ def step_metrics(
     step_time_s: float,
     consumed_samples: int,
     val_loss: float | None = None,
+    trained_tokens: int | None = None,
     peak_memory_gib: float | None = None,
     gpu_relative_perf: list | None = None,
 ) -> StepMetrics:
@@ -61,6 +65,8 @@ def step_metrics(
         mfu_peak_flops=peak,
         consumed_samples=consumed_samples,
         val_loss=val_loss,
+        trained_tokens=trained_tokens,
+        trained_tokens_per_s=None if trained_tokens is None else trained_tokens / step_time_s,
         peak_memory_gib=peak_memory_gib,
         gpu_relative_perf=gpu_relative_perf,
     )
@@ -80,6 +86,8 @@ def progress_line(m: StepMetrics, train_steps: int) -> str:
         f"tokens_per_s={m.tokens_per_s:.0f}",
         f"tflops_per_gpu={m.tflops_per_gpu:.1f}",
     ]
+    if m.trained_tokens_per_s is not None:
+        parts.append(f"trained_tokens_per_s={m.trained_tokens_per_s:.0f}")
     if m.mfu is not None:
         parts.append(f"mfu={m.mfu:.3f}")
     if m.val_loss is not None:

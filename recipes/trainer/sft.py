@@ -255,7 +255,7 @@ def sft_datasets(
 def collate_packed(items: list[dict[str, Any]]) -> dict[str, Any]:
     """A microbatch of packed sequences: the per-token fields stacked [mbs, seq], and cu_seqlens over the
     microbatch flattened to one THD sequence of mbs * seq tokens (sequence k's boundaries offset by k * seq),
-    with the longest segment. The GPU slice carries these to the model as packed_seq_params."""
+    with the longest segment. The trainer derives the same boundaries from the position ids (boundaries_of)."""
     batch: dict[str, Any] = {k: torch.stack([item[k] for item in items]) for k in SEQUENCE_FIELDS}
     seq = batch["tokens"].shape[1]
     bounds = [items[0]["cu_seqlens"][:1]] + [item["cu_seqlens"][1:] + k * seq for k, item in enumerate(items)]
@@ -264,15 +264,44 @@ def collate_packed(items: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
+def boundaries_of(position_ids: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens (int32) of a microbatch flattened to one THD sequence, from its position ids alone: every
+    segment (a sample, or the padding at the end of a sequence) starts at position 0, so the starts are where
+    the flattened position ids are 0, and the total closes the list. collate_packed computes the same from the
+    items; the trainer derives it here, where the position ids are already on every rank of the TP group."""
+    flat = position_ids.reshape(-1)
+    starts = torch.nonzero(flat == 0).reshape(-1)
+    total = torch.full((1,), flat.numel(), dtype=starts.dtype, device=flat.device)
+    return torch.cat([starts, total]).to(torch.int32)
+
+
+def packed_microbatch(batch: dict[str, Any]) -> dict[str, Any]:
+    """A microbatch of packed sequences ([mbs, seq] per field) as the model takes it: each field flattened to
+    [1, mbs * seq] (megatron-core's THD layout has one sequence per microbatch; the samples' boundaries are in
+    cu_seqlens) and `packed_seq_params` with them. max_seqlen is the longest segment, read back once per
+    microbatch: the attention kernels size their work by it, and megatron-core's unfused RoPE for THD reads
+    frequencies as large as the whole microbatch as positions that run on across samples."""
+    cu_seqlens = boundaries_of(batch["position_ids"])
+    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+    packed = {key: value.reshape(1, -1) for key, value in batch.items()}
+    packed["packed_seq_params"] = packed_seq_params(cu_seqlens, max_seqlen)
+    return packed
+
+
 def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int):
     """megatron-core's PackedSeqParams for the THD layout (self-attention: the same boundaries for queries and
-    keys). Imported here only: building batches needs no megatron."""
+    keys). The samples lie back to back with no padding between them (the padding at the end is a segment of
+    its own), so the padded boundaries are the boundaries. Imported here only: building batches needs no
+    megatron."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     return PackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=cu_seqlens,
         cu_seqlens_kv=cu_seqlens,
+        cu_seqlens_q_padded=cu_seqlens,
+        cu_seqlens_kv_padded=cu_seqlens,
         max_seqlen_q=max_seqlen,
         max_seqlen_kv=max_seqlen,
+        pad_between_seqs=False,
     )

@@ -13,7 +13,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 import torch
 
-from common.config import Config, ParallelismConfig
+from common.config import Config, DataFormat, ParallelismConfig
 from common.evaluation import eval_microbatches, eval_samples
 from common.plan import Plan
 from recipes.runtime.callbacks import Callback, Stop
@@ -33,22 +33,31 @@ def loss_func(loss_mask, output_tensor):
 
 def forward_step(data_iterator, model):
     chunk = unwrap(model)
-    # A middle pipeline stage reads no batch (its input comes from the previous stage) and looks up no key in it.
-    batch: dict[str, Any] = next(data_iterator) if (chunk.pre_process or chunk.post_process) else {}
+    # A middle pipeline stage has no data iterator (its input comes from the previous stage) and looks up no key
+    # in its empty batch, except with packed sequences: every stage reads their boundaries (packed_seq_params).
+    batch: dict[str, Any] = next(data_iterator) if data_iterator is not None else {}
     tokens = batch["tokens"] if chunk.pre_process else None
     positions = batch["position_ids"] if chunk.pre_process else None
     labels = batch["labels"] if chunk.post_process else None
-    output = model(tokens, positions, None, labels=labels)
+    output = model(tokens, positions, None, labels=labels, packed_seq_params=batch.get("packed_seq_params"))
     return output, partial(loss_func, batch["loss_mask"] if chunk.post_process else None)
 
 
-def reduce_loss(losses_reduced) -> float | None:
-    """Token-weighted mean loss over the global batch, on last-stage ranks (None elsewhere)."""
+def reduce_loss_and_tokens(losses_reduced) -> tuple[float, float] | None:
+    """Token-weighted mean loss over the global batch and the number of tokens it was taken over (those of the
+    loss mask: for fine-tuning the trained tokens, neither prompts nor padding), on last-stage ranks (None
+    elsewhere)."""
     if not ps.is_pipeline_last_stage(ignore_virtual=True):
         return None
     total = torch.stack([entry["lm loss"] for entry in losses_reduced]).sum(dim=0)
     torch.distributed.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
-    return (total[0] / total[1].clamp(min=1)).item()
+    return (total[0] / total[1].clamp(min=1)).item(), total[1].item()
+
+
+def reduce_loss(losses_reduced) -> float | None:
+    """Token-weighted mean loss over the global batch, on last-stage ranks (None elsewhere)."""
+    reduced = reduce_loss_and_tokens(losses_reduced)
+    return None if reduced is None else reduced[0]
 
 
 def overlaps_param_gather(par: ParallelismConfig) -> bool:
@@ -56,20 +65,31 @@ def overlaps_param_gather(par: ParallelismConfig) -> bool:
     return bool(par.overlap_param_gather and par.use_distributed_optimizer)
 
 
-def stages_needing_data(chunks: list) -> list[bool]:
-    """Per model chunk: does it read batches (the first pipeline stage its tokens, the last its labels)."""
-    return [unwrap(c).pre_process or unwrap(c).post_process for c in chunks]
+def stages_needing_data(chunks: list, packing: bool = False) -> list[bool]:
+    """Per model chunk: does it read batches (the first pipeline stage its tokens, the last its labels; with
+    packed sequences every stage, for the samples' boundaries)."""
+    return [packing or unwrap(c).pre_process or unwrap(c).post_process for c in chunks]
 
 
-def reads_data(chunks: list) -> bool:
+def reads_data(chunks: list, packing: bool = False) -> bool:
     """This rank reads the data: TP rank 0 of a stage that needs it; the rest of the TP group receives it."""
-    return any(stages_needing_data(chunks)) and ps.get_tensor_model_parallel_rank() == 0
+    return any(stages_needing_data(chunks, packing)) and ps.get_tensor_model_parallel_rank() == 0
+
+
+def schedule_shape(plan: Plan, packing: bool) -> tuple[int, int]:
+    """(sequence length, microbatch size) the pipeline schedule sizes its activations with: a microbatch of
+    packed sequences is one THD sequence of mbs * seq tokens."""
+    if packing:
+        return plan.micro_batch_size * plan.seq_length, 1
+    return plan.seq_length, plan.micro_batch_size
 
 
 class Steps(Callback):
     """Training steps and evaluations of this rank's model chunks. `schedule` is megatron-core's pipeline schedule
     (evaluation runs it), `training_schedule` the one training steps run (CUDA graphs may wrap it); `ranges` names
     a stretch of work in the profile (the observers')."""
+
+    packing = False  # packed fine-tuning sequences (set from the config in __init__)
 
     def __init__(
         self,
@@ -90,8 +110,11 @@ class Steps(Callback):
         self.schedule, self.training_schedule = schedule, training_schedule
         self.ranges = ranges
         self._configure_overlap(cfg.parallelism)
-        self.needs_data = stages_needing_data(chunks)
-        self.reads = reads_data(chunks)
+        self.packing = data.packs(cfg)
+        self.needs_data = stages_needing_data(chunks, self.packing)
+        self.reads = reads_data(chunks, self.packing)
+        self.sft = cfg.training.data.format == DataFormat.sft
+        self.trained_tokens: float | None = None  # the loss mask's tokens of the last step (last stage)
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()
         train_ds, self.valid_ds = datasets
@@ -159,9 +182,13 @@ class Steps(Callback):
                 self.dp_size,
                 self.train_cfg.data.num_workers,
             )
-        # One source serves the single chunk on this rank that reads data (first or last pipeline stage).
-        source = data.MicrobatchSource(loader, shape) if any(self.needs_data) else None
-        iters = [source if needs else None for needs in self.needs_data]
+        source = data.MicrobatchSource(loader, shape, self.packing) if any(self.needs_data) else None
+        iters: list[data.MicrobatchSource | data.ChunkView | None]
+        if source is not None and sum(self.needs_data) > 1:  # packed sequences: every chunk of the rank reads
+            views = iter(data.ChunkViews(source, sum(self.needs_data)).views())
+            iters = [next(views) if needs else None for needs in self.needs_data]
+        else:  # one source serves the single chunk on this rank that reads data (first or last pipeline stage)
+            iters = [source if needs else None for needs in self.needs_data]
         return iters if len(iters) > 1 else iters[0]
 
     def stops(self, stop: Stop) -> None:
@@ -173,14 +200,15 @@ class Steps(Callback):
     def _run_schedule(self, iterators, num_microbatches: int, forward_only: bool):
         """Evaluation (forward only) runs the eager schedule, training steps the one CUDA graphs may wrap."""
         schedule = self.schedule if forward_only else self.training_schedule
+        seq_length, micro_batch_size = schedule_shape(self.plan, self.packing)
         return schedule(
             forward_step_func=forward_step,
             data_iterator=iterators,
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
             num_microbatches=num_microbatches,
-            seq_length=self.plan.seq_length,
-            micro_batch_size=self.plan.micro_batch_size,
-            decoder_seq_length=self.plan.seq_length,
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            decoder_seq_length=seq_length,
             forward_only=forward_only,
         )
 
@@ -194,7 +222,16 @@ class Steps(Callback):
             _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
         self._enable_pre_hooks()
-        return reduce_loss(losses), float(grad_norm) if grad_norm is not None else float("nan")
+        reduced = reduce_loss_and_tokens(losses)
+        loss, self.trained_tokens = reduced if reduced is not None else (None, None)
+        return loss, float(grad_norm) if grad_norm is not None else float("nan")
+
+    def step_ends(self, step: int) -> dict[str, Any] | None:
+        """A fine-tuning step's trained tokens (its loss mask's) for the metrics record, where the rank knows them
+        (pretraining trains on every token: its tokens_per_s says it)."""
+        if not self.sft or self.trained_tokens is None:
+            return None
+        return {"trained_tokens": int(self.trained_tokens)}
 
     def evaluate(self) -> float | None:
         """Mean loss over every token of the evaluation's sequences (the same ones each time)."""

@@ -22,6 +22,7 @@ from launcher_helpers import REPO, run_main
 BASE = ("training=llama31/8b", "cluster=bcm", "dry_run=true")
 DATA_PREP = ("stages=[data_preparation]", "data_preparation=files", "data_preparation.inputs=[/tmp/in.jsonl]")
 LORA = ("peft=lora", "training.checkpoint.init_from=/checkpoints/base")
+SFT = ("training.data.format=sft", "training.data.mock=false", "training.data.blend=[/tmp/nothing_sft_document]")
 
 # (overrides after BASE, a text every problem line together must contain)
 CASES = [
@@ -123,11 +124,24 @@ CASES = [
     ([*DATA_PREP, "data_preparation.workers=0"], "data_preparation.workers=0: expected a positive integer"),
     ([*DATA_PREP, "data_preparation.workers=abc"], "data_preparation.workers='abc': expected a positive integer"),
     ([*DATA_PREP, "data_preparation.tokenizer.type=tiktoken"], "data_preparation.tokenizer.type=tiktoken"),
-    # Fine-tuning data: what the trainer cannot do yet is refused by the plan, not after the queue wait.
+    # Fine-tuning data: what the trainer cannot do is refused by the plan, not after the queue wait.
     (["training.data.format=sft"], "training.data.format=sft needs prepared samples: set training.data.mock=false"),
     (
-        ["training.data.format=sft", "training.data.mock=false", "training.data.blend=[/tmp/nothing_sft_document]"],
-        "parallelism.cp=2 with training.data.packing=true: packed samples are not padded to multiples of 2 x cp",
+        [*SFT, "parallelism.cp=2"],
+        "parallelism.cp=2 with training.data.packing=true: context parallelism over packed sequences needs every "
+        "sample padded to a multiple of 2 x cp",
+    ),
+    (
+        [*SFT, "parallelism.cp=1", "training.cuda_graphs=per_layer"],
+        "training.cuda_graphs=per_layer with training.data.packing=true",
+    ),
+    (
+        [*SFT, "parallelism.cp=1", "dtype=fp8", "dtype.fp8_dot_product_attention=true"],
+        "dtype.fp8_dot_product_attention=true with training.data.packing=true: FP8 attention has no kernel",
+    ),
+    (
+        [*SFT, "parallelism.cp=1", "training.model.attention_backend=unfused"],
+        "training.model.attention_backend=unfused with training.data.packing=true",
     ),
     (
         ["training.data.format=sft", "training.data.mock=false", "training.data.blend=[1,/tmp/a,1,/tmp/b]"],

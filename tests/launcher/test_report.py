@@ -266,3 +266,27 @@ def test_benchmark_row_averages_the_last_steps_against_the_bf16_peak(tmp_path):
     assert row["mfu_bf16"] == pytest.approx(gbs * plan["model_flops_per_sample"] / step / gpus / bf16_peak)
     assert row["layout"] == f"TP{plan['tp']} PP1 CP{plan['cp']} DP{plan['dp']} MBS{plan['micro_batch_size']}"
     assert (row["peak_memory_gib"], row["final_loss"], row["dtype"]) == (53.0, 6.0, "fp8")
+
+
+def test_a_fine_tuning_run_reports_its_trained_tokens_beside_all_tokens(tmp_path):
+    """metrics.jsonl of an SFT run carries trained_tokens_per_s (the loss mask's tokens); the table adds the column
+    (a token-weighted average over the window), and a log's progress lines give the same."""
+    sft = _run_dir(tmp_path, "sft", 0.25)
+    records = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines()[:-1]]
+    # Steps alternate 1,000 and 3,000 trained tokens in 0.25 s: 8,000 per second over the window.
+    for r in records:
+        if "step_time_s" in r:
+            r["trained_tokens_per_s"] = (1000 if r["step"] % 2 else 3000) / r["step_time_s"]
+    (sft / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    plain = _run_dir(tmp_path, "plain", 0.25)
+    out = run_report(str(sft), str(plain), "--window", "4:14", "--plot", str(tmp_path / "sft.png"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("run"))
+    assert "trained tok/s" in header
+    assert "8,000" in next(line for line in lines if line.startswith("sft"))
+    assert "65,536" in next(line for line in lines if line.startswith("plain"))
+    text = "step 3/20 | reduced_train_loss=2.0000 | train_step_timing in s=0.5000 | trained_tokens_per_s=6000"
+    assert throughput.parse_log(text)[0].trained_tokens_per_s == 6000
+    alone = run_report(str(plain))
+    assert "trained tok/s" not in alone.stdout  # pretraining trains on every token: no column

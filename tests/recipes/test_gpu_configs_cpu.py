@@ -1,8 +1,12 @@
 """Every config the GPU tests train passes the plan here, without a GPU: a value the plan refuses (a warmup longer
 than a one-step run, FP8 attention on heads cuDNN cannot train) fails in seconds on CPU instead of after the
-device's set-up. Data is mock where the GPU tests tokenize a corpus; the declared machine is two H200."""
+device's set-up. Data is mock where the GPU tests tokenize a corpus; the declared machine is two H200. Fine-tuning
+data cannot be mock: test_gpu_sft's samples are prepared here as there, and its runs' premise (packed and padded
+runs train and evaluate on the same samples) is checked on the sequences the trainer would read."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +16,10 @@ import test_gpu_mlperf
 import test_gpu_observability
 import test_gpu_perf
 import test_gpu_resilience
+import test_gpu_sft
 import test_gpu_training
 from launcher.config.compose import compose
+from launcher.plan.build import build_plan
 from launcher.plan.hardware import LocalGpus
 from launcher.plan.validate import validate
 
@@ -73,3 +79,60 @@ def test_the_gpu_tests_configs_pass_the_plan(name, monkeypatch, tmp_path):
     if not any(o.startswith("results_dir=") for o in overrides):  # not the checkout's results/, which runs fill
         overrides = [*overrides, f"results_dir={tmp_path}"]
     validate(compose([*overrides, "memory_check=false"]), TWO_H200)
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory) -> dict:
+    return test_gpu_sft.prepare(tmp_path_factory.mktemp("sft"))
+
+
+def sft_configs(data: dict, root: Path) -> dict[str, list[str]]:
+    configs = {
+        f"sft: {layout} {mode}": overrides
+        for layout in test_gpu_sft.SFT_LAYOUTS
+        for mode, overrides in test_gpu_sft.eval_pair(data, root, layout).items()
+    }
+    base = test_gpu_sft.run_overrides(data, root, "full_sft", *test_gpu_sft.HF_RUN)
+    configs["sft: full, from Hugging Face weights"] = [*base, f"training.checkpoint.init_from_hf={root / 'hf'}"]
+    return configs
+
+
+@pytest.mark.parametrize("name", sft_configs({"overrides": []}, Path("/x")))
+def test_the_gpu_sft_configs_pass_the_plan(name, sft_data, tmp_path):
+    base = test_gpu_sft.run_overrides(sft_data, tmp_path, "full_sft", *test_gpu_sft.HF_RUN)
+    test_gpu_sft.hf_random_init(tmp_path / "hf", base)
+    validate(compose([*sft_configs(sft_data, tmp_path)[name], "memory_check=false"]), TWO_H200)
+
+
+def test_packed_and_padded_sft_runs_read_the_same_samples_each_step(sft_data, tmp_path):
+    """test_gpu_sft's premise: a packed sequence holds 4 samples, so packed step s (global batch 2) trains on the
+    samples of padded step s (global batch 8), in order, and both evaluations read the same 32 held-out samples."""
+    import numpy as np
+
+    from recipes.trainer import data
+
+    def sequences(overrides: list[str]):
+        cfg = compose([*overrides, "cluster.gpus_per_node=1"])
+        plan = build_plan(cfg, LocalGpus(1, "h200", ("NVIDIA H200",)))
+        return data.build_datasets(cfg, plan, data.build_tokenizer(cfg), True, str(tmp_path))
+
+    def samples_of(item) -> list[list[int]]:
+        bounds = item["cu_seqlens"].tolist()
+        tokens = item["tokens"].tolist()
+        return [tokens[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:]) if item["loss_mask"][lo:hi].sum() > 0]
+
+    runs = test_gpu_sft.eval_pair(sft_data, tmp_path, "one_gpu")
+    (padded_train, padded_valid), (packed_train, packed_valid) = (sequences(runs[m]) for m in ("padded", "packed"))
+    assert len(padded_train) == 4 * len(packed_train) == 400
+    for step in range(50):
+        packed = [s for item in (packed_train[2 * step], packed_train[2 * step + 1]) for s in samples_of(item)]
+        padded = [samples_of(padded_train[8 * step + k])[0] for k in range(8)]
+        assert packed == padded, f"step {step + 1}: the packed and padded runs train on different samples"
+        assert all(len(samples_of(packed_train[2 * step + k])) == 4 for k in range(2))
+    held_out = [s for k in range(len(packed_valid)) for s in samples_of(packed_valid[k])]
+    assert held_out == [samples_of(padded_valid[k])[0] for k in range(len(padded_valid))] and len(held_out) == 32
+    # Full SFT's sequences: 4 samples each, every one of the 288 training samples in each epoch.
+    train, _ = sequences(test_gpu_sft.run_overrides(sft_data, tmp_path, "full", *test_gpu_sft.HF_RUN))
+    firsts = [tuple(samples_of(train[k])[0][:8]) for k in range(72)]
+    assert len(train) == 400 and len(set(firsts)) == 72
+    assert np.all([len(samples_of(train[k])) == 4 for k in range(len(train))])

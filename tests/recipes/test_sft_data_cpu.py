@@ -5,6 +5,7 @@ and refusal of long samples, the seeded order and the held-out split."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,10 +17,12 @@ from data_prep.shards import LOSS_MASK
 from recipes.trainer.sft import (
     SftDataError,
     SftSamples,
+    boundaries_of,
     build_sequence,
     collate_packed,
     epochs,
     pack,
+    packed_microbatch,
     packed_seq_params,
     sft_datasets,
     split_samples,
@@ -162,14 +165,88 @@ def test_packed_seq_params_for_megatron():
     cu = torch.tensor([0, 4, 7, 10], dtype=torch.int32)
     params = packed_seq_params(cu, 4)
     assert params.qkv_format == "thd" and params.cu_seqlens_q is cu and params.cu_seqlens_kv is cu
+    # Samples lie back to back: the padded boundaries are the boundaries, and nothing is padded between them.
+    assert params.cu_seqlens_q_padded is cu and params.cu_seqlens_kv_padded is cu and params.pad_between_seqs is False
     assert params.max_seqlen_q == params.max_seqlen_kv == 4
+
+
+def test_the_trainer_finds_the_boundaries_in_the_position_ids(tmp_path):
+    """What the model gets from a microbatch of packed sequences: one THD sequence of mbs * seq tokens, with the
+    cu_seqlens collate_packed computes from the items (position ids restart at every sample and at the padding)."""
+    pytest.importorskip("megatron.core.packed_seq_params")
+    prefix = write_prepared(tmp_path / "s_sft_document", [A, B, C, B, A])
+    train, _ = sft_datasets([prefix], None, "1,0,0", 4, 9, True, False, PAD, train_sequences=3, valid_sequences=0)
+    items = [train[k] for k in range(3)]
+    expected = collate_packed(items)
+    stacked = {
+        key: torch.stack([item[key] for item in items]) for key in ("tokens", "labels", "loss_mask", "position_ids")
+    }
+    assert boundaries_of(stacked["position_ids"]).tolist() == expected["cu_seqlens"].tolist()
+    assert len(expected["cu_seqlens"]) > 4  # several samples, and padding, in the microbatch
+    packed = packed_microbatch(stacked)
+    for key in ("tokens", "labels", "loss_mask", "position_ids"):
+        assert packed[key].shape == (1, 27) and packed[key][0].tolist() == stacked[key].reshape(-1).tolist(), key
+    params = packed["packed_seq_params"]
+    assert params.cu_seqlens_q.tolist() == expected["cu_seqlens"].tolist() and params.cu_seqlens_q.dtype == torch.int32
+    assert params.max_seqlen_q == params.max_seqlen_kv == expected["max_seqlen"]
+    # A sample of one token is a segment too; a sequence without padding ends at its last sample.
+    assert boundaries_of(torch.tensor([[0, 0, 1, 2], [0, 1, 0, 1]])).tolist() == [0, 1, 4, 6, 8]
+
+
+def test_every_model_chunk_of_a_rank_reads_each_microbatch_once():
+    """Packed sequences with virtual pipeline stages: several chunks of one rank read the same microbatches."""
+    from recipes.trainer.data import ChunkViews
+
+    class Source:
+        def __init__(self):
+            self.read, self.closed = 0, 0
+
+        def __next__(self):
+            self.read += 1
+            return self.read
+
+        def close(self):
+            self.closed += 1
+
+    source = Source()
+    first, second = ChunkViews(source, 2).views()
+    assert [next(first), next(first), next(second), next(first), next(second), next(second)] == [1, 2, 1, 3, 2, 3]
+    assert source.read == 3
+    first.close()
+    assert source.closed == 1
+
+
+def test_the_schedule_sees_a_packed_microbatch_as_one_sequence():
+    pytest.importorskip("megatron.core")
+    from recipes.trainer.steps import schedule_shape
+
+    plan = SimpleNamespace(seq_length=8192, micro_batch_size=2)
+    assert schedule_shape(plan, packing=False) == (8192, 2)
+    assert schedule_shape(plan, packing=True) == (16384, 1)
+
+
+def test_a_fine_tuning_step_reports_its_trained_tokens():
+    from recipes.trainer import metrics
+
+    plan = SimpleNamespace(
+        global_batch_size=8, seq_length=1024, model_flops_per_sample=1e12, num_gpus=2, peak_flops_per_gpu=None
+    )
+    record = metrics.step_metrics(
+        plan, step=3, loss=2.0, lr=1e-4, grad_norm=1.0, step_time_s=0.5, consumed_samples=24, trained_tokens=3000
+    )
+    assert record.tokens_per_s == 8 * 1024 / 0.5 and record.trained_tokens_per_s == 6000
+    assert "trained_tokens_per_s=6000" in metrics.progress_line(record, 10)
+    from recipes.observability.tracking import scalars
+
+    assert scalars(record)["perf/trained_tokens_per_s"] == 6000  # TensorBoard and W&B
+    plain = metrics.step_metrics(plan, step=3, loss=2.0, lr=1e-4, grad_norm=1.0, step_time_s=0.5, consumed_samples=24)
+    assert plain.trained_tokens_per_s is None and "trained_tokens" not in metrics.progress_line(plain, 10)
+    assert "perf/trained_tokens_per_s" not in scalars(plain)
 
 
 def test_the_trainer_builds_sft_data_from_the_config(tmp_path):
     """recipes/trainer/data.py's entry: training.data.format=sft reads the blend as samples with loss masks."""
     pytest.importorskip("megatron.core")
-    from types import SimpleNamespace
-
     from common.typed import changed
     from launcher.config.compose import compose
     from recipes.trainer.data import build_datasets

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from common.config import Config, DataConfig, DataFormat, Stage
+from common.config import AttentionBackend, Config, DataConfig, DataFormat, Stage
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
@@ -91,7 +91,7 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
 
 def _sft(cfg: Config, found: Findings) -> None:
     """Fine-tuning data: what the trainer can do with it so far."""
-    data, cp = cfg.training.data, cfg.parallelism.cp
+    data = cfg.training.data
     if data.mock:
         found.problem(
             "training.data.format=sft needs prepared samples: set training.data.mock=false and training.data.blend "
@@ -102,17 +102,35 @@ def _sft(cfg: Config, found: Findings) -> None:
             f"training.data.blend weights are not used for training.data.format=sft (every sample of every prefix "
             f"is trained on, in the seed's order): list the prefixes only; got {data.blend}"
         )
-    if data.packing and cp is not None and cp > 1:
-        found.problem(
-            f"parallelism.cp={cp} with training.data.packing=true: packed samples are not padded to multiples of "
-            f"2 x cp as context parallelism over packed sequences needs; set training.data.packing=false or "
-            "parallelism.cp=1"
-        )
     if data.packing:
+        _packing(cfg, found)
+
+
+def _packing(cfg: Config, found: Findings) -> None:
+    """Packed sequences (THD with cu_seqlens through Transformer Engine's attention): what the trainer refuses."""
+    cp, train, dtype = cfg.parallelism.cp, cfg.training, cfg.dtype
+    if cp is not None and cp > 1:
         found.problem(
-            "training.data.format=sft with training.data.packing=true: the trainer does not yet hand packed "
-            "sequences (cu_seqlens) to the model, so packed samples would attend to each other; set "
-            "training.data.packing=false"
+            f"parallelism.cp={cp} with training.data.packing=true: context parallelism over packed sequences needs "
+            f"every sample padded to a multiple of 2 x cp, which the trainer does not do; set "
+            "training.data.packing=false or parallelism.cp=1"
+        )
+    if train.cuda_graphs != "none":
+        found.problem(
+            f"training.cuda_graphs={train.cuda_graphs} with training.data.packing=true: each microbatch has its own "
+            "number of samples (cu_seqlens), which a captured graph cannot follow; set training.cuda_graphs=none "
+            "or training.data.packing=false"
+        )
+    if dtype.fp8 and dtype.fp8_dot_product_attention:
+        found.problem(
+            "dtype.fp8_dot_product_attention=true with training.data.packing=true: FP8 attention has no kernel for "
+            "packed sequences (THD); set dtype.fp8_dot_product_attention=false or training.data.packing=false"
+        )
+    if train.model.attention_backend == AttentionBackend.unfused:
+        found.problem(
+            "training.model.attention_backend=unfused with training.data.packing=true: packed sequences need "
+            "Transformer Engine's fused or flash attention (THD with cu_seqlens); set "
+            "training.model.attention_backend=auto or training.data.packing=false"
         )
 
 

@@ -22,8 +22,9 @@ importer and the exporter split the layer's weight (recipes/hf/mapping.py).
 TP sharding (megatron-core's tensor_parallel mappings; every rank computes the unsharded math's result):
 - column-parallel base (linear_qkv, linear_fc1: output sharded): A [n r, in] whole on every rank, B [out/tp, r] this
   rank's rows (the same rows as the layer's weight, so each rank's rows keep their projections).
-  h = copy_to_tp(A x) (backward: all-reduce, so dA and dx are complete and equal on every rank), then B h. With sequence parallelism x is this rank's part of the sequence: it is gathered first, and the gather's
-  backward is a split (not a reduce-scatter), since dx is already complete.
+  h = copy_to_tp(A x) (backward: all-reduce, so dA and dx are complete and equal on every rank), then B h. With
+  sequence parallelism x is this rank's part of the sequence: it is gathered first, and the gather's backward is a
+  split (not a reduce-scatter), since dx is already complete.
 - row-parallel base (linear_proj, linear_fc2: input sharded): A [r, in/tp] this rank's columns, B [out, r] whole.
   h = reduce_from_tp(A x) (forward: all-reduce of the partial products), then B h, scattered over the sequence with
   sequence parallelism (backward: the all-gather of dy).

@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import dataclasses
 import functools
+import math
 
 import pytest
 
@@ -328,3 +330,97 @@ def test_a_lora_run_starts_from_a_base_checkpoint_and_keeps_its_adapters(tmp_pat
     assert found["kept"] and found["n"] == 2 * 4 * 2
     # B = 0: the adapted model computes the base's logits (up to the frozen weights' rounding, see above).
     torch.testing.assert_close(found["loaded"], found["base"], rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- adapter checkpoints
+def adapters_saved_and_loaded(rank: int, cfg, plan, run_dir: str) -> dict:
+    """A model with random adapters saved whole and adapters-only (what a LoRA run's checkpointer saves); the
+    adapters-only checkpoint loaded into another model (another base, other adapters)."""
+    from megatron.core import dist_checkpointing, parallel_state as ps
+
+    from recipes.trainer import checkpoint
+
+    random_b = dataclasses.replace(LORA, b_init=LoraInit.kaiming_uniform)
+    torch.manual_seed(1234)
+    chunks = cpu_megatron.build_chunks(cfg, plan)
+    lora.apply_lora(chunks, random_b, seed=5)
+    saved = {k: v.clone() for k, v in chunks[0].state_dict().items() if isinstance(v, torch.Tensor)}
+    for name, adapters_only in (("full", False), ("adapters", True)):
+        os.makedirs(os.path.join(run_dir, name), exist_ok=True)
+        dist_checkpointing.save(checkpoint._model_sharded_state(chunks, adapters_only), os.path.join(run_dir, name))
+    ps.destroy_model_parallel()
+    torch.manual_seed(99)
+    other = cpu_megatron.build_chunks(cfg, plan)
+    lora.apply_lora(other, random_b, seed=6)
+    other_base = {
+        k: v.clone()
+        for k, v in other[0].state_dict().items()
+        if isinstance(v, torch.Tensor) and not lora.is_adapter_key(k)
+    }
+    sharded = checkpoint._model_sharded_state(other, adapters_only=True)
+    checkpoint._load_model_state(other, dist_checkpointing.load(sharded, os.path.join(run_dir, "adapters")), True)
+    state = other[0].state_dict()
+    return {
+        "adapters_restored": all(torch.equal(state[k], v) for k, v in saved.items() if lora.is_adapter_key(k)),
+        "base_kept": all(torch.equal(state[k], v) for k, v in other_base.items()),
+        "bases_differ": any(not torch.equal(v, saved[k]) for k, v in other_base.items() if k in saved),
+    }
+
+
+ADAPTER_STEMS = [
+    "decoder.layers.self_attention.linear_qkv_lora",
+    "decoder.layers.self_attention.linear_proj_lora",
+    "decoder.layers.mlp.linear_fc1_lora",
+    "decoder.layers.mlp.linear_fc2_lora",
+]
+
+
+def data_bytes(path) -> int:
+    """The tensor data files of a dist_checkpointing directory (its metadata is a few kB whatever it holds)."""
+    return sum(f.stat().st_size for f in path.rglob("*.distcp"))
+
+
+def test_an_adapter_checkpoint_holds_the_adapters_alone_and_restores_them(tmp_path):
+    cfg = compose([*SMALL, *LAYOUTS["tp1"]])
+    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
+    found = cpu_megatron.run_ranks(adapters_saved_and_loaded, plan.num_gpus, cfg, plan, str(tmp_path))[0]
+    assert found["bases_differ"]  # the other model's base is another one, so keeping it is a real check
+    assert found["adapters_restored"] and found["base_kept"]
+    # A and B of 4 targets in 2 layers against the whole model: the adapters' share of the parameters, in bytes.
+    full, adapters = data_bytes(tmp_path / "full"), data_bytes(tmp_path / "adapters")
+    m = cfg.training.model
+    # hidden 64, q 4 x 16 and k, v 2 x 16 rows, ffn 96, vocabulary 256.
+    base = m.num_layers * (64 * 128 + 64 * 64 + 3 * 64 * 96 + 2 * 64) + 2 * 256 * 64 + 64
+    adapter = m.num_layers * LORA.rank * ((3 * 64 + 128) + (64 + 64) + (2 * 64 + 2 * 96) + (96 + 64))
+    print(f"\nfull {full:,} bytes, adapters {adapters:,} bytes; parameters {base + adapter:,} and {adapter:,}")
+    # What it holds: A and B of every target, as global tensors (stacked over the layers) and nothing else.
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(tmp_path / "adapters")).read_metadata().state_dict_metadata
+    stored = {k: v for k, v in metadata.items() if isinstance(v, TensorStorageMetadata)}
+    assert sorted(stored) == sorted(f"{stem}.{t}" for stem in ADAPTER_STEMS for t in "ab")
+    assert sum(math.prod(meta.size) for meta in stored.values()) == adapter
+    # The bytes: the tensors' and some 2.5 kB per stored tensor (torch's serialisation), in each checkpoint alike.
+    assert adapters < 0.2 * full
+
+
+def test_a_resume_on_another_base_is_one_line(tmp_path):
+    from common import checkpoints
+
+    base, other = tmp_path / "base", tmp_path / "other"
+    for directory, data in ((base, b"\0" * 3_000_000), (other, b"\0" * 1_500_000 + b"\1" + b"\0" * 1_499_999)):
+        directory.mkdir()
+        (directory / "model.safetensors").write_bytes(data)
+    record = checkpoints.base_record("training.checkpoint.init_from_hf", str(base), str(base))
+    ckpt = tmp_path / "iter_0000010"
+    ckpt.mkdir()
+    assert "holds no peft_base.json" in (checkpoints.base_problem(str(ckpt), record) or "")
+    checkpoints.write_base_record(str(ckpt), record)
+    assert checkpoints.base_problem(str(ckpt), record) is None
+    # The same size, one byte changed in the middle MiB: another fingerprint, and the line says how to resume.
+    moved = checkpoints.base_record("training.checkpoint.init_from_hf", str(other), str(other))
+    problem = checkpoints.base_problem(str(ckpt), moved)
+    assert problem is not None and "\n" not in problem
+    assert f"set training.checkpoint.init_from_hf={base} to resume" in problem
+    assert record["fingerprint"][:12] in problem and moved["fingerprint"][:12] in problem

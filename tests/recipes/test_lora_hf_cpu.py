@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,122 @@ def test_the_mapping_is_one_to_one(hf):
         for k in peft_hf.to_peft(target, layer, *peft_hf.from_peft(target, layer, hf["adapters"], model), model)
     }
     assert mapped == set(hf["adapters"])  # every PEFT tensor, none twice
+
+
+# --------------------------------------------------------------------------- exports
+def lora_checkpoint(rank: int, cfg, plan: Plan, hf_dir: str, run_dir: str, tokens) -> dict:
+    """What a LoRA run started from `hf_dir` saves (its adapters, drawn at random here, and the base's record);
+    the model's logits."""
+    import shutil
+
+    from megatron.core import dist_checkpointing
+
+    from common import checkpoints
+    from recipes.hf import importer
+    from recipes.peft import lora
+    from recipes.trainer import checkpoint
+
+    chunks = cpu_megatron.build_chunks(cfg, plan)
+    importer.load_hf_weights(hf_dir, chunks, cfg.training.model, plan.padded_vocab_size, lambda m: None, False)
+    lora.apply_lora(chunks, cfg.peft, seed=5)
+    root = f"{run_dir}/checkpoints"
+    partial = checkpoints.partial_path(root, 10)
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+        record = checkpoints.base_record("training.checkpoint.init_from_hf", hf_dir, hf_dir)
+        checkpoints.write_base_record(partial, record)
+    torch.distributed.barrier()
+    dist_checkpointing.save(checkpoint._model_sharded_state(chunks, adapters_only=True), partial)
+    torch.distributed.barrier()
+    if rank == 0:
+        checkpoints.finalize_checkpoint(root, checkpoints.TrainState(step=10, consumed_samples=0))
+    torch.distributed.barrier()
+    return {"logits": cpu_megatron.tp_logits(chunks[0], tokens)}
+
+
+def lora_config(hf_dir: Path, layout: str = "tp2"):
+    cfg = compose(
+        [
+            *SMALL,
+            *LAYOUTS[layout],
+            "peft=lora",
+            f"peft.rank={LORA.rank}",
+            f"peft.alpha={LORA.alpha}",
+            "peft.dropout=0",
+            "peft.b_init=kaiming_uniform",  # B at random, so the adapters change the model
+            f"training.checkpoint.init_from_hf={hf_dir}",
+        ]
+    )
+    return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
+
+
+@pytest.fixture(scope="module")
+def trained(hf, tmp_path_factory) -> dict:
+    """A TP2 LoRA checkpoint of the tiny base, and our model's logits."""
+    run_dir = tmp_path_factory.mktemp("lora_run")
+    cfg, plan = lora_config(hf["dir"])
+    found = cpu_megatron.run_ranks(lora_checkpoint, 2, cfg, plan, str(hf["dir"]), str(run_dir), hf["tokens"])[0]
+    vocab = hf["model"].vocab_size
+    return {"run_dir": run_dir, "cfg": cfg, "logits": found["logits"][..., :vocab]}
+
+
+@pytest.mark.slow
+def test_the_peft_export_loads_with_peft_and_the_merged_one_with_transformers(hf, trained, tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from recipes.hf import checkpoint_to_hf
+
+    ckpt = trained["run_dir"] / "checkpoints"
+    adapter_dir = checkpoint_to_hf.export_peft(ckpt, tmp_path / "adapter", run_config=trained["cfg"])
+    assert sorted(p.name for p in adapter_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    base = LlamaForCausalLM.from_pretrained(hf["dir"], dtype=torch.float32)
+    with torch.no_grad():
+        base_logits = base(hf["tokens"]).logits
+    with_adapters = peft.PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+    merged_dir = checkpoint_to_hf.export(
+        ckpt, tmp_path / "merged", run_config=trained["cfg"], dtype="float32", copy_tokenizer=False, progress=False
+    )
+    merged = LlamaForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        peft_logits, merged_logits = with_adapters(hf["tokens"]).logits, merged(hf["tokens"]).logits
+    ours = trained["logits"]
+    # The adapters change the model (B at random), and both exports compute what our model computes.
+    assert logit_error(base_logits, ours) > 1e-2
+    assert logit_error(peft_logits, ours) < 1e-4, logit_error(peft_logits, ours)
+    assert logit_error(merged_logits, ours) < 1e-4, logit_error(merged_logits, ours)
+
+
+@pytest.mark.slow
+def test_exports_of_a_lora_checkpoint_refuse_another_base_in_one_line(hf, trained, tmp_path, capsys):
+    import shutil
+
+    from recipes.hf import exporter
+
+    other = tmp_path / "other_base"
+    shutil.copytree(hf["dir"], other)
+    weights = next(other.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of the last weight: the same shapes, another base
+    weights.write_bytes(bytes(data))
+    config = tmp_path / "config.yaml"
+    import yaml
+
+    from common.typed import to_plain
+
+    config.write_text(yaml.safe_dump(to_plain(trained["cfg"])))
+    ckpt = str(trained["run_dir"] / "checkpoints")
+    args = ["--checkpoint", ckpt, "--config", str(config), "--no-tokenizer", "--no-progress"]
+    assert exporter.main([*args, "--out", str(tmp_path / "out"), "--base", str(other)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: ") and "\n" not in line and "is not the base" in line
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+    # A full (not LoRA) checkpoint has no adapters to export as PEFT's.
+    full = tmp_path / "full_ckpt"
+    shutil.copytree(trained["run_dir"] / "checkpoints" / "iter_0000010", full)
+    (full / "peft_base.json").unlink()
+    assert (
+        exporter.main(["--checkpoint", str(full), "--config", str(config), "--peft", "--out", str(tmp_path / "p")]) == 2
+    )
+    line = capsys.readouterr().err.strip()
+    assert "is not a LoRA adapter checkpoint" in line and "\n" not in line

@@ -212,7 +212,13 @@ class Checkpointer(Callback):
         with self._stops_when_disk_full(state.step, partial):
             with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
                 request = dist_checkpointing.save(
-                    sharded_state(self.chunks, self.optimizer, self.scheduler, False, self.base is not None),
+                    sharded_state(
+                        self.chunks,
+                        self.optimizer,
+                        self.scheduler,
+                        is_loading=False,
+                        adapters_only=self.base is not None,
+                    ),
                     partial,
                     **extra,
                 )
@@ -293,7 +299,8 @@ class Checkpointer(Callback):
         log(f"resuming from {path}")
         adapters_only = self.base is not None
         loaded = dist_checkpointing.load(
-            sharded_state(self.chunks, self.optimizer, self.scheduler, True, adapters_only), path
+            sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=True, adapters_only=adapters_only),
+            path,
         )
         _load_model_state(self.chunks, loaded, adapters_only)
         self.optimizer.load_state_dict(loaded["optimizer"])

@@ -59,6 +59,8 @@ LORA = [
     "training.val_interval=50",
     "training.checkpoint.interval=50",
     "training.checkpoint.save_initial=true",
+    # Synchronous saves, as the full model's crash-resume test: the kill falls between complete checkpoints.
+    "training.checkpoint.async_save=false",
     "training.deterministic=true",
 ]
 LAYOUTS = {

@@ -127,7 +127,7 @@ def adapter_ranks(rank: int) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
     t = whole_tensors()
     variants = {"right": (SCALE, 0.0), "wrong": (2 * SCALE, 0.0), "dropout": (SCALE, 0.5)}
-    found: dict[str, dict[str, dict[str, torch.Tensor]]] = {variant: {} for variant in variants}
+    found: dict[str, dict[str, dict]] = {variant: {} for variant in variants}
     for variant, (scale, dropout) in variants.items():
         for name, column, sp, swiglu, rows in PLACEMENTS:
             where = layout(column, sp, swiglu)
@@ -141,7 +141,10 @@ def adapter_ranks(rank: int) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
             torch.manual_seed(0)  # the same default generator on every rank, as megatron-core seeds it
             y = adapter(x)
             y.backward(local(t["dy"], where["dy"], world, rank))
-            found[variant][name] = {"y": y.detach(), "dx": x.grad, "da": adapter.a.grad, "db": adapter.b.grad}
+            results = {"y": y.detach(), "dx": x.grad, "da": adapter.a.grad, "db": adapter.b.grad}
+            # As numpy arrays, which pickle by value: torch tensors cross the queue as shared-memory handles that
+            # the parent may open only after this process has exited (then: FileNotFoundError in the parent).
+            found[variant][name] = {k: v.detach().numpy().copy() for k, v in results.items()}
     return found
 
 
@@ -149,7 +152,12 @@ def adapter_ranks(rank: int) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
 def results_at(tp: int) -> dict[str, list[dict]]:
     """adapter_ranks on tp gloo ranks, once per test session: {variant: [rank 0's results, rank 1's, ...]}."""
     per_rank = cpu_megatron.run_ranks(adapter_ranks, tp)
-    return {variant: [r[variant] for r in per_rank] for variant in per_rank[0]}
+    tensors = [
+        {variant: {name: {k: torch.from_numpy(v) for k, v in r.items()} for name, r in by_name.items()}
+         for variant, by_name in rank.items()}
+        for rank in per_rank
+    ]  # fmt: skip
+    return {variant: [r[variant] for r in tensors] for variant in tensors[0]}
 
 
 def mismatches(per_rank: list[dict], references: dict[str, dict[str, torch.Tensor]]) -> list[str]:

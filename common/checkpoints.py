@@ -121,3 +121,72 @@ def remove_partials(root: str) -> list[str]:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             removed.append(name)
     return removed
+
+
+# --------------------------------------------------------------------------- the base of an adapter checkpoint
+# A LoRA run (peft=lora) saves its adapters and their training state only; this file, beside them, says which base
+# weights they were trained on, so that a resume or an export never puts them on another base.
+BASE_FILE = "peft_base.json"
+_SAMPLE_BYTES = 2**20
+
+
+def fingerprint(path: str) -> str:
+    """A SHA-256 over every file under `path` (a Hugging Face directory, a checkpoint; symbolic links followed, as a
+    hub cache's snapshot links its blobs): its relative name, its size, and its first, middle and last MiB. Reads a
+    few MiB per file, so that a resume of a 405B run checks its base in seconds: a changed, re-exported, truncated
+    or other base is told apart; an edit inside one file that keeps its size and those three MiB is not."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    root = os.path.abspath(path)
+    files = sorted(
+        os.path.relpath(os.path.join(d, f), root)
+        for d, _, names in os.walk(root, followlinks=True)
+        for f in names
+        if not f.startswith(".lock")
+    )
+    for relative in files:
+        full = os.path.join(root, relative)
+        size = os.path.getsize(full)
+        digest.update(f"{relative}\0{size}\0".encode())
+        with open(full, "rb") as f:
+            for start in sorted({0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)}):
+                f.seek(start)
+                digest.update(f.read(_SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def base_record(key: str, value: str, path: str) -> dict[str, str]:
+    """What an adapter checkpoint records of its base: the config key and value that named it, where it was read
+    from, and its fingerprint."""
+    return {"key": key, "value": value, "path": os.path.abspath(path), "fingerprint": fingerprint(path)}
+
+
+def write_base_record(checkpoint: str, record: dict[str, str]) -> None:
+    atomic_write(os.path.join(checkpoint, BASE_FILE), json.dumps(record, indent=1) + "\n")
+
+
+def read_base_record(checkpoint: str) -> dict[str, str] | None:
+    try:
+        with open(os.path.join(checkpoint, BASE_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def base_problem(checkpoint: str, record: dict[str, str]) -> str | None:
+    """One line when the adapter checkpoint was trained on another base than `record` (this run's), else None."""
+    saved = read_base_record(checkpoint)
+    if saved is None:
+        return (
+            f"{checkpoint} holds no {BASE_FILE}: it is not a LoRA adapter checkpoint, and peft=lora resumes only from "
+            "its own adapters; start in a new run directory"
+        )
+    if saved.get("fingerprint") != record["fingerprint"]:
+        return (
+            f"{checkpoint} holds adapters trained on the base {saved.get('path')} ({saved.get('key')}, fingerprint "
+            f"{str(saved.get('fingerprint'))[:12]}), and this run's base {record['path']} ({record['key']}) has "
+            f"fingerprint {record['fingerprint'][:12]}: set {saved.get('key')}={saved.get('value')} to resume, or "
+            "start in a new run directory"
+        )
+    return None

@@ -86,14 +86,38 @@ def lora_target_features(model: ModelConfig) -> dict[LoraTarget, tuple[int, int]
     }
 
 
+def lora_smallest_dimensions(model: ModelConfig) -> dict[LoraTarget, int]:
+    """The smallest dimension of each target's projections (k and v of linear_qkv; gate and up of linear_fc1): an
+    adapter's B A has a rank of at most that."""
+    features = lora_target_features(model)
+    kv = model.num_query_groups * model.kv_channels
+    return {
+        LoraTarget.linear_qkv: min(model.hidden_size, kv),
+        LoraTarget.linear_proj: min(features[LoraTarget.linear_proj]),
+        LoraTarget.linear_fc1: min(model.hidden_size, model.ffn_hidden_size),
+        LoraTarget.linear_fc2: min(features[LoraTarget.linear_fc2]),
+    }
+
+
+# Hugging Face projections in each target, each with an adapter of its own (as PEFT): q, k, v; o; gate, up; down.
+LORA_PROJECTIONS = {
+    LoraTarget.linear_qkv: 3,
+    LoraTarget.linear_proj: 1,
+    LoraTarget.linear_fc1: 2,
+    LoraTarget.linear_fc2: 1,
+}
+
+
 def lora_layer_parameters(model: ModelConfig, lora: LoraConfig, tp: int = 1) -> float:
-    """Adapter parameters of one decoder layer on one TP rank: a column-parallel target's adapter holds A [r, in]
-    whole and its rows of B [out, r], a row-parallel one its columns of A and B whole (recipes/peft/lora.py)."""
+    """Adapter parameters of one decoder layer on one TP rank: a column-parallel target's adapter holds A [n r, in]
+    (one r x in block per projection) whole and its rows of B [out, r], a row-parallel one its columns of A and B
+    whole (recipes/peft/lora.py)."""
     features = lora_target_features(model)
     total = 0.0
     for target in lora.target_modules:
         inputs, outputs = features[target]
-        total += lora.rank * ((inputs + outputs / tp) if target.column_parallel else (inputs / tp + outputs))
+        n = LORA_PROJECTIONS[target]
+        total += lora.rank * ((n * inputs + outputs / tp) if target.column_parallel else (inputs / tp + outputs))
     return total
 
 

@@ -5,7 +5,13 @@ It reads the dist_checkpointing checkpoint of any parallel layout directly (shar
 global shapes and offsets), one megatron tensor (one layer of it) at a time, in one process without
 torch.distributed and without a GPU, and streams each Hugging Face tensor into its shard: host memory stays near
 twice the largest tensor. Shards are written under a temporary name and renamed when complete; running the same
-command again after an interruption keeps the finished shards."""
+command again after an interruption keeps the finished shards.
+
+A LoRA run's checkpoint (adapters only, with the record of its base: common/checkpoints.py's BASE_FILE) exports in
+two forms: merged (its base, from the recorded Hugging Face directory or checkpoint, with alpha / r * B A of each
+projection added to the projection's weight, as PEFT's merge_and_unload does) through the same shards, or with
+`peft=True` as a Hugging Face PEFT adapter directory (adapter_config.json and adapter_model.safetensors) that
+`peft.PeftModel.from_pretrained` loads on that base."""
 
 from __future__ import annotations
 
@@ -24,14 +30,16 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from tqdm import tqdm
 
 from common import hf_config
-from common.checkpoints import STATE_FILE, latest_checkpoint
-from common.config import Config, ModelConfig
+from common.checkpoints import BASE_FILE, STATE_FILE, fingerprint, latest_checkpoint, read_base_record
+from common.config import Config, LoraConfig, LoraTarget, ModelConfig
 from common.files import atomic_output, atomic_write
 from common.run import CONFIG_FILE, RunDirError, load_run_config
 from common.safetensors_io import DTYPE_CODES, INDEX_FILE, encode_header
 from recipes.hf import hub, mapping
+from recipes.peft import hf as peft_hf
 
 MANIFEST = ".export.json"
+PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -185,6 +193,7 @@ class HFTensors:
 
     def __init__(self, ckpt: DistCheckpoint, model: ModelConfig):
         self.ckpt, self.model = ckpt, model
+        self.path = ckpt.path
         self.source: dict[str, tuple[str, int | None]] = {}
         for name, layer in mapping.global_names(model):
             for piece in mapping.pieces(name, layer, model, model.vocab_size):
@@ -201,6 +210,104 @@ class HFTensors:
             tensor = self.ckpt.read(*where)
             self._cached = (where, mapping.split_to_hf(where[0], where[1], tensor, self.model))
         return self._cached[1][hf_name]
+
+
+class SafetensorsTensors:
+    """Hugging Face tensors one at a time from a Hugging Face directory (a LoRA run's base)."""
+
+    def __init__(self, directory: Path):
+        from common.safetensors_io import SafetensorsFiles, SafetensorsFileError
+
+        self.path = directory
+        try:
+            self.files = SafetensorsFiles(directory)
+        except SafetensorsFileError as err:
+            raise ExportError(str(err)) from None
+
+    def get(self, hf_name: str):
+        from safetensors import safe_open
+
+        if hf_name not in self.files.weight_map:
+            raise ExportError(f"{self.path} has no tensor {hf_name}: is it the base of this run?")
+        with safe_open(str(self.path / self.files.weight_map[hf_name]), framework="pt") as f:
+            return f.get_tensor(hf_name)
+
+
+class MergedTensors:
+    """The base's Hugging Face tensors with each adapted projection's alpha / r * B A added (in fp32)."""
+
+    def __init__(self, base: Any, adapters: dict[str, torch.Tensor], lora: LoraConfig):
+        self.base, self.path = base, base.path
+        self.scale = lora.alpha / lora.rank
+        self.adapters = adapters  # PEFT's names (recipes/peft/hf.py)
+
+    def get(self, hf_name: str):
+        tensor = self.base.get(hf_name)
+        module = peft_hf.PEFT_PREFIX + hf_name.removesuffix(".weight")
+        a = self.adapters.get(f"{module}.lora_A.weight")
+        if a is None:
+            return tensor
+        b = self.adapters[f"{module}.lora_B.weight"]
+        return tensor.float() + self.scale * (b.float() @ a.float())
+
+
+def read_adapters(ckpt: DistCheckpoint, model: ModelConfig, lora: LoraConfig) -> dict[str, torch.Tensor]:
+    """Every adapter of a LoRA checkpoint, whole, under PEFT's names."""
+    out: dict[str, torch.Tensor] = {}
+    for target in lora.target_modules:
+        a_name, b_name = peft_hf.adapter_names(LoraTarget(target))
+        for layer in range(model.num_layers):
+            a, b = ckpt.read(a_name, layer), ckpt.read(b_name, layer)
+            out.update(peft_hf.to_peft(LoraTarget(target), layer, a, b, model))
+    return out
+
+
+def lora_base(path: Path, run_config: Config, base: str | None) -> tuple[dict[str, str], Any]:
+    """The base a LoRA checkpoint was trained on (or `base`, in its place), checked against its record, as a
+    source of Hugging Face tensors."""
+    record = read_base_record(str(path))
+    assert record is not None
+    where = Path(base or record["path"]).expanduser().absolute()
+    if not where.exists():
+        raise ExportError(
+            f"the base of {path}, {where} ({record['key']}), does not exist: pass --base DIR where it is now"
+        )
+    if fingerprint(str(where)) != record["fingerprint"]:
+        raise ExportError(
+            f"{where} is not the base {path} was trained on (its files' fingerprint differs from {BASE_FILE}'s): "
+            "pass --base with the base the run started from"
+        )
+    if record["key"] == "training.checkpoint.init_from":
+        return record, HFTensors(DistCheckpoint(resolve_checkpoint(where)), run_config.training.model)
+    return record, SafetensorsTensors(where)
+
+
+def is_lora_checkpoint(path: Path) -> bool:
+    return (path / BASE_FILE).is_file()
+
+
+def export_peft(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_config: Config) -> Path:
+    """Write the Hugging Face PEFT adapter directory of a LoRA checkpoint into `out` (fp32 tensors)."""
+    path = resolve_checkpoint(checkpoint)
+    lora = run_config.peft
+    if not is_lora_checkpoint(path) or not isinstance(lora, LoraConfig):
+        raise ExportError(f"--peft: {path} is not a LoRA adapter checkpoint (no {BASE_FILE}); export it without --peft")
+    out = Path(out).expanduser().absolute()
+    if out.exists() and any(out.iterdir()):
+        raise ExportError(f"--out {out} is not empty: choose a new directory or empty it")
+    ckpt = DistCheckpoint(path)
+    adapters = {k: v.float().contiguous() for k, v in read_adapters(ckpt, run_config.training.model, lora).items()}
+    record = read_base_record(str(path)) or {}
+    out.mkdir(parents=True, exist_ok=True)
+    names = list(adapters)
+    shapes = {k: tuple(v.shape) for k, v in adapters.items()}
+    with atomic_output(out / PEFT_WEIGHTS, binary=True) as f:
+        f.write(encode_header(names, shapes, "float32", 4))
+        for name in names:
+            f.write(adapters[name].view(torch.uint8).numpy().data)
+    config = peft_hf.adapter_config(lora, record.get("path", ""))
+    atomic_write(out / PEFT_CONFIG, json.dumps(config, indent=2) + "\n")
+    return out
 
 
 class _Progress:
@@ -223,7 +330,7 @@ def _write_shard(
     names: list[str],
     shapes: Mapping[str, tuple[int, ...]],
     dtype: str,
-    tensors: HFTensors,
+    tensors: Any,
     progress: _Progress,
 ) -> None:
     """One safetensors file, tensor by tensor, under a temporary name until it is complete."""
@@ -235,7 +342,7 @@ def _write_shard(
             tensor = tensors.get(name).to(torch_dtype).contiguous()
             if tuple(tensor.shape) != tuple(shapes[name]):
                 raise ExportError(
-                    f"{tensors.ckpt.path}: {name} has shape {list(tensor.shape)} in the checkpoint, "
+                    f"{tensors.path}: {name} has shape {list(tensor.shape)} in the checkpoint, "
                     f"{list(shapes[name])} from the run's training.model"
                 )
             f.write(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")
@@ -253,8 +360,10 @@ def export(
     tokenizer: str | None = None,
     copy_tokenizer: bool = True,
     progress: bool = True,
+    base: str | None = None,
 ) -> Path:
-    """Write the Hugging Face model of `checkpoint` (a run's training.model in `run_config`) into `out`."""
+    """Write the Hugging Face model of `checkpoint` (a run's training.model in `run_config`) into `out`; a LoRA
+    checkpoint's merged into its base (`base`: where that base is now, if it moved)."""
     model = run_config.training.model
     try:  # before anything is read or written
         hf_config.check_exportable(model)
@@ -265,8 +374,19 @@ def export(
     path = resolve_checkpoint(checkpoint)
     out = Path(out).expanduser().absolute()
     ckpt = DistCheckpoint(path)
-    tensors = HFTensors(ckpt, model)
-    ckpt.check_files(tensors.checkpoint_keys())
+    tensors: Any
+    if is_lora_checkpoint(path):
+        if not isinstance(run_config.peft, LoraConfig):
+            raise ExportError(
+                f"{path} is a LoRA adapter checkpoint and its run's config has no peft=lora: pass --config"
+            )
+        _, source = lora_base(path, run_config, base)
+        if isinstance(source, HFTensors):
+            source.ckpt.check_files(source.checkpoint_keys())
+        tensors = MergedTensors(source, read_adapters(ckpt, model, run_config.peft), run_config.peft)
+    else:
+        tensors = HFTensors(ckpt, model)
+        ckpt.check_files(tensors.checkpoint_keys())
     itemsize = _ITEMSIZE[dtype]
     shapes = mapping.hf_shapes(model)
     shards = shard_plan(shapes, itemsize, max_shard_bytes)

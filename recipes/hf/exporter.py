@@ -4,7 +4,9 @@ lm-eval-harness read):
     python -m recipes.hf.exporter --checkpoint RUN_DIR/checkpoints/iter_0001000 --out DIR
 
 writes `model-0000K-of-0000N.safetensors` shards with `model.safetensors.index.json`, `config.json`,
-`generation_config.json` and the run's tokenizer files (recipes/hf/checkpoint_to_hf.py does it). Only the
+`generation_config.json` and the run's tokenizer files (recipes/hf/checkpoint_to_hf.py does it). A LoRA run's
+checkpoint (peft=lora) exports merged into its base; with --peft, as a Hugging Face PEFT adapter directory
+(adapter_config.json, adapter_model.safetensors) for `peft.PeftModel.from_pretrained` on that base. Only the
 command line lives here: torch and megatron's checkpoint reader load after the arguments are parsed, so --help
 and a mistyped option answer at once."""
 
@@ -39,11 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", help="tokenizer directory or file to copy (default: training.tokenizer.path)")
     parser.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--peft", action="store_true", help="a LoRA checkpoint: write its Hugging Face PEFT adapter directory"
+    )
+    parser.add_argument("--base", help="a LoRA checkpoint's base, where it is now (default: where the run read it)")
     args = parser.parse_args(argv)
-    from recipes.hf.checkpoint_to_hf import ExportError, export, resolve_checkpoint, run_config_for
+    from recipes.hf.checkpoint_to_hf import ExportError, export, export_peft, resolve_checkpoint, run_config_for
 
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
+        if args.peft:
+            out = export_peft(checkpoint, args.out, run_config=run_config_for(checkpoint, args.config))
+            print(f"exported the adapters of {checkpoint} -> {out}")
+            return 0
         out = export(
             checkpoint,
             args.out,
@@ -53,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer=args.tokenizer,
             copy_tokenizer=not args.no_tokenizer,
             progress=not args.no_progress,
+            base=args.base,
         )
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)

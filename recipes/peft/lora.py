@@ -10,11 +10,21 @@ and a forward hook on the target adds the adapter's output to the target's. The 
 megatron-core and Transformer Engine build a linear layer's sharded state from its own state_dict() with TP axes
 for `weight` and `bias` only, so a child's tensors would be declared replicated; the adapter declares its own.
 
+One adapter per Hugging Face projection, as PEFT has them. PEFT on a Hugging Face Llama puts a LoRA of its own on each
+of q_proj, k_proj and v_proj (gate_proj and up_proj), where megatron-core has one fused linear_qkv (linear_fc1). The
+adapter of a fused layer is exactly those n adapters: A stacks theirs, [n r, in] (q, k, v; gate, up), and B [out, r]
+holds each output row's row of its own projection's B, in the layer's row order (megatron-core's q, k, v rows per
+query group; gate rows, then up rows). An output row reads only its own projection's r columns of A x: the forward
+spreads B over the n blocks ([out, n r], zero outside a row's block), so B's gradient stays in the blocks too. The
+tensors then map one to one to PEFT's lora_A and lora_B (recipes/peft/hf.py), with the rows of B split as the
+importer and the exporter split the layer's weight (recipes/hf/mapping.py).
+
 TP sharding (megatron-core's tensor_parallel mappings; every rank computes the unsharded math's result):
-- column-parallel base (linear_qkv, linear_fc1: output sharded): A [r, in] whole on every rank, B [out/tp, r] this
-  rank's rows. h = copy_to_tp(A x) (backward: all-reduce, so dA and dx are complete and equal on every rank), then
-  B h. With sequence parallelism x is this rank's part of the sequence: it is gathered first, and the gather's
-  backward is a split (not a reduce-scatter), since dx is already complete.
+- column-parallel base (linear_qkv, linear_fc1: output sharded): A [n r, in] whole on every rank, B [out/tp, r] this
+  rank's rows (the same rows as the layer's weight, so each rank's rows keep their projections).
+  h = copy_to_tp(A x) (backward: all-reduce, so dA and dx are complete and equal on every rank), then B h. With
+  sequence parallelism x is this rank's part of the sequence: it is gathered first, and the gather's backward is a
+  split (not a reduce-scatter), since dx is already complete.
 - row-parallel base (linear_proj, linear_fc2: input sharded): A [r, in/tp] this rank's columns, B [out, r] whole.
   h = reduce_from_tp(A x) (forward: all-reduce of the partial products), then B h, scattered over the sequence with
   sequence parallelism (backward: the all-gather of dy).
@@ -84,22 +94,39 @@ class Sharding:
     swiglu: bool = False
 
     def shard(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's A and B of the whole A [r, in] and B [out, r]."""
+        """This rank's A and B of the whole A [n r, in] and B [out, r]."""
         if not self.column:
             return a.chunk(self.tp_size, dim=1)[self.tp_rank], b
-        halves = b.chunk(2) if self.swiglu else (b,)
-        return a, torch.cat([half.chunk(self.tp_size)[self.tp_rank] for half in halves])
+        return a, self.rows(b)
+
+    def rows(self, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a column-parallel layer's whole output rows (its weight's, B's, their blocks')."""
+        halves = whole.chunk(2) if self.swiglu else (whole,)
+        return torch.cat([half.chunk(self.tp_size)[self.tp_rank] for half in halves])
 
 
 class LoraAdapter(torch.nn.Module):
     """A and B of one linear layer (this rank's shards) and what the layer's output gets: scale * B A dropout(x) in
-    the layout of the base's output on this rank."""
+    the layout of the base's output on this rank. `blocks` [out rows here, n] (one-hot: each of this rank's output
+    rows' projection) makes it n adapters of one fused layer (A [n r, in]); None: one projection (A [r, in])."""
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, scale: float, dropout: float, sharding: Sharding):
+    def __init__(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        scale: float,
+        dropout: float,
+        sharding: Sharding,
+        blocks: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.a = torch.nn.Parameter(a)
         self.b = torch.nn.Parameter(b)
         self.scale, self.dropout, self.sharding = scale, dropout, sharding
+        if blocks is not None and (blocks.shape[0] != b.shape[0] or a.shape[0] != blocks.shape[1] * b.shape[1]):
+            raise ValueError(f"blocks {list(blocks.shape)} do not fit A {list(a.shape)} and B {list(b.shape)}")
+        # Not persistent: a function of the layer's shape, not trained state; checkpoints hold A and B only.
+        self.register_buffer("blocks", None if blocks is None else blocks.to(b.dtype), persistent=False)
         sharded, dim = (self.b, 0) if sharding.column else (self.a, 1)
         replicated = self.a if sharding.column else self.b
         tensor_parallel.set_tensor_model_parallel_attributes(sharded, True, dim, 1)
@@ -108,10 +135,17 @@ class LoraAdapter(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sharding.column:
             h = mappings.copy_to_tensor_model_parallel_region(F.linear(self._column_input(x), self.a))
-            return self.scale * F.linear(h, self.b)
+            return self.scale * F.linear(h, self.block_b())
         h = mappings.reduce_from_tensor_model_parallel_region(F.linear(self._dropped(x, sharded=True), self.a))
         y = self.scale * F.linear(h, self.b)
         return mappings.scatter_to_sequence_parallel_region(y) if self.sharding.sequence_parallel else y
+
+    def block_b(self) -> torch.Tensor:
+        """B spread over the projections' blocks of A x: [out, n r], row i zero outside its projection's r columns."""
+        if self.blocks is None:
+            return self.b
+        rows, n = self.blocks.shape
+        return (self.blocks.unsqueeze(2) * self.b.unsqueeze(1)).reshape(rows, n * self.b.shape[1])
 
     def _column_input(self, x: torch.Tensor) -> torch.Tensor:
         """The whole input of a column-parallel layer, dropped out alike on every rank."""
@@ -144,11 +178,12 @@ class LoraAdapter(torch.nn.Module):
 
 
 def initial_weights(
-    in_features: int, out_features: int, lora: LoraConfig, seed: int
+    in_features: int, out_features: int, lora: LoraConfig, seed: int, projections: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A [r, in] and B [out, r] of the unsharded layer, drawn on the CPU from a generator of `seed` alone."""
+    """A [n r, in] and B [out, r] of the unsharded layer (n projections), drawn on the CPU from a generator of `seed`
+    alone. Kaiming's bound depends on `in` only: each projection's [r, in] block is drawn as PEFT draws its lora_A."""
     generator = torch.Generator().manual_seed(seed)
-    a = _initialised(torch.empty(lora.rank, in_features), lora.a_init, generator)
+    a = _initialised(torch.empty(projections * lora.rank, in_features), lora.a_init, generator)
     b = _initialised(torch.empty(out_features, lora.rank), lora.b_init, generator)
     return a, b
 
@@ -158,6 +193,20 @@ def _initialised(tensor: torch.Tensor, how: LoraInit, generator: torch.Generator
         return tensor.zero_()
     # a = sqrt(5): nn.Linear's default, which Hugging Face PEFT uses for lora_A (bound 1 / sqrt(in_features)).
     return torch.nn.init.kaiming_uniform_(tensor, a=math.sqrt(5), generator=generator)
+
+
+def row_projections(target: LoraTarget, config: Any) -> torch.Tensor | None:
+    """Which Hugging Face projection each output row of the unsharded layer belongs to, in megatron-core's row
+    order: linear_qkv's q, k, v (0, 1, 2) rows per query group, a gated linear_fc1's gate (0) then up (1) rows;
+    None for a layer that is one projection. `config` is megatron-core's TransformerConfig."""
+    if target == LoraTarget.linear_qkv:
+        groups = config.num_query_groups or config.num_attention_heads
+        d = config.kv_channels
+        per_group = config.num_attention_heads // groups
+        return torch.tensor([0] * (per_group * d) + [1] * d + [2] * d).repeat(groups)
+    if target == LoraTarget.linear_fc1 and config.gated_linear_unit:
+        return torch.arange(2).repeat_interleave(config.ffn_hidden_size)
+    return None
 
 
 def adapter_seed(seed: int, layer_number: int, target: LoraTarget) -> int:
@@ -194,9 +243,14 @@ def _attach(layer: TransformerLayer, target: LoraTarget, lora: LoraConfig, seed:
     in_features, out_features = (
         (in_local, out_local * sharding.tp_size) if column else (in_local * sharding.tp_size, out_local)
     )
-    whole = initial_weights(in_features, out_features, lora, adapter_seed(seed, layer.layer_number, target))
+    rows = row_projections(target, config)
+    n = 1 if rows is None else int(rows.max()) + 1
+    if rows is not None and rows.numel() != out_features:
+        raise ValueError(f"{target}: {out_features} output rows, {rows.numel()} from the model's shape")
+    whole = initial_weights(in_features, out_features, lora, adapter_seed(seed, layer.layer_number, target), n)
     a, b = (t.to(device=linear.weight.device, dtype=config.params_dtype) for t in sharding.shard(*whole))
-    adapter = LoraAdapter(a.contiguous(), b.contiguous(), lora.alpha / lora.rank, lora.dropout, sharding)
+    blocks = None if rows is None else sharding.rows(F.one_hot(rows, n)).to(device=b.device, dtype=b.dtype)
+    adapter = LoraAdapter(a.contiguous(), b.contiguous(), lora.alpha / lora.rank, lora.dropout, sharding, blocks)
     parent.add_module(name + ADAPTER_SUFFIX, adapter)
     # Transformer Engine's layer with the layernorm inside (TELayerNormColumnParallelLinear) has this switch.
     fused_norm = hasattr(linear, "return_layernorm_output")

@@ -11,7 +11,7 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from common.checkpoints import TrainState
+from common.checkpoints import TrainState, base_record
 from common.config import Config, LoraConfig
 from common.plan import Plan
 from common.run import load_run_or_exit
@@ -103,6 +103,7 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
         chunks,
         optimizer,
         scheduler,
+        base=_base_record(cfg, hf_weights, info.rank) if isinstance(cfg.peft, LoraConfig) else None,
     )
     state = _initial_state(cfg, plan, checkpointer, chunks, optimizer, hf_weights, say, info.rank)
     observers.model_ready(config, state.step)
@@ -136,24 +137,49 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
     )
 
 
+def _base_record(cfg: Config, hf_weights: str | None, rank: int) -> dict[str, str]:
+    """A LoRA run's base (training.checkpoint.init_from, else the Hugging Face weights) as its adapter checkpoints
+    record it; rank 0 reads the fingerprint and every rank gets it."""
+    import torch
+
+    ckpt_cfg = cfg.training.checkpoint
+    if ckpt_cfg.init_from:
+        key, value, path = "training.checkpoint.init_from", str(ckpt_cfg.init_from), str(ckpt_cfg.init_from)
+    else:
+        assert hf_weights, "the plan's checks refuse peft=lora without a base"
+        key, value, path = "training.checkpoint.init_from_hf", str(ckpt_cfg.init_from_hf), hf_weights
+    box = [base_record(key, value, path) if rank == 0 else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
 def _initial_state(cfg: Config, plan: Plan, checkpointer, chunks, optimizer, hf_weights, say, rank: int) -> TrainState:
     """Resume from this run's newest checkpoint, else start at step 0, optionally from another run's weights or
-    Hugging Face weights."""
+    Hugging Face weights. A LoRA run's checkpoints hold its adapters only: it loads its base first, resuming or not."""
     ckpt_cfg = cfg.training.checkpoint
+    lora_run = isinstance(cfg.peft, LoraConfig)
+
+    def load_base() -> None:
+        if ckpt_cfg.init_from:
+            checkpoint.load_model_weights(ckpt_cfg.init_from, chunks, say)
+        elif hf_weights:
+            importer.load_hf_weights(
+                hf_weights, chunks, cfg.training.model, plan.padded_vocab_size, say, show_progress=rank == 0
+            )
+        if ckpt_cfg.init_from or hf_weights:
+            # The optimizer's fp32 master weights were copied from the random init: copy them again.
+            optimizer.reload_model_params()
+
+    if lora_run:
+        load_base()
     state = checkpointer.load_latest(say) if ckpt_cfg.load else None
     if state is not None:
         if state.step:
             say(f"resumed at step {state.step} ({state.consumed_samples} samples consumed)")
         return state
-    if ckpt_cfg.init_from:
-        checkpoint.load_model_weights(ckpt_cfg.init_from, chunks, say)
-    elif hf_weights:
-        importer.load_hf_weights(
-            hf_weights, chunks, cfg.training.model, plan.padded_vocab_size, say, show_progress=rank == 0
-        )
-    if ckpt_cfg.init_from or hf_weights:
-        # The optimizer's fp32 master weights were copied from the random init: copy them again.
-        optimizer.reload_model_params()
+    if not lora_run:
+        load_base()
     return TrainState(step=0, consumed_samples=0)
 
 

@@ -1,6 +1,10 @@
 """Checkpoints with megatron-core's dist_checkpointing: model, optimizer, LR scheduler, RNG, step and data
 position. A checkpoint is written under a partial name and renamed once every rank has finished, so only
-complete checkpoints carry the `iter_NNNNNNN` name; resume picks the newest of those."""
+complete checkpoints carry the `iter_NNNNNNN` name; resume picks the newest of those.
+
+A LoRA run (peft=lora) saves the adapters only (and the optimizer state, which exists for them alone), with a record
+of the base they were trained on (common/checkpoints.py's BASE_FILE: the key that named it, its path, a
+fingerprint). Its resume loads the base from that key again, checks the fingerprint, then the adapters."""
 
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ import torch
 from common import run_events
 from common.processes import die_with_parent
 from common.checkpoints import (
+    BASE_FILE,
     STATE_FILE,
+    base_problem,
     TrainState,
     finalize_checkpoint,
     latest_checkpoint,
@@ -34,6 +40,7 @@ from common.checkpoints import (
     prune_checkpoints,
     read_train_state,
     remove_partials,
+    write_base_record,
 )
 from recipes.peft.lora import is_adapter_key
 from recipes.runtime.callbacks import Callback, Stop
@@ -52,13 +59,28 @@ def _model_key(index: int, count: int) -> str:
     return "model" if count == 1 else f"model{index}"
 
 
-def _model_sharded_state(chunks) -> dict[str, Any]:
-    return {_model_key(i, len(chunks)): unwrap(chunk).sharded_state_dict() for i, chunk in enumerate(chunks)}
+def _model_sharded_state(chunks, adapters_only: bool = False) -> dict[str, Any]:
+    """Every chunk's sharded state; with adapters_only (a LoRA run's checkpoints) its LoRA adapters' tensors, and
+    the frozen layers' extra state (Transformer Engine's FP8 scaling history: small, and part of a bitwise resume)."""
+    states = {_model_key(i, len(chunks)): unwrap(chunk).sharded_state_dict() for i, chunk in enumerate(chunks)}
+    if adapters_only:
+        states = {
+            key: {k: v for k, v in state.items() if is_adapter_key(k) or k.endswith("._extra_state")}
+            for key, state in states.items()
+        }
+    return states
 
 
-def _load_model_state(chunks, loaded: dict[str, Any]) -> None:
+def _load_model_state(chunks, loaded: dict[str, Any], adapters_only: bool = False) -> None:
     for index, chunk in enumerate(chunks):
-        unwrap(chunk).load_state_dict(loaded[_model_key(index, len(chunks))])
+        state = loaded[_model_key(index, len(chunks))]
+        if not adapters_only:
+            unwrap(chunk).load_state_dict(state)
+            continue
+        missing, unexpected = unwrap(chunk).load_state_dict(state, strict=False)
+        absent = [k for k in missing if is_adapter_key(k)]
+        if absent or unexpected:
+            raise RuntimeError(f"adapter checkpoint: missing {absent[:3]}, unexpected {list(unexpected)[:3]}")
 
 
 def _rng_state():
@@ -90,8 +112,9 @@ def _set_rng_state(state: dict) -> None:
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def sharded_state(chunks, optimizer, scheduler, is_loading: bool) -> dict[str, Any]:
-    state = _model_sharded_state(chunks)
+def sharded_state(chunks, optimizer, scheduler, is_loading: bool, adapters_only: bool = False) -> dict[str, Any]:
+    # The optimizer holds state for trained parameters only: with LoRA, the adapters' sharded tensors are all it maps.
+    state = _model_sharded_state(chunks, adapters_only)
     # The optimizer maps its shards onto the model's sharded tensors.
     state["optimizer"] = optimizer.sharded_state_dict(dict(state), is_loading=is_loading, metadata=_OPTIMIZER_METADATA)
     state["scheduler"] = scheduler.state_dict()
@@ -105,8 +128,21 @@ class Checkpointer(Callback):
     whose writes are done after every step, and on the run's stop finishes the one still in flight, or abandons it
     where the ranks did not stop together (an exception)."""
 
-    def __init__(self, root: str, keep_last: int, async_save: bool, policy: SavePolicy, chunks, optimizer, scheduler):
+    def __init__(
+        self,
+        root: str,
+        keep_last: int,
+        async_save: bool,
+        policy: SavePolicy,
+        chunks,
+        optimizer,
+        scheduler,
+        base: dict[str, str] | None = None,
+    ):
+        """`base`: a LoRA run's record of its base weights (common.checkpoints.base_record): the checkpoints then
+        hold the adapters only, with that record."""
         self.root = root
+        self.base = base
         self.keep_last = keep_last
         self.async_save = async_save
         self.policy = policy
@@ -148,6 +184,8 @@ class Checkpointer(Callback):
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
+            if self.base is not None:
+                write_base_record(partial, self.base)
         torch.distributed.barrier()
         snapshot = TrainState(**asdict(state))
         extra = {"async_sharded_save": True, "async_strategy": _async_strategy()} if self.async_save else {}
@@ -174,7 +212,15 @@ class Checkpointer(Callback):
         with self._stops_when_disk_full(state.step, partial):
             with helpers_immune_to_stop_signals():  # an async save starts its writer and result-queue processes
                 request = dist_checkpointing.save(
-                    sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=False), partial, **extra
+                    sharded_state(
+                        self.chunks,
+                        self.optimizer,
+                        self.scheduler,
+                        is_loading=False,
+                        adapters_only=self.base is not None,
+                    ),
+                    partial,
+                    **extra,
                 )
                 if request is not None:
                     assert self._queue is not None, "only an asynchronous save returns a request"
@@ -246,11 +292,17 @@ class Checkpointer(Callback):
                 )
             return None
         step, path = latest
+        if self.base is not None:  # every rank reads the record, so that all stop together
+            problem = base_problem(path, self.base)
+            if problem:
+                raise SystemExit(f"error: {problem}")
         log(f"resuming from {path}")
+        adapters_only = self.base is not None
         loaded = dist_checkpointing.load(
-            sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=True), path
+            sharded_state(self.chunks, self.optimizer, self.scheduler, is_loading=True, adapters_only=adapters_only),
+            path,
         )
-        _load_model_state(self.chunks, loaded)
+        _load_model_state(self.chunks, loaded, adapters_only)
         self.optimizer.load_state_dict(loaded["optimizer"])
         self.scheduler.load_state_dict(loaded["scheduler"])
         _set_rng_state(loaded["rng_state"])
@@ -262,6 +314,11 @@ def load_model_weights(path: str, chunks, log: Callable[[str], None]) -> None:
     sharded format reshards on load). Optimizer, scheduler and data position start fresh."""
     if not os.path.isfile(os.path.join(path, STATE_FILE)):
         raise SystemExit(f"training.checkpoint.init_from={path} is not a complete checkpoint (no {STATE_FILE})")
+    if os.path.isfile(os.path.join(path, BASE_FILE)):
+        raise SystemExit(
+            f"training.checkpoint.init_from={path} is a LoRA adapter checkpoint (adapters only, no base weights): "
+            "start from its merged export (python -m recipes.hf.exporter) with training.checkpoint.init_from_hf"
+        )
     log(f"initialising weights from {path}")
     sharded = _model_sharded_state(chunks)
     # LoRA (peft=lora): the base's checkpoint holds no adapters; they keep their initialisation.

@@ -103,7 +103,8 @@ CASES = [
     # LoRA: its keys, and what it needs of the rest.
     (["peft=lora"], "peft=lora trains adapters on a frozen base, and no base is given: set training.checkpoint"),
     ([*LORA, "peft.rank=0"], "peft.rank=0 must be positive"),
-    ([*LORA, "peft.rank=5000"], "peft.rank=5000 is larger than linear_fc1's smallest dimension (4096)"),
+    # A projection's bound, as PEFT has one adapter per projection: linear_qkv's k and v have 8 x 128 rows.
+    ([*LORA, "peft.rank=2000"], "peft.rank=2000 is larger than linear_qkv's smallest dimension (1024)"),
     (
         [*LORA, "peft.target_modules=[linear_proj,linear_fc2]", "peft.rank=4097"],
         "peft.rank=4097 is larger than linear_fc2's smallest dimension (4096)",

@@ -35,7 +35,16 @@ def weights_and_adapters(cfg, lora: LoraConfig) -> tuple[int, int]:
         LoraTarget.linear_fc2: (ffn, h),
     }
     layer = sum(i * o for i, o in shapes.values()) + 2 * h
-    adapters = m.num_layers * sum(lora.rank * (shapes[t][0] + shapes[t][1]) for t in lora.target_modules)
+    # One adapter per Hugging Face projection, as PEFT: A is r x in for each of q, k, v (gate, up), B r per row.
+    projections = {
+        LoraTarget.linear_qkv: 3,
+        LoraTarget.linear_proj: 1,
+        LoraTarget.linear_fc1: 2,
+        LoraTarget.linear_fc2: 1,
+    }
+    adapters = m.num_layers * sum(
+        lora.rank * (projections[t] * shapes[t][0] + shapes[t][1]) for t in lora.target_modules
+    )
     return m.num_layers * layer, adapters
 
 
@@ -71,11 +80,11 @@ def test_lora_memory_is_the_frozen_weights_and_the_trained_adapters(tp):
     lora = estimate_memory_gib(m, **kwargs, peft=cfg.peft)  # type: ignore[arg-type]
     layer_weights, _ = weights_and_adapters(cfg, cfg.peft)
     weights = (layer_weights + 2 * m.vocab_size * m.hidden_size) / tp  # + embedding and output layer
-    # This rank's adapters: a column-parallel target's whole A and its rows of B, a row-parallel one's columns of A
-    # and whole B.
+    # This rank's adapters: a column-parallel target's whole A (q, k, v: three r x h blocks; gate, up: two) and its
+    # rows of B, a row-parallel one's columns of A and whole B.
     r, h, ffn = cfg.peft.rank, m.hidden_size, m.ffn_hidden_size
     qkv_out = (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels
-    adapters = m.num_layers * r * ((h + qkv_out / tp) + (h / tp + h) + (h + 2 * ffn / tp) + (ffn / tp + h))
+    adapters = m.num_layers * r * ((3 * h + qkv_out / tp) + (h / tp + h) + (2 * h + 2 * ffn / tp) + (ffn / tp + h))
     # Full training: bf16 weights, fp32 gradients, fp32 main weights and Adam's m and v (4 + 12 bytes more per
     # weight); LoRA: the same 16 bytes for each adapter parameter, and 2 for an adapter's bf16 weight.
     expected_saving = (weights * (4 + 12) - adapters * (2 + 4 + 12)) / GIB

@@ -40,6 +40,22 @@ def test_70b_fp8_with_every_cluster_knob(cfg_for, tmp_path):
     check_golden("70b_fp8_bcm_submission.sbatch", scripts["submission.sbatch"], tmp_path)
 
 
+def test_lora_on_bcm(cfg_for, tmp_path):
+    # A LoRA fine-tune of 70B from Hugging Face weights: the job pretraining renders, with its own run name.
+    scripts = rendered(
+        cfg_for(
+            "training=llama31/70b",
+            "peft=lora",
+            "training.checkpoint.init_from_hf=/lustre/models/Llama-3.1-70B",
+            "cluster=bcm",
+            "dry_run=true",
+            f"cluster.container={SQSH}",
+        )
+    )
+    assert list(scripts) == ["submission.sbatch"]
+    check_golden("70b_lora_bcm_submission.sbatch", scripts["submission.sbatch"], tmp_path)
+
+
 def test_tiny_on_this_machine(cfg_for, tmp_path):
     scripts = rendered(cfg_for("dry_run=true"), ONE_H100)
     check_golden("tiny_local_launch.sh", scripts["launch.sh"], tmp_path)

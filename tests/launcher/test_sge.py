@@ -23,6 +23,8 @@ SIF = "/gpfs/containers/llama31+nemo+25.09.sif"
     "name,overrides",
     [
         ("8b", ["training=llama31/8b"]),
+        # LoRA renders as pretraining does: the same job, its own run directory; the base is another run's checkpoint.
+        ("8b_lora", ["training=llama31/8b", "peft=lora", "training.checkpoint.init_from=/gpfs/runs/8b/iter_0010000"]),
         (
             "70b_fp8",
             [

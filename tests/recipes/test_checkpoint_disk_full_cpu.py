@@ -37,7 +37,9 @@ def writer(monkeypatch):
         with open(os.path.join(directory, "__0_0.distcp"), "wb") as f:
             f.write(state["step"].to_bytes(8, "little") * (SHARD_BYTES // 8))
 
-    monkeypatch.setattr(checkpoint, "sharded_state", lambda chunks, optimizer, scheduler, is_loading: {})
+    monkeypatch.setattr(
+        checkpoint, "sharded_state", lambda chunks, optimizer, scheduler, is_loading, adapters_only=False: {}
+    )
     return save
 
 

@@ -6,11 +6,13 @@ runs train and evaluate on the same samples) is checked on the sequences the tra
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 
 import test_gpu_hf
+import test_gpu_lora
 import test_gpu_memory_estimate
 import test_gpu_mlperf
 import test_gpu_observability
@@ -29,6 +31,26 @@ MOCK_CORPUS = {"overrides": ["training.data.mock=true"]}
 
 def tiny(*extra: str) -> list[str]:
     return test_gpu_training.tiny(MOCK_CORPUS, "/tmp/gpu-configs", "check", *extra)
+
+
+@functools.cache
+def lora_base() -> Path:
+    """A Hugging Face base at the GPU test's shape (the corpus tokenizer's vocabulary): the plan reads its files."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from recipes.hf import mapping
+
+    directory = Path("/tmp/gpu-configs/lora_base")
+    if not (directory / "config.json").is_file():
+        cfg = compose(["training=llama31/tiny", "training.model.vocab_size=8192"])
+        config = transformers.LlamaConfig(**mapping.hf_config_kwargs(cfg.training.model))
+        transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
+def lora(name: str, *extra: str):
+    corpus = {"overrides": ["training.data.mock=true", "training.model.vocab_size=8192"]}
+    return lambda: test_gpu_lora.lora_run(corpus, Path("/tmp/gpu-configs"), name, lora_base(), *extra)
 
 
 CONFIGS = {
@@ -54,6 +76,14 @@ CONFIGS = {
         for name, layout in test_gpu_hf.LAYOUTS.items()
     },
     "hf: tied embeddings": tiny(*test_gpu_hf.TIED),
+    **{f"lora: {name}": lora(name, *layout) for name, layout in test_gpu_lora.LAYOUTS.items()},
+    "lora: alpha doubled": lora(
+        "alpha_doubled", *test_gpu_lora.LAYOUTS["tp1"], f"peft.alpha={2 * test_gpu_lora.ALPHA}"
+    ),
+    "lora: resumed on another base": lora("crashed", *test_gpu_lora.LAYOUTS["tp1"], "training.train_steps=110"),
+    "lora: the full run of the same shape": lambda: tiny(
+        *test_gpu_lora.FULL_RUN, "training.model.vocab_size=8192", f"training.checkpoint.init_from_hf={lora_base()}"
+    ),
     "resilience": [*test_gpu_resilience.TINY],
     "mlperf": [
         "training=mlperf/llama31_8b",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from common.config import Config, LoraConfig, LoraInit, LoraTarget
 from launcher.plan.findings import Findings
-from launcher.plan.formulas import lora_target_features
+from launcher.plan.formulas import lora_smallest_dimensions
 from launcher.plan.sizes import Sizes
 
 
@@ -29,9 +29,10 @@ def _target_problems(cfg: Config, lora: LoraConfig) -> list[str]:
     if len(set(targets)) < len(targets):
         return [f"peft.target_modules=[{','.join(targets)}] names a layer twice: name each once"]
     # The bound is the whole layer's, not a TP shard's: A and B are r x in and out x r of the whole layer (a shard
-    # of A with fewer than r columns is fine), and a product B A has a rank of at most min(in, out).
-    features = lora_target_features(cfg.training.model)
-    smallest, target = min((min(features[t]), str(t)) for t in lora.target_modules)
+    # of A with fewer than r columns is fine), and a product B A has a rank of at most min(in, out), per projection
+    # (linear_qkv's k and v have the fewest rows).
+    dimensions = lora_smallest_dimensions(cfg.training.model)
+    smallest, target = min((dimensions[t], str(t)) for t in lora.target_modules)
     if lora.rank > smallest:
         return [
             f"peft.rank={lora.rank} is larger than {target}'s smallest dimension ({smallest}), which bounds the rank "

@@ -232,6 +232,7 @@ def test_each_model_plans_lora_from_its_hugging_face_weights(cfg_for, option, tm
     assert (lora.tp, lora.pp, lora.num_parameters) == (full.tp, full.pp, full.num_parameters)
     assert lora.est_memory_gib_per_gpu < full.est_memory_gib_per_gpu
     assert lora.model_flops_per_sample < full.model_flops_per_sample
-    # A rank the model's narrowest target cannot hold is refused in its own words, for its own shape.
-    with pytest.raises(PlanError, match=f"smallest dimension \\({model.hidden_size}\\)"):
-        planned(cfg_for(*base, "peft=lora", f"peft.rank={model.hidden_size + 1}"), local_gpus)
+    # A rank the model's narrowest projection (k and v: its KV heads) cannot hold is refused in its own words.
+    kv_width = model.num_query_groups * (model.kv_channels or model.hidden_size // model.num_attention_heads)
+    with pytest.raises(PlanError, match=f"smallest dimension \\({kv_width}\\)"):
+        planned(cfg_for(*base, "peft=lora", f"peft.rank={kv_width + 1}"), local_gpus)

@@ -43,7 +43,7 @@ def lora_base() -> Path:
     directory = Path("/tmp/gpu-configs/lora_base")
     if not (directory / "config.json").is_file():
         cfg = compose(["training=llama31/tiny", "training.model.vocab_size=8192"])
-        config = transformers.LlamaConfig(**mapping.hf_config_kwargs(cfg.training.model))
+        config = mapping.hf_config(cfg.training.model)
         transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
     return directory
 

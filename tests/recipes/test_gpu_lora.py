@@ -208,14 +208,14 @@ def work(corpus, tmp_path_factory) -> dict:  # noqa: F811
     """The random base in Hugging Face format (bf16 values, so both sides start from the same weights) and the
     data in training's order."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from recipes.hf import mapping
 
     root = tmp_path_factory.mktemp("lora_gpu")
     train, valid, cfg = samples(corpus, root)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(cfg.training.model)))
+    model = LlamaForCausalLM(mapping.hf_config(cfg.training.model))
     base = root / "base"
     model.to(torch.bfloat16).save_pretrained(base)
     return {"root": root, "base": base, "train": train, "valid": valid, "cfg": cfg, "corpus": corpus}

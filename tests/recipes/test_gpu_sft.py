@@ -368,13 +368,13 @@ def transformers_loop(model_dir: Path, sequences: list[dict], cfg, global_batch:
 def hf_random_init(directory: Path, overrides: list[str]) -> Path:
     """A random Llama of the run's shape in Hugging Face format (bf16 safetensors), for init_from_hf."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from recipes.hf import mapping
 
     model_cfg = compose([*overrides, "cluster.gpus_per_node=1"]).training.model
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
+    model = LlamaForCausalLM(mapping.hf_config(model_cfg))
     model.to(torch.bfloat16).save_pretrained(directory)
     return directory
 

@@ -85,13 +85,13 @@ def peft_model(base_dir: Path):
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory) -> dict:
     """A random tiny Llama saved in Hugging Face format, a PeftModel on it, its logits and PEFT's adapter tensors."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     cfg, _ = configured("tp1")
     model_cfg = cfg.training.model
     directory = tmp_path_factory.mktemp("hf_base")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**mapping.hf_config_kwargs(model_cfg)))
+    model = LlamaForCausalLM(mapping.hf_config(model_cfg))
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 1:

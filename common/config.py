@@ -430,6 +430,10 @@ class LoraConfig(PeftConfig):
         "initialisation of A: kaiming_uniform (as Hugging Face PEFT and NVIDIA's MLPerf LoRA) or zero"
     )
     b_init: LoraInit = key("initialisation of B: zero (the adapted model starts as the base) or kaiming_uniform")
+    random_base: bool = key(
+        "true: the frozen base may be random weights when no base is given (speed benchmarks, not fine-tuning)",
+        default=False,
+    )
 
 
 # --------------------------------------------------------------------------- precision

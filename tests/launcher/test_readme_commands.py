@@ -43,7 +43,10 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"(docker|ngc|kubectl) ", "a registry's or a cluster's own tool"),
     (r"cd ", "changes into a workspace of a Base Command cluster"),
     (r"(tensorboard|vllm|lm_eval) ", "a server or an evaluation reading what training wrote (a GPU)"),
-    (r"python bench/bench_train\.py|bash bench/gpu_", "trains on GPUs (tests/launcher/test_bench_*.py cover the rest)"),
+    (
+        r"python bench/bench_(train|lora)\.py|bash bench/gpu_",
+        "trains on GPUs (tests/launcher/test_bench_*.py cover the rest)",
+    ),
     (r"python -m recipes\.hf\.exporter", "reads a trained checkpoint (tests/recipes/test_hf_cpu.py exports one)"),
     (r"python -m launcher\.report ", "reads run directories that training wrote (results/...)"),
     (r"python -m data_prep train-tokenizer ", "trains on the reader's corpus (tests/data_prep train tokenizers)"),

@@ -57,6 +57,8 @@ def test_each_preset_takes_the_fewest_h100_nodes_that_fit(cfg_for, preset):
     plan = build_plan(cfg)
     assert (plan.num_gpus, plan.gpus_per_node) == (gpus, min(gpus, 8))
     assert plan.est_memory_gib_per_gpu <= h100, plan.est_memory_gib_per_gpu
+    # FP8 keeps the layout (the base model's own fp8 default would be its pretraining layout).
+    assert build_plan(cfg_for(*base, "dtype=fp8")).num_gpus == gpus
     for overrides in next_smaller:
         small = build_plan(cfg_for(*base, "memory_check=false", *overrides))
         assert small.num_nodes < plan.num_nodes or small.num_gpus == 1

@@ -26,6 +26,7 @@ estimate assumes the 8-GPU layout runs at the proxy's per-GPU rate.
 
     python bench/bench_lora.py                       # ours bf16 + fp8 on 2 GPUs, Hugging Face on 1, the table
     python bench/bench_lora.py --only hf             # one part: ours-bf16, ours-fp8, hf
+    python bench/bench_lora.py --only ours-bf16 --merge RESULTS/bench_lora.json   # with an earlier part's rows
     python bench/bench_lora.py --print-commands      # the main.py commands, without running them
 """
 
@@ -238,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=6, help="average the step time over the last N steps")
     parser.add_argument("--only", action="append", choices=["ours-bf16", "ours-fp8", "hf"])
     parser.add_argument("--hf-no-checkpointing", action="store_true")
+    parser.add_argument(
+        "--merge", action="append", default=[], help="rows of an earlier run's bench_lora.json to add (parts run apart)"
+    )
     parser.add_argument("--results", default=None)
     parser.add_argument("--print-commands", action="store_true", help="print our main.py commands and stop")
     parser.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
@@ -258,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_ours(name, args.layers, args.steps, args.window, results, fp8))
     if "hf" in parts:
         rows.append(run_hf_subprocess(args, results))
+    (results / "bench_lora.json").write_text(json.dumps(rows, indent=1))
+    for earlier in args.merge:
+        rows += [r for r in json.loads(Path(earlier).read_text()) if r["case"] not in {x["case"] for x in rows}]
     print()
     peak = f"{BF16_PEAK / 1e12:.0f} TFLOP/s"
     print(f"Llama 2 70B shape, {args.layers}-layer proxy, LoRA r={RANK} on qkv + proj, seq {SEQ}, GBS {GBS}, "
@@ -277,7 +284,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"({samples:,.0f} samples, the RCP mean at GBS {GBS}) + {t['eval_min']:.1f} for "
                   f"{t['evaluations']} evaluations (each at {eval_cost:.2f}x a training token's cost); "
                   "NVIDIA on 8 H200: 23.1 min")  # fmt: skip
-    (results / "bench_lora.json").write_text(json.dumps(rows, indent=1))
     return 0
 
 

@@ -82,3 +82,16 @@ def test_the_table_and_the_mfu_definition(capsys):
     bench.print_table([r, {"case": "hf-bf16", "error": "exit 1"}])
     out = capsys.readouterr().out
     assert "8,192" in out and "hf-bf16    exit 1" in out
+
+
+def test_parts_run_apart_merge_into_one_table(tmp_path, capsys, monkeypatch):
+    bench = _bench()
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps([bench.row("hf-bf16", "HF", "bf16", 1, 8.0, 1e15)]))
+    monkeypatch.setattr(bench, "run_ours", lambda name, *a: bench.row(name, "ours", "bf16", 2, 2.0, 1e15))
+    monkeypatch.setattr(bench, "lora_flops", lambda layers: (1e15, 1.5e15))
+    assert bench.main(["--only", "ours-bf16", "--merge", str(earlier), "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    # 8 x 8192 / 2 s / 2 GPUs against 8 x 8192 / 8 s / 1 GPU
+    assert "ours bf16 / HF PEFT bf16 tokens/s/GPU: 2.00x" in out
+    assert "time to train on 8 GPUs, ours-bf16" in out and "NVIDIA on 8 H200: 23.1 min" in out

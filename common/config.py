@@ -391,6 +391,9 @@ class TrainingConfig:
     val_interval: int = key("validate every N steps (0: never)", within=NON_NEGATIVE)
     val_steps: int = key("global batches per validation", within=COUNT)
     val_samples: Optional[int] = key("sequences per validation instead of val_steps batches (MLPerf)", within=COUNT)
+    val_skip: int = key(
+        "the first N evaluations of the val_interval cadence do not run (MLPerf Llama 2 70B LoRA)", within=NON_NEGATIVE
+    )
     target_val_loss: Optional[float] = key(
         "stop once the validation loss reaches this; null: train every step", within=POSITIVE
     )
@@ -428,6 +431,10 @@ class LoraConfig(PeftConfig):
         "initialisation of A: kaiming_uniform (as Hugging Face PEFT and NVIDIA's MLPerf LoRA) or zero"
     )
     b_init: LoraInit = key("initialisation of B: zero (the adapted model starts as the base) or kaiming_uniform")
+    random_base: bool = key(
+        "true: the frozen base may be random weights when no base is given (speed benchmarks, not fine-tuning)",
+        default=False,
+    )
 
 
 # --------------------------------------------------------------------------- precision
@@ -959,6 +966,17 @@ class MLPerfRules:
     reference_gbs: Optional[int] = key("batch size the LR and warmup are given for (405B)", default=None, within=COUNT)
     lr_at_reference_gbs: Optional[float] = key("LR at reference_gbs", default=None, within=POSITIVE)
     warmup_steps_at_reference_gbs: Optional[int] = key("warmup at reference_gbs", default=None, within=NON_NEGATIVE)
+    eval_skip_per_gbs: float = key(
+        "evaluations skipped at the start: floor(this x GBS + eval_skip_base) (Llama 2 70B LoRA: 0.125)",
+        default=0.0,
+        within=NON_NEGATIVE,
+    )
+    eval_skip_base: int = key("see eval_skip_per_gbs (Llama 2 70B LoRA: 2)", default=0, within=NON_NEGATIVE)
+    lora_rank: Optional[int] = key("lora_rank the benchmark fixes; null: no LoRA", default=None, within=COUNT)
+    lora_alpha: Optional[float] = key("lora_alpha of the reference", default=None, within=POSITIVE)
+    lora_dropout: Optional[float] = key("LoRA dropout of the reference", default=None, within=SHARE_BELOW_1)
+    lora_targets: Optional[List[str]] = key("the reference's adapted layers (megatron-core names)", default=None)
+    base_model: Optional[str] = key("the Hugging Face model the benchmark starts from", default=None)
 
 
 @dataclass

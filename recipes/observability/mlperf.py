@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from common.config import Config
+from common.config import Config, LoraConfig
 from common.evaluation import eval_samples
 from common.plan import Plan
 from recipes.runtime.distributed import any_rank
@@ -78,6 +78,7 @@ def run_keys(cfg: Config, plan: Plan, run_name: str, gpu_name: str, init_checkpo
         ("opt_end_learning_rate", opt.min_lr),
         ("opt_learning_rate_warmup_steps", sched.warmup_steps),
         ("opt_learning_rate_decay_steps", horizon - sched.warmup_steps),
+        ("opt_learning_rate_training_steps", horizon),
         ("opt_learning_rate_decay_schedule", "cosine with linear warmup"),
         ("opt_adamw_beta_1", opt.adam_beta1),
         ("opt_adamw_beta_2", opt.adam_beta2),
@@ -89,8 +90,16 @@ def run_keys(cfg: Config, plan: Plan, run_name: str, gpu_name: str, init_checkpo
         ("context_parallelism", plan.cp),
         ("expert_parallelism", 1),
         *precision_keys(cfg, plan),
+        *lora_keys(cfg),
         ("config_filename", f"{run_name}/config.yaml"),
     ]
+
+
+def lora_keys(cfg: Config) -> list[tuple[str, Any]]:
+    """The adapters' keys of a LoRA run (llama2_70b_lora's rules require lora_rank and lora_alpha)."""
+    if not isinstance(cfg.peft, LoraConfig):
+        return []
+    return [("lora_rank", cfg.peft.rank), ("lora_alpha", cfg.peft.alpha)]
 
 
 def drop_page_cache() -> bool:

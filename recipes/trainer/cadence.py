@@ -74,19 +74,25 @@ class SavePolicy:
 
 @dataclass(frozen=True)
 class EvalPolicy:
-    """When the validator evaluates: every training.val_interval steps (0: never) and after the last step; and
-    whether training.target_val_loss (None: train every step) is watched."""
+    """When the validator evaluates: every training.val_interval steps (0: never) except the first
+    training.val_skip of them, and after the last step; and whether training.target_val_loss (None: train every
+    step) is watched."""
 
     interval: int
     last_step: int
     target: float | None
+    skip: int = 0
 
     @classmethod
     def from_config(cls, train: TrainingConfig) -> "EvalPolicy":
-        return cls(interval=train.val_interval, last_step=train.train_steps, target=train.target_val_loss)
+        return cls(
+            interval=train.val_interval, last_step=train.train_steps, target=train.target_val_loss, skip=train.val_skip
+        )
 
     def due(self, step: int) -> bool:
-        return bool(self.interval) and (step % self.interval == 0 or step == self.last_step)
+        if not self.interval:
+            return False
+        return (step % self.interval == 0 and step // self.interval > self.skip) or step == self.last_step
 
     @property
     def watches_target(self) -> bool:

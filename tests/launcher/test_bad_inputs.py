@@ -80,6 +80,26 @@ CASES = [
         ["training=mlperf/llama31_8b", "mlperf.ruleset=9.9.9"],
         "mlperf.ruleset=9.9.9 has no compliance rules for llama31_8b: use one of 5.1.0, 6.0.0, 6.1.0",
     ),
+    # The MLPerf Llama 2 70B LoRA benchmark's keys.
+    (
+        ["training=mlperf/llama2_70b_lora", "mlperf.ruleset=4.1.0"],
+        "mlperf.ruleset=4.1.0 has no compliance rules for llama2_70b_lora: use one of 5.0.0, 5.1.0, 6.0.0, 6.1.0",
+    ),
+    (["training=mlperf/llama2_70b_lora", "training.val_skip=-1"], "training.val_skip=-1 must be at least 0"),
+    (["training=mlperf/llama2_70b_lora", "training.val_skip=abc"], "training.val_skip must be an integer"),
+    (
+        ["training.val_skip=3"],
+        "training.val_skip=3 skips evaluations of a run that never evaluates (training.val_interval=0)",
+    ),
+    (["training=mlperf/llama2_70b_lora", "mlperf.rules.lora_rank=0"], "mlperf.rules.lora_rank=0 must be positive"),
+    (
+        ["training=mlperf/llama2_70b_lora", "mlperf.rules.eval_skip_per_gbs=-0.125"],
+        "mlperf.rules.eval_skip_per_gbs=-0.125 must be at least 0",
+    ),
+    (
+        ["training=mlperf/llama2_70b_lora", "parallelism=tp8_pp8_cp2_vp8_asym", "parallelism.num_gpus=256"],
+        "training.val_samples=173 is not a multiple of training.micro_batch_size=1 x data-parallel size 2",
+    ),
     (
         ["cluster.container_runtime=apptainer", "cluster.container=null"],
         "cluster.container=null gives cluster.container_runtime=apptainer no image",

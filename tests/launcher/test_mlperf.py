@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from data_prep.shards import list_shards
+from common.config import LoraConfig
 from common.typed import to_plain
 from launcher.plan.checks import mlperf
 from launcher.plan.errors import PlanError
@@ -324,3 +325,107 @@ def test_a_sweep_of_seeds_gives_one_run_directory_per_seed(tmp_path):
     runs = sorted(p for p in results.iterdir() if p.name != "sweeps")
     assert [p.name for p in runs] == [f"mlperf_llama31_8b_bf16_tp1_cp2_8gpu__seed={s}" for s in (1, 2, 3)]
     assert [yaml.safe_load((p / "config.yaml").read_text())["seed"] for p in runs] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- Llama 2 70B LoRA
+LLAMA2_70B_LORA = {
+    "seq_length": 8192,
+    "micro_batch_size": 1,
+    "global_batch_size": 8,
+    "train_steps": 1024,
+    "optimizer": {"lr": 4e-4, "min_lr": 0.0, "weight_decay": 1e-4, "clip_grad": 0.3},
+    "scheduler": {"warmup_steps": 0, "decay_steps": 1024},
+    "val_interval": 48,
+    "val_skip": 3,
+    "val_samples": 173,
+    "target_val_loss": 0.925,
+    "tokenizer": {"type": "sentencepiece", "path": "meta-llama/Llama-2-70b-hf"},
+    "checkpoint": {"init_from_hf": "meta-llama/Llama-2-70b-hf", "interval": 0, "save_at_end": False},
+}
+
+
+def test_llama2_70b_lora_config_holds_the_benchmark_values(cfg_for):
+    cfg = cfg_for("training=mlperf/llama2_70b_lora", "cluster=bcm", "dry_run=true")
+    train, lora = cfg.training, cfg.peft
+    assert _subset(LLAMA2_70B_LORA, to_plain(train)) == LLAMA2_70B_LORA
+    model = train.model
+    assert (model.num_layers, model.hidden_size, model.ffn_hidden_size) == (80, 8192, 28672)
+    assert (model.num_attention_heads, model.num_query_groups, model.vocab_size) == (64, 8, 32000)
+    assert isinstance(lora, LoraConfig)
+    assert (lora.rank, lora.alpha, lora.dropout) == (16, 32, 0.1)
+    assert [str(t) for t in lora.target_modules] == ["linear_qkv", "linear_proj"]
+    data_dir = cfg.mlperf.data_dir
+    assert train.data.format == "sft" and not train.data.mock and not train.data.packing
+    assert train.data.blend == [f"{data_dir}/govreport_train_sft_document"]
+    assert train.data.valid_blend == [f"{data_dir}/govreport_validation_sft_document"]
+    assert (cfg.mlperf.benchmark, cfg.mlperf.ruleset, cfg.mlperf.result_runs) == ("llama2_70b_lora", "6.1.0", 10)
+    # Every 384 samples, the first floor(0.125 x 8 + 2) = 3 evaluations skipped.
+    assert train.val_interval * train.global_batch_size == 384 and train.val_skip == math.floor(0.125 * 8 + 2)
+
+    rcp = json.loads(_package_file("rcp_checker", "training_6.1.0", "rcps_llama2_70b_lora.json").read_text())[
+        "llama2_70b_lora_ref_8"
+    ]
+    hp = rcp["Hyperparams"]
+    assert rcp["BS"] == train.global_batch_size
+    assert (hp["opt_base_learning_rate"], hp["opt_max_grad_norm"]) == (train.optimizer.lr, train.optimizer.clip_grad)
+    assert (hp["lora_r"], hp["lora_alpha"], hp["max_steps"]) == (lora.rank, lora.alpha, train.scheduler.decay_steps)
+    assert hp["opt_learning_rate_warmup_epochs"] == train.scheduler.warmup_steps == 0
+
+    checks = _rule_checks(cfg.mlperf.ruleset, "llama2_70b_lora")
+    assert _passes(checks["lora_rank"], "CHECK", lora.rank, {})
+    assert not _passes(checks["lora_rank"], "CHECK", 8, {})
+    assert _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train.target_val_loss, {})
+    assert not _passes(checks["eval_accuracy"], "ATLEAST_ONE_CHECK", train.target_val_loss + 0.001, {})
+
+    from mlperf_logging.benchmark_meta import _ALL_RESULT_FILE_COUNTS
+
+    assert _ALL_RESULT_FILE_COUNTS["training"]["llama2_70b_lora"] == cfg.mlperf.result_runs
+    found = mlperf_findings(cfg)
+    assert (found.problems, found.warnings) == ([], [])
+
+
+def test_llama2_70b_lora_dry_run_plans_one_8_gpu_node(tmp_path):
+    results = tmp_path / "results"
+    out = run_main("training=mlperf/llama2_70b_lora", "cluster=bcm", "dry_run=true", f"results_dir={results}")
+    assert out.returncode == 0, out.stderr
+    assert "1 node x 8" in out.stdout and "TP4 PP1 CP2 DP1" in out.stdout and "GBS 8 = MBS 1 x DP 1" in out.stdout
+    assert "LoRA r=16 on linear_qkv,linear_proj" in out.stdout
+    run_dir = results / "mlperf_llama2_70b_lora_bf16_tp4_cp2_8gpu"
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["num_gpus"], plan["tp"], plan["cp"], plan["dp"], plan["seq_length"]) == (8, 4, 2, 1, 8192)
+    assert plan["est_memory_gib_per_gpu"] < 79.6
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert written["mlperf"]["benchmark"] == "llama2_70b_lora" and written["peft"]["rank"] == 16
+
+
+@pytest.mark.parametrize("gbs", [8, 16, 32])
+def test_llama2_70b_lora_names_the_cadence_and_skip_each_batch_size_needs(cfg_for, gbs):
+    cfg = cfg_for("training=mlperf/llama2_70b_lora", "cluster=bcm", "dry_run=true", f"training.global_batch_size={gbs}")
+    named = {key: want for key, _, want, _ in mlperf.deviations(cfg.training, cfg.mlperf.rules, gbs)}
+    expected = {"training.val_interval": 384 // gbs, "training.val_skip": (gbs // 8) + 2}  # floor(GBS / 8 + 2)
+    assert named == {k: v for k, v in expected.items() if v != {"training.val_interval": 48, "training.val_skip": 3}[k]}
+
+
+@pytest.mark.parametrize(
+    "override,key,want",
+    [
+        ("peft.rank=8", "peft.rank", 16),
+        ("peft.alpha=16", "peft.alpha", 32),
+        ("peft.dropout=0.0", "peft.dropout", 0.1),
+        ("peft.target_modules=[linear_qkv,linear_proj,linear_fc1]", "peft.target_modules", "[linear_qkv,linear_proj]"),
+    ],
+)
+def test_llama2_70b_lora_adapters_that_leave_the_rules_are_named(cfg_for, override, key, want):
+    cfg = cfg_for("training=mlperf/llama2_70b_lora", "cluster=bcm", "dry_run=true", override)
+    notes = mlperf_findings(cfg).warnings
+    assert len(notes) == 1 and f"{key}=" in notes[0] and f"differs from the benchmark's {want}" in notes[0], notes
+
+
+def test_data_preparation_makes_exactly_the_llama2_70b_lora_files(cfg_for):
+    cfg = cfg_for(
+        "training=mlperf/llama2_70b_lora", "data_preparation=mlperf_llama2_70b_lora", "cluster=bcm", "dry_run=true"
+    )
+    data_dir = cfg.mlperf.data_dir
+    assert cfg.data_preparation.output_dir == data_dir
+    prefixes = sorted(s.output_prefix for s in list_shards(cfg.data_preparation))
+    assert prefixes == sorted([*cfg.training.data.blend, *(cfg.training.data.valid_blend or [])])

@@ -32,17 +32,26 @@ def mllog(key: str, time_ms: int, value=None, kind: str = "POINT_IN_TIME", **met
     return ":::MLLOG " + json.dumps(event)
 
 
-def run_log(minutes: float, status: str, accuracies: list[float], seed: int, prefix: str = "") -> str:
+def run_log(
+    minutes: float,
+    status: str,
+    accuracies: list[float],
+    seed: int,
+    prefix: str = "",
+    benchmark: str = "llama31_8b",
+    every: int = 12288,
+    gbs: int = GBS,
+) -> str:
     """A run's MLLOG lines: init, hyperparameters, an evaluation every 12,288 samples, run_stop `minutes` after
     run_start."""
     t = START_MS
     lines = [
         mllog("cache_clear", t, True),
         mllog("init_start", t, kind="INTERVAL_START"),
-        mllog("submission_benchmark", t, "llama31_8b"),
+        mllog("submission_benchmark", t, benchmark),
         mllog("submission_division", t, "closed"),
         mllog("seed", t, seed),
-        mllog("global_batch_size", t, GBS),
+        mllog("global_batch_size", t, gbs),
         mllog("max_sequence_length", t, 8192),
         mllog("number_of_nodes", t, 1),
         mllog("accelerators_per_node", t, 8),
@@ -53,14 +62,14 @@ def run_log(minutes: float, status: str, accuracies: list[float], seed: int, pre
     for k, accuracy in enumerate(accuracies, start=1):
         at = start + k * 1000
         lines += [
-            mllog("eval_start", at, kind="INTERVAL_START", samples_count=k * 12288),
-            mllog("eval_accuracy", at, accuracy, samples_count=k * 12288),
-            mllog("eval_stop", at, kind="INTERVAL_END", samples_count=k * 12288),
+            mllog("eval_start", at, kind="INTERVAL_START", samples_count=k * every),
+            mllog("eval_accuracy", at, accuracy, samples_count=k * every),
+            mllog("eval_stop", at, kind="INTERVAL_END", samples_count=k * every),
         ]
     stop = start + round(minutes * 60_000)
     lines += [
         mllog("run_stop", stop, kind="INTERVAL_END", status=status),
-        mllog("train_samples", stop, len(accuracies) * 12288),
+        mllog("train_samples", stop, len(accuracies) * every),
     ]
     return "\n".join(prefix + line for line in lines) + "\n"
 
@@ -73,9 +82,11 @@ def progress(steps: int, step_time: float) -> str:
     )
 
 
-def run_dir(root: Path, name: str, log_text: str, step_time: float = 2.0) -> Path:
+def run_dir(
+    root: Path, name: str, log_text: str, step_time: float = 2.0, benchmark: str = "llama31_8b", *overrides: str
+) -> Path:
     """A run directory as training leaves it: config.yaml, plan.json, metrics.jsonl, mllog.txt."""
-    cfg = compose(["training=mlperf/llama31_8b", "cluster=bcm", "dry_run=true", f"results_dir={root}"])
+    cfg = compose([f"training=mlperf/{benchmark}", "cluster=bcm", "dry_run=true", f"results_dir={root}", *overrides])
     plan = build_plan(cfg).to_json_dict()
     path = root / name
     path.mkdir(parents=True)
@@ -198,3 +209,33 @@ def test_compliance_of_a_hand_written_log_names_what_is_missing(tmp_path):
     problems = mlperf.compliance_problems(log, "llama31_8b", "6.1.0")
     assert any("opt_base_learning_rate" in p for p in problems)  # the hand-written log has no hyperparameters
     assert mlperf.latest_ruleset("llama31_405b") == "6.0.0"
+
+
+def test_ten_lora_benchmark_runs_give_its_score(tmp_path, capsys):
+    """llama2_70b_lora: 10 runs per result, evaluations every 384 samples; one run missed the target."""
+    minutes = [20.0 + k for k in range(10)]
+    statuses = ["success"] * 9 + ["aborted"]
+    paths = [
+        run_dir(
+            tmp_path,
+            f"seed{k}",
+            run_log(
+                m,
+                status,
+                [1.1, 0.95, 0.92 if status == "success" else 0.93],
+                seed=k,
+                benchmark="llama2_70b_lora",
+                every=384,
+                gbs=8,
+            ),  # fmt: skip
+            2.0,
+            "llama2_70b_lora",
+        )
+        for k, (m, status) in enumerate(zip(minutes, statuses), start=1)
+    ]
+    out = run_report(capsys, *paths)
+    assert "MLPerf llama2_70b_lora, target 0.925" in out
+    # The aborted run counts as the slowest; the fastest (20 min) is left out: the mean of 21..28 min.
+    assert f"score: {sum(minutes[1:9]) / 8:.2f} min: olympic mean of 8 of 10 runs" in out
+    assert "a result needs" not in out
+    assert mlperf_row(out, "seed1")[:8] == ["seed1", "1", "success", "20.00", "min", "1,152", "144", "3"]

@@ -168,3 +168,33 @@ def test_apptainer_container_stage_builds_a_sif_from_a_definition_file(cfg_for, 
     assert list(files) == ["container.sbatch", "container.def"]
     check_golden("8b_bcm_apptainer_container.sbatch", files["container.sbatch"], tmp_path)
     check_golden("8b_bcm_apptainer_container.def", files["container.def"], tmp_path, shell=False)
+
+
+def test_mlperf_llama2_70b_lora_data_and_training_on_bcm_and_k8s(cfg_for, tmp_path):
+    """The LoRA benchmark's chain on Slurm (its GovReport preparation, then training from Meta's weights on one
+    8-GPU node) and its training on Kubernetes."""
+    common = ("training=mlperf/llama2_70b_lora", "dry_run=true", "mlperf.data_dir=/lustre/mlperf/llama2_70b_lora")
+    scripts = rendered(
+        cfg_for(
+            *common,
+            "cluster=bcm",
+            f"cluster.container={SQSH}",
+            "data_preparation=mlperf_llama2_70b_lora",
+            "stages=[data_preparation,training]",
+            "training.checkpoint.init_from_hf=/lustre/models/Llama-2-70b-hf",
+        )
+    )
+    for name, text in scripts.items():
+        check_golden(f"mlperf_lora_bcm_{name}", text, tmp_path)
+    k8s = rendered(
+        cfg_for(
+            *common,
+            "cluster=k8s",
+            "cluster.container=nvcr.io/myorg/llama31-recipes:25.09",
+            f"cluster.volumes=[{{claim: code, mount: {REPO}}},{{claim: runs, mount: {tmp_path}}},"
+            "{claim: lustre, mount: /lustre}]",
+            f"results_dir={tmp_path}/results",
+        )
+    )
+    for name, text in k8s.items():
+        check_golden(f"mlperf_lora_k8s_{name}", text, tmp_path, shell=name.endswith(".sh"))

@@ -590,3 +590,44 @@ def test_a_run_ends_with_its_data_workers_shut_down_so_the_process_exits():
         [sys.executable, "-c", EXIT_AFTER_TRAINING, "close"], cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and "exiting" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_tiny_lora_benchmark_run_fails_the_checker_only_on_the_target(tmp_path, world_of_one):
+    """training=mlperf/llama2_70b_lora through the real observers and the real cadence (its evaluation every 384
+    samples, the first floor(0.125 x GBS + 2) skipped), cut to 240 steps of GBS 8 (1,920 samples): far from the
+    target, so mlperf-logging's llama2_70b_lora rules (unpatched) fail on the target line and nothing else."""
+    overrides = [
+        "training=mlperf/llama2_70b_lora",
+        "cluster=bcm",
+        "dry_run=true",
+        "telemetry.enabled=false",
+        "logging.tensorboard=false",
+        "training.log_interval=100",
+        "training.train_steps=240",
+    ]
+    cfg = compose(overrides)
+    assert cfg.mlperf is not None and cfg.mlperf.benchmark == "llama2_70b_lora"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    plan = build_plan(cfg)
+    observers = Observers(str(run_dir), cfg, plan, RankInfo(0, 0, 1, "127.0.0.1", 0))
+    observers.mllog = MLPerfLog.open(
+        str(run_dir), cfg, plan, True, cache_cleared=False, gpu_name="NVIDIA H100 80GB HBM3", clock=Clock()
+    )
+    steps: list[str] = []
+    trainer, gbs = fake_trainer(run_dir, steps, overrides, callbacks=[observers], val_losses=[1.42, 1.31])
+    assert trainer.train() == 0
+    assert [e for e in steps if e.startswith("evaluate")] == ["evaluate 192", "evaluate 240"]
+    log = run_dir / cfg.mlperf.log_file
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
+    # 384 samples between evaluations, floor(0.125 x 8 + 2) = 3 of them skipped, and the one after the last step.
+    assert gbs == 8
+    assert [e["metadata"]["samples_count"] for e in events if e["key"] == "eval_accuracy"] == [4 * 384, 240 * 8]
+    logged = {e["key"]: e["value"] for e in events}
+    assert (logged["lora_rank"], logged["lora_alpha"], logged["eval_samples"]) == (16, 32.0, 173)
+    assert (logged["opt_gradient_clip_norm"], logged["opt_adamw_weight_decay"]) == (0.3, 1e-4)
+    assert (logged["opt_base_learning_rate"], logged["opt_learning_rate_training_steps"]) == (4e-4, 1024)
+    assert events[-2]["key"] == "run_stop" and events[-2]["metadata"]["status"] == "aborted"
+    assert compliance_problems(log, "llama2_70b_lora", "6.1.0") == [
+        "Failed checks for eval_accuracy : (v['value'] <= 0.925) and v['value'] > 0.0"
+    ]

@@ -17,7 +17,9 @@ from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from launcher.report.mlperf import compliance_problems
 from recipes.observability.mlperf import MLPerfLog, run_keys
+from launcher.plan.checks.mlperf import eval_samples_counts as mlperf_eval_samples
 from recipes.trainer import data
+from recipes.trainer.cadence import EvalPolicy
 
 
 def mlperf_run(benchmark: str, *overrides: str) -> tuple[dict, Plan]:
@@ -71,6 +73,10 @@ def events(path: Path) -> list[dict]:
         ("llama31_8b", "6.1.0"),
         ("llama31_405b", "5.1.0"),
         ("llama31_405b", "6.0.0"),
+        ("llama2_70b_lora", "5.0.0"),
+        ("llama2_70b_lora", "5.1.0"),
+        ("llama2_70b_lora", "6.0.0"),
+        ("llama2_70b_lora", "6.1.0"),
     ],
 )
 def test_a_converged_run_passes_the_compliance_checker(tmp_path, benchmark, ruleset):
@@ -164,3 +170,22 @@ def test_evaluation_reads_exactly_its_sequences_in_training_sized_calls():
     train = compose(["training.val_steps=4"]).training
     assert evaluation.eval_samples(changed(train, {"val_samples": None}), 32) == 128
     assert evaluation.eval_samples(changed(train, {"val_samples": 1024}), 32) == 1024
+
+
+@pytest.mark.parametrize("gbs", [8, 16, 32])
+def test_the_lora_benchmark_evaluates_every_384_samples_after_skipping_its_first(gbs):
+    """The evaluations the trainer's cadence runs with the values the launcher asks for at this GBS, against the
+    rule written out: every 384 samples, none of the first floor(0.125 x GBS + 2), and one after the last step."""
+    from launcher.plan.checks.mlperf import expected_settings
+
+    cfg, _ = mlperf_run("llama2_70b_lora", f"training.global_batch_size={gbs}")
+    want = expected_settings(cfg.mlperf.rules, gbs)
+    interval, skip = want["val_interval"][0], want["val_skip"][0]
+    last = 40 * 384 // gbs  # 40 x 384 samples
+    policy = EvalPolicy(interval=interval, last_step=last, target=0.925, skip=skip)
+    evaluated = [step * gbs for step in range(1, last + 1) if policy.due(step)]
+    skipped = {8: 3, 16: 4, 32: 6}[gbs]  # floor(1 + 2), floor(2 + 2), floor(4 + 2)
+    assert evaluated == [384 * k for k in range(skipped + 1, 41)]
+    assert evaluated == mlperf_eval_samples(384, skipped, gbs, last)
+    # A cadence one step off, or a skip one too small, is caught.
+    assert [s * gbs for s in range(1, last + 1) if EvalPolicy(interval, last, 0.925, skip - 1).due(s)] != evaluated

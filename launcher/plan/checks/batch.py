@@ -9,8 +9,18 @@ from launcher.plan.sizes import Sizes
 
 def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
     _sequence(cfg, sizes, found)
+    _skip(cfg, found)
     if sizes.dp and sizes.micro_batch_size and sizes.global_batch_size:
         _batch(cfg, sizes, found)
+
+
+def _skip(cfg: Config, found: Findings) -> None:
+    train = cfg.training
+    if train.val_skip and not train.val_interval:
+        found.problem(
+            f"training.val_skip={train.val_skip} skips evaluations of a run that never evaluates "
+            "(training.val_interval=0): set training.val_interval, or training.val_skip=0"
+        )
 
 
 def _sequence(cfg: Config, sizes: Sizes, found: Findings) -> None:

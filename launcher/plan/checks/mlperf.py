@@ -11,12 +11,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from common.config import Config, MLPerfConfig, MLPerfRules, TrainingConfig
+from common.config import Config, LoraConfig, MLPerfConfig, MLPerfRules, PeftConfig, TrainingConfig
 from launcher.plan.findings import Findings
 from launcher.plan.sizes import Sizes
 
 # Compliance rulesets mlperf-logging has for each benchmark (compliance_checker/training_<ruleset>/).
-RULESETS = {"llama31_8b": ("5.1.0", "6.0.0", "6.1.0"), "llama31_405b": ("5.1.0", "6.0.0")}
+RULESETS = {
+    "llama31_8b": ("5.1.0", "6.0.0", "6.1.0"),
+    "llama31_405b": ("5.1.0", "6.0.0"),
+    "llama2_70b_lora": ("5.0.0", "5.1.0", "6.0.0", "6.1.0"),
+}
 
 
 def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
@@ -36,6 +40,11 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
                 f"mlperf {ml.benchmark}: {key}={have} differs from the benchmark's {want} ({why}): "
                 "this run is not a valid MLPerf result"
             )
+    for key, have, want, why in peft_deviations(cfg.peft, ml.rules):
+        found.warning(
+            f"mlperf {ml.benchmark}: {key}={have} differs from the benchmark's {want} ({why}): "
+            "this run is not a valid MLPerf result"
+        )
     init = initial_weights_problem(ml, cfg.training)
     if init:
         found.problem_unless_dry_run(init)
@@ -49,6 +58,10 @@ def expected_settings(rules: MLPerfRules, gbs: int) -> dict[str, tuple[Any, str]
         "val_interval": (
             math.ceil(rules.eval_every_samples / gbs),
             f"an evaluation every {rules.eval_every_samples} sequences at GBS {gbs}",
+        ),
+        "val_skip": (
+            eval_skip(rules, gbs),
+            f"the first floor({rules.eval_skip_per_gbs:g} x GBS + {rules.eval_skip_base}) evaluations are skipped",
         ),
         "target_val_loss": (rules.target, "the quality target"),
         "optimizer.adam_beta1": (rules.adam_beta1, "opt_adamw_beta_1"),
@@ -78,6 +91,42 @@ def expected_settings(rules: MLPerfRules, gbs: int) -> dict[str, tuple[Any, str]
     return want
 
 
+def eval_skip(rules: MLPerfRules, gbs: int) -> int:
+    """Evaluations of the cadence that do not run at the start: floor(eval_skip_per_gbs x GBS + eval_skip_base)
+    (Llama 2 70B LoRA: floor(0.125 x GBS + 2)); 0 for the benchmarks without the rule. Exact in binary for 0.125."""
+    return math.floor(rules.eval_skip_per_gbs * gbs + rules.eval_skip_base)
+
+
+def eval_samples_counts(every: int, skip: int, gbs: int, last_step: int) -> list[int]:
+    """Training samples at each evaluation of a run that trains `last_step` steps without reaching the target:
+    every `every` samples (a step count of ceil(every / GBS)) except the first `skip`, and after the last step."""
+    interval = math.ceil(every / gbs)
+    steps = [s for s in range(interval, last_step + 1, interval) if s // interval > skip]
+    if not steps or steps[-1] != last_step:
+        steps.append(last_step)
+    return [s * gbs for s in steps]
+
+
+def peft_deviations(peft: PeftConfig, rules: MLPerfRules) -> list[tuple[str, Any, Any, str]]:
+    """(peft key, its value, the benchmark's value, rule) for a LoRA benchmark's adapters."""
+    if rules.lora_rank is None:
+        return []
+    if not isinstance(peft, LoraConfig):
+        return [("peft", peft.method, "lora", "the benchmark fine-tunes with LoRA")]
+    want: list[tuple[str, Any, Any, str]] = [
+        ("peft.rank", peft.rank, rules.lora_rank, "lora_rank"),
+        ("peft.alpha", peft.alpha, rules.lora_alpha, "lora_alpha"),
+        ("peft.dropout", peft.dropout, rules.lora_dropout, "the reference's lora_dropout"),
+        (
+            "peft.target_modules",
+            "[" + ",".join(str(t) for t in peft.target_modules) + "]",
+            "[" + ",".join(rules.lora_targets or []) + "]",
+            "the reference's adapted layers",
+        ),
+    ]
+    return [w for w in want if w[2] is not None and not _same(w[1], w[2])]
+
+
 def deviations(training: TrainingConfig, rules: MLPerfRules, gbs: int) -> list[tuple[str, Any, Any, str]]:
     """(training key, its value, the benchmark's value, rule) for every setting that differs from the rules."""
     out = []
@@ -95,9 +144,10 @@ def initial_weights_problem(ml: MLPerfConfig, training: TrainingConfig) -> str |
         return None
     if ckpt.init_from or ckpt.init_from_hf:
         return None
+    base = ml.rules.base_model or "meta-llama/Llama-3.1-405B"
     return (
         f"mlperf {ml.benchmark} starts from Meta's checkpoint (init_checkpoint_step 0): set "
-        "training.checkpoint.init_from_hf=<directory of meta-llama/Llama-3.1-405B> (or "
+        f"training.checkpoint.init_from_hf=<directory of {base}> (or "
         "training.checkpoint.init_from=<checkpoint directory>), or mlperf.allow_random_init=true for a smoke test"
     )
 

@@ -14,6 +14,11 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
     if isinstance(cfg.peft, LoraConfig):
         for line in lora_problems(cfg, cfg.peft):
             found.problem(line)
+        if cfg.peft.random_base and not _has_base(cfg):
+            found.warning(
+                "peft.random_base=true: the frozen base is random weights (a speed benchmark such as "
+                "bench/bench_lora.py, not a fine-tuning run)"
+            )
 
 
 def lora_problems(cfg: Config, lora: LoraConfig) -> list[str]:
@@ -50,13 +55,19 @@ def _init_problems(lora: LoraConfig) -> list[str]:
     return []
 
 
-def _base_problems(cfg: Config) -> list[str]:
+def _has_base(cfg: Config) -> bool:
     ckpt = cfg.training.checkpoint
-    if ckpt.init_from or ckpt.init_from_hf:
+    return bool(ckpt.init_from or ckpt.init_from_hf)
+
+
+def _base_problems(cfg: Config) -> list[str]:
+    assert isinstance(cfg.peft, LoraConfig)
+    if _has_base(cfg) or cfg.peft.random_base:
         return []
     return [
         "peft=lora trains adapters on a frozen base, and no base is given: set training.checkpoint.init_from_hf "
-        "(Hugging Face weights) or training.checkpoint.init_from (a checkpoint of a run)"
+        "(Hugging Face weights) or training.checkpoint.init_from (a checkpoint of a run); peft.random_base=true for a "
+        "speed benchmark on random weights"
     ]
 
 

@@ -1,0 +1,97 @@
+"""bench/bench_lora.py on the CPU: every main.py command it runs plans as a dry run with the benchmark's settings,
+and the time-to-train arithmetic against the same numbers worked out by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from launcher_helpers import REPO
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_lora", REPO / "bench" / "bench_lora.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_main_py_command_of_the_bench_is_a_valid_dry_run(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_lora.py"), "--print-commands", "--results", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    commands = [shlex.split(line) for line in out.stdout.splitlines()]
+    assert len(commands) == 2
+    for cmd in commands:
+        run = subprocess.run([*cmd, "dry_run=true", "cluster.gpu_type=h100"], cwd=REPO, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        name = next(a.split("=", 1)[1] for a in cmd if a.startswith("run_name="))
+        plan = json.loads((tmp_path / name / "plan.json").read_text())
+        assert (plan["num_gpus"], plan["cp"], plan["tp"], plan["global_batch_size"], plan["seq_length"]) == (
+            2, 2, 1, 8, 8192,
+        )  # fmt: skip
+        assert plan["est_memory_gib_per_gpu"] < 79.6
+        written = (tmp_path / name / "config.yaml").read_text()
+        assert "target_modules:\n  - linear_qkv\n  - linear_proj" in written and "rank: 16" in written
+        assert bool(plan["fp8"]) == (name == "ours-fp8")
+        if plan["fp8"]:
+            assert "fp8_amax_history_len: 4" in written and "fp8_dot_product_attention: true" in written
+
+
+def test_the_rcp_samples_to_target_drop_the_fastest_and_the_slowest():
+    bench = _bench()
+    # rcps_llama2_70b_lora.json, llama2_70b_lora_ref_8, written out: 20 runs.
+    runs = [3072, 2688, 3456, 3072, 3072, 3072, 3456, 3456, 3072, 2688,
+            3456, 3072, 3072, 3072, 3840, 3456, 2688, 3072, 3456, 3456]  # fmt: skip
+    kept = sorted(runs)[1:-1]
+    assert bench.rcp_samples_to_target(8) == pytest.approx(sum(kept) / 18)
+    assert bench.rcp_samples_to_target(8) == pytest.approx(57_216 / 18)  # 3,178.7
+
+
+def test_time_to_train_arithmetic():
+    bench = _bench()
+    # 1,000 tokens/s/GPU x 8 GPUs = 8,000 tokens/s; 3,072 samples x 8,192 tokens / 8,000 = 3,145.728 s of training.
+    # The target is seen at evaluation 3,072 / 384 = 8; floor(0.125 x 8 + 2) = 3 are skipped: 5 evaluations of
+    # 173 x 8,192 tokens at half a training token's cost: 5 x 173 x 8,192 x 0.5 / 8,000 = 442.88 s.
+    t = bench.time_to_train_minutes(1000.0, 3072, eval_cost=0.5)
+    assert t["evaluations"] == 5
+    assert t["train_min"] == pytest.approx(3145.728 / 60)
+    assert t["eval_min"] == pytest.approx(442.88 / 60)
+    assert t["total_min"] == pytest.approx((3145.728 + 442.88) / 60)
+    # A target between evaluations is seen at the next one; GBS 16 skips floor(2 + 2) = 4.
+    t = bench.time_to_train_minutes(1000.0, 3100, gbs=16, eval_cost=1.0)
+    assert t["evaluations"] == math.ceil(3100 / 384) - 4 == 5
+    # Twice the rate, half the time.
+    assert bench.time_to_train_minutes(2000.0, 3072)["total_min"] == pytest.approx(
+        bench.time_to_train_minutes(1000.0, 3072)["total_min"] / 2
+    )
+
+
+def test_the_table_and_the_mfu_definition(capsys):
+    bench = _bench()
+    r = bench.row("x", "stack", "bf16", 2, 4.0, 1e15)
+    assert r["tokens_per_s_per_gpu"] == pytest.approx(8 * 8192 / 4.0 / 2)
+    assert r["mfu_bf16_peak"] == pytest.approx(1e15 * 8 / 4.0 / 2 / 989e12)
+    bench.print_table([r, {"case": "hf-bf16", "error": "exit 1"}])
+    out = capsys.readouterr().out
+    assert "8,192" in out and "hf-bf16    exit 1" in out
+
+
+def test_parts_run_apart_merge_into_one_table(tmp_path, capsys, monkeypatch):
+    bench = _bench()
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps([bench.row("hf-bf16", "HF", "bf16", 1, 8.0, 1e15)]))
+    monkeypatch.setattr(bench, "run_ours", lambda name, *a: bench.row(name, "ours", "bf16", 2, 2.0, 1e15))
+    monkeypatch.setattr(bench, "lora_flops", lambda layers: (1e15, 1.5e15))
+    assert bench.main(["--only", "ours-bf16", "--merge", str(earlier), "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    # 8 x 8192 / 2 s / 2 GPUs against 8 x 8192 / 8 s / 1 GPU
+    assert "ours bf16 / HF PEFT bf16 tokens/s/GPU: 2.00x" in out
+    assert "time to train on 8 GPUs, ours-bf16" in out and "NVIDIA on 8 H200: 23.1 min" in out

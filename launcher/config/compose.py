@@ -17,7 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from common.config import Config, DefaultLayout, DtypeConfig, load_config
 from common.typed import from_plain
@@ -52,13 +52,18 @@ def _plain_value(cfg: DictConfig, key: str) -> Any:
 def _composed(overrides: Sequence[str], bases: Bases | None = None) -> DictConfig:
     """The config as `python main.py <overrides>` composes it (the schema registered first), Hydra's node
     included, outside of @hydra.main; from a base of `bases` where one fits (the points of a sweep). A run that
-    takes the default layout is composed again with that layout named, so it is the same run as one that names
-    it (in a sweep, from the base of the overrides that name it)."""
+    takes the default layout becomes the run that names it: the layout merged into this composition where that
+    is certain to be the same (_layout_merged), else composed again with the layout named (in a sweep, from the
+    base of the overrides that name it)."""
     _hydra_over_conf()
     cfg = _compose_once(overrides, bases)
     layout = default_layout_of(cfg.hydra.runtime.choices, cfg)
     if layout is None:
         return cfg
+    merged = _layout_merged(cfg, overrides, layout)
+    if merged is not None:
+        HydraConfig.instance().set_config(merged)
+        return merged
     try:
         return _compose_once(with_layout(overrides, layout), bases)
     except MissingConfigException as err:
@@ -68,6 +73,38 @@ def _composed(overrides: Sequence[str], bases: Bases | None = None) -> DictConfi
             f"training.default_layout names parallelism={layout}, which is not a layout of conf/parallelism/: fix "
             "the training option's default_layout, or choose a layout with parallelism=<name>"
         ) from None
+
+
+def _layout_merged(cfg: DictConfig, overrides: Sequence[str], layout: str) -> DictConfig | None:
+    """`cfg` (composed with parallelism=default) turned into the config of the same overrides with
+    parallelism=<layout>, without composing again (half of a dry run): the layout's file merged over the
+    parallelism node as Hydra merges a group option (over the schema and _common.yaml, which default.yaml only
+    names), then the command line's parallelism keys applied again, as they come after every file. None (compose
+    in full) where that is not certain to be the same: a layout file with other defaults than _common, an override
+    of Hydra's node (a search path may hold other layouts), or a parallelism key added or deleted (+/~)."""
+    named = parse(with_layout(overrides, layout))
+    if any(o.is_hydra_override() for o in named):
+        return None
+    repository = _repository()
+    own = repository.load_config(f"parallelism/{layout}")
+    common = repository.load_config("parallelism/_common")
+    if own is None or common is None:
+        return None  # the full compose names the missing layout
+    if [getattr(d, "path", None) for d in own.defaults_list or []] != ["_common", "_self_"]:
+        return None
+    try:
+        keys = Overrides(repository, named).config_overrides
+    except Exception:  # whatever it is, the full compose raises it again
+        return None
+    again = [o for o in keys if o.key_or_group.startswith("parallelism.")]
+    if any(o.is_add() or o.is_delete() or o.is_force_add() for o in again):
+        return None
+    cfg.parallelism.merge_with(common.config, own.config)
+    ConfigLoaderImpl._apply_overrides_to_config(again, cfg)
+    with read_write(cfg.hydra):  # Hydra's node is read-only once composed
+        cfg.hydra.runtime.choices.parallelism = layout
+        _record_overrides(cfg, named)
+    return cfg
 
 
 def _compose_once(overrides: Sequence[str], bases: Bases | None) -> DictConfig:

@@ -49,3 +49,36 @@ def test_a_file_that_does_not_parse_fails_in_pyyamls_words(tmp_path: Path):
     with open(os.path.realpath(broken)) as f, pytest.raises(yaml.YAMLError) as pure:
         yaml.load(f, Loader=omegaconf._utils.get_yaml_loader())
     assert str(composed.value) == str(pure.value)
+
+
+# Runs that take their model's default layout, each with what the command line adds (the tiny and 8B layouts' files
+# have no defaults beyond _common: the merge; the 70B and 405B layouts name their userbuffers: composed in full).
+DEFAULT_LAYOUT_RUNS = [
+    [],
+    ["training=llama31/8b", "dtype=fp8"],
+    ["training=llama31/tiny", "parallelism.vp=2", "parallelism.num_gpus=4", "cluster=bcm"],
+    ["training=llama32/1b", "peft=lora"],
+    ["training=finetune/llama31_8b_lora_1gpu"],
+    ["training=llama31/405b", "dtype=fp8", "parallelism.num_gpus=1024"],
+]
+
+
+@pytest.mark.parametrize("overrides", DEFAULT_LAYOUT_RUNS, ids=lambda o: " ".join(o) or "defaults")
+def test_a_default_layout_merged_into_the_first_composition_is_the_run_that_names_it(overrides):
+    from launcher.config.compose import _compose_once, _composed, to_plain, with_layout
+
+    merged = _composed(overrides)
+    layout = merged.hydra.runtime.choices.parallelism
+    assert layout != "default"
+    named = _compose_once(with_layout(overrides, layout), None)  # the reference: Hydra composing it in full
+    assert to_plain(merged) == to_plain(named)
+    assert dict(merged.hydra.runtime.choices) == dict(named.hydra.runtime.choices)
+    assert list(merged.hydra.overrides.task) == list(named.hydra.overrides.task)
+    assert merged.hydra.job.override_dirname == named.hydra.job.override_dirname
+
+
+def test_the_default_layout_of_a_plain_run_is_merged_not_composed_again():
+    from launcher.config.compose import _compose_once, _layout_merged
+
+    first = _compose_once([], None)
+    assert _layout_merged(first, [], "tp1") is not None  # the equality above is then the merge's, not Hydra's

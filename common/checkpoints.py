@@ -156,37 +156,50 @@ def fingerprint(path: str) -> str:
     return digest.hexdigest()
 
 
-def base_record(key: str, value: str, path: str) -> dict[str, str]:
+@dataclass(frozen=True)
+class BaseRecord:
     """What an adapter checkpoint records of its base: the config key and value that named it, where it was read
     from, and its fingerprint."""
-    return {"key": key, "value": value, "path": os.path.abspath(path), "fingerprint": fingerprint(path)}
+
+    key: str
+    value: str
+    path: str
+    fingerprint: str
 
 
-def write_base_record(checkpoint: str, record: dict[str, str]) -> None:
-    atomic_write(os.path.join(checkpoint, BASE_FILE), json.dumps(record, indent=1) + "\n")
+def base_record(key: str, value: str, path: str) -> BaseRecord:
+    return BaseRecord(key=key, value=value, path=os.path.abspath(path), fingerprint=fingerprint(path))
 
 
-def read_base_record(checkpoint: str) -> dict[str, str] | None:
+def write_base_record(checkpoint: str, record: BaseRecord) -> None:
+    atomic_write(os.path.join(checkpoint, BASE_FILE), json.dumps(asdict(record), indent=1) + "\n")
+
+
+def read_base_record(checkpoint: str) -> BaseRecord | None:
+    """The checkpoint's record of its base; None where it has none (not an adapter checkpoint) or one this version
+    cannot read."""
     try:
         with open(os.path.join(checkpoint, BASE_FILE)) as f:
-            return json.load(f)
+            return BaseRecord(**json.load(f))
     except FileNotFoundError:
+        return None
+    except (TypeError, ValueError):  # not a mapping of exactly these keys
         return None
 
 
-def base_problem(checkpoint: str, record: dict[str, str]) -> str | None:
+def base_problem(checkpoint: str, record: BaseRecord) -> str | None:
     """One line when the adapter checkpoint was trained on another base than `record` (this run's), else None."""
     saved = read_base_record(checkpoint)
     if saved is None:
         return (
-            f"{checkpoint} holds no {BASE_FILE}: it is not a LoRA adapter checkpoint, and peft=lora resumes only from "
-            "its own adapters; start in a new run directory"
+            f"{checkpoint} holds no {BASE_FILE}: it is not a LoRA adapter checkpoint, and peft=lora resumes only "
+            "from its own adapters; start in a new run directory"
         )
-    if saved.get("fingerprint") != record["fingerprint"]:
+    if saved.fingerprint != record.fingerprint:
         return (
-            f"{checkpoint} holds adapters trained on the base {saved.get('path')} ({saved.get('key')}, fingerprint "
-            f"{str(saved.get('fingerprint'))[:12]}), and this run's base {record['path']} ({record['key']}) has "
-            f"fingerprint {record['fingerprint'][:12]}: set {saved.get('key')}={saved.get('value')} to resume, or "
+            f"{checkpoint} holds adapters trained on the base {saved.path} ({saved.key}, fingerprint "
+            f"{saved.fingerprint[:12]}), and this run's base {record.path} ({record.key}) has "
+            f"fingerprint {record.fingerprint[:12]}: set {saved.key}={saved.value} to resume, or "
             "start in a new run directory"
         )
     return None

@@ -30,7 +30,14 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from tqdm import tqdm
 
 from common import hf_config
-from common.checkpoints import BASE_FILE, STATE_FILE, fingerprint, latest_checkpoint, read_base_record
+from common.checkpoints import (
+    BASE_FILE,
+    STATE_FILE,
+    BaseRecord,
+    fingerprint,
+    latest_checkpoint,
+    read_base_record,
+)
 from common.config import Config, LoraConfig, LoraTarget, ModelConfig
 from common.files import atomic_output, atomic_write
 from common.run import CONFIG_FILE, RunDirError, load_run_config
@@ -262,22 +269,22 @@ def read_adapters(ckpt: DistCheckpoint, model: ModelConfig, lora: LoraConfig) ->
     return out
 
 
-def lora_base(path: Path, run_config: Config, base: str | None) -> tuple[dict[str, str], Any]:
+def lora_base(path: Path, run_config: Config, base: str | None) -> tuple[BaseRecord, Any]:
     """The base a LoRA checkpoint was trained on (or `base`, in its place), checked against its record, as a
     source of Hugging Face tensors."""
     record = read_base_record(str(path))
     assert record is not None
-    where = Path(base or record["path"]).expanduser().absolute()
+    where = Path(base or record.path).expanduser().absolute()
     if not where.exists():
         raise ExportError(
-            f"the base of {path}, {where} ({record['key']}), does not exist: pass --base DIR where it is now"
+            f"the base of {path}, {where} ({record.key}), does not exist: pass --base DIR where it is now"
         )
-    if fingerprint(str(where)) != record["fingerprint"]:
+    if fingerprint(str(where)) != record.fingerprint:
         raise ExportError(
             f"{where} is not the base {path} was trained on (its files' fingerprint differs from {BASE_FILE}'s): "
             "pass --base with the base the run started from"
         )
-    if record["key"] == "training.checkpoint.init_from":
+    if record.key == "training.checkpoint.init_from":
         return record, HFTensors(DistCheckpoint(resolve_checkpoint(where)), run_config.training.model)
     return record, SafetensorsTensors(where)
 
@@ -297,7 +304,7 @@ def export_peft(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_co
         raise ExportError(f"--out {out} is not empty: choose a new directory or empty it")
     ckpt = DistCheckpoint(path)
     adapters = {k: v.float().contiguous() for k, v in read_adapters(ckpt, run_config.training.model, lora).items()}
-    record = read_base_record(str(path)) or {}
+    record = read_base_record(str(path))
     out.mkdir(parents=True, exist_ok=True)
     names = list(adapters)
     shapes = {k: tuple(v.shape) for k, v in adapters.items()}
@@ -305,7 +312,7 @@ def export_peft(checkpoint: str | os.PathLike, out: str | os.PathLike, *, run_co
         f.write(encode_header(names, shapes, "float32", 4))
         for name in names:
             f.write(adapters[name].view(torch.uint8).numpy().data)
-    config = peft_hf.adapter_config(lora, record.get("path", ""))
+    config = peft_hf.adapter_config(lora, record.path if record else "")
     atomic_write(out / PEFT_CONFIG, json.dumps(config, indent=2) + "\n")
     return out
 

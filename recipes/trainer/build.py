@@ -11,7 +11,7 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from common.checkpoints import TrainState, base_record
+from common.checkpoints import BaseRecord, TrainState, base_record
 from common.config import Config, LoraConfig
 from common.plan import Plan
 from common.run import load_run_or_exit
@@ -137,7 +137,7 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
     )
 
 
-def _base_record(cfg: Config, hf_weights: str | None, rank: int) -> dict[str, str]:
+def _base_record(cfg: Config, hf_weights: str | None, rank: int) -> BaseRecord:
     """A LoRA run's base (training.checkpoint.init_from, else the Hugging Face weights) as its adapter checkpoints
     record it; rank 0 reads the fingerprint and every rank gets it."""
     import torch

@@ -32,6 +32,7 @@ from common.processes import die_with_parent
 from common.checkpoints import (
     BASE_FILE,
     STATE_FILE,
+    BaseRecord,
     base_problem,
     TrainState,
     finalize_checkpoint,
@@ -137,7 +138,7 @@ class Checkpointer(Callback):
         chunks,
         optimizer,
         scheduler,
-        base: dict[str, str] | None = None,
+        base: BaseRecord | None = None,
     ):
         """`base`: a LoRA run's record of its base weights (common.checkpoints.base_record): the checkpoints then
         hold the adapters only, with that record."""

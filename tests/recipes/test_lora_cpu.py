@@ -431,4 +431,4 @@ def test_a_resume_on_another_base_is_one_line(tmp_path):
     problem = checkpoints.base_problem(str(ckpt), moved)
     assert problem is not None and "\n" not in problem
     assert f"set training.checkpoint.init_from_hf={base} to resume" in problem
-    assert record["fingerprint"][:12] in problem and moved["fingerprint"][:12] in problem
+    assert record.fingerprint[:12] in problem and moved.fingerprint[:12] in problem

@@ -58,7 +58,10 @@ CASES = [
     (["cluster.qsub_args=[x]"], "cluster.qsub_args is not a key of cluster on platform slurm"),
     (["training.model.num_layer=3"], "did you mean training.model.num_layers?"),
     (["+foo=1"], "foo is not a config key"),
-    (["training=llama31/9b"], "training=llama31/9b: no such option; choose one of llama2/70b, llama31/405b"),
+    (
+        ["training=llama31/9b"],
+        "training=llama31/9b: no such option; choose one of finetune/llama31_405b_lora, finetune/llama31_405b_sft",
+    ),
     # Values of the right type out of range.
     (["training.seq_length=0"], "training.seq_length=0 must be positive"),
     (["training.optimizer.lr=-1", "training.optimizer.min_lr=-2"], "training.optimizer.lr=-1.0 must be positive"),

@@ -31,10 +31,18 @@ VALID: dict[tuple[str, str], tuple[set[str], set[str]]] = {  # (model, layout) -
     ("tiny", "tp2_sp"): (BOTH, {"local", "bcm"}),
     ("tiny", "pp2_vp2_asym"): (BOTH, {"local", "bcm"}),  # (6 + 2) / 2 = 4 slots per stage, 2 per chunk
     ("tiny", "custom"): (BOTH, {"local", "bcm"}),  # key-by-key layouts start from TP1 on one GPU
+    ("tiny", "tp4_cp2"): (BOTH, {"local", "bcm"}),
     ("8b", DEFAULT): (BOTH, {"local", "bcm"}),
     ("8b", "tp1_cp2"): (BOTH, {"local", "bcm"}),
     # TP2 alone sits at the 80 GB limit: the estimate is just above it in bf16, just below with FP8 weights.
     ("8b", "tp2_sp"): ({"fp8"}, {"local", "bcm"}),
+    # The fine-tuning presets' layouts (conf/training/finetune, mlperf/llama2_70b_lora) also pretrain the models whose
+    # heads and layers they split, where the full Adam state still fits: a 70B base on one node (tp4_cp2) or two
+    # (tp8_pp2_recompute) is for a frozen base only, and 32 layers do not split into 14 stages or 4 x 5 chunks.
+    ("8b", "tp4_cp2"): (BOTH, {"local", "bcm"}),
+    ("8b", "tp8_pp2_recompute"): (BOTH, {"bcm"}),
+    ("70b", "tp8_pp4_vp5"): (BOTH, {"bcm"}),
+    ("405b", "tp8_pp14_recompute"): (BOTH, {"bcm"}),
     ("70b", DEFAULT): (BOTH, {"bcm"}),
     ("70b", "tp4_pp4_cp2_vp5"): (BOTH, {"bcm"}),
     ("70b", "tp4_pp8_vp5"): (BOTH, {"bcm"}),
@@ -55,9 +63,13 @@ def test_every_layout_is_covered():
         "tp1",
         "tp1_cp2",
         "tp2_sp",
+        "tp4_cp2",
         "tp4_pp4_cp2_vp5",
         "tp4_pp8_cp2_vp8_asym",
         "tp4_pp8_vp5",
+        "tp8_pp14_recompute",
+        "tp8_pp2_recompute",
+        "tp8_pp4_vp5",
         "tp8_pp8_cp2_vp8_asym",
     }
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from common.config import LoraConfig, LoraInit, LoraTarget
 from common.plan import Plan
 
 
@@ -67,6 +68,47 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600) -> lis
         if os.path.exists(rendezvous):
             os.unlink(rendezvous)
     return [results[r] for r in range(world)]
+
+
+# A Llama of two small layers on two CPU ranks, and LoRA on every projection: what the LoRA tests build.
+SMALL = [
+    "training=llama31/tiny",
+    "training.model.vocab_size=256",
+    "training.model.num_layers=2",
+    "training.model.hidden_size=64",
+    "training.model.ffn_hidden_size=96",
+    "training.model.num_attention_heads=4",
+    "training.model.num_query_groups=2",
+    "training.model.kv_channels=16",
+    "training.seq_length=16",
+    "training.micro_batch_size=1",
+    "training.global_batch_size=2",
+    "cluster.gpus_per_node=2",
+]
+LAYOUTS = {
+    "tp1": ["parallelism=tp1"],
+    # megatron-core's local spec has no sequence-parallel RMSNorm without apex: the adapter tests cover SP.
+    "tp2": ["parallelism=tp2_sp", "parallelism.sequence_parallel=false", "parallelism.tp_comm_overlap=false"],
+}
+LORA = LoraConfig(
+    method="lora",
+    rank=4,
+    alpha=8.0,
+    dropout=0.0,
+    target_modules=list(LoraTarget),
+    a_init=LoraInit.kaiming_uniform,
+    b_init=LoraInit.zero,
+)
+
+
+def small_run(layout: str, *overrides: str) -> tuple[Any, Plan]:
+    """The composed config and plan of the small model at `layout` on a machine of 2 GPUs."""
+    from launcher.config.compose import compose
+    from launcher.plan.build import build_plan
+    from launcher.plan.hardware import LocalGpus
+
+    cfg = compose([*SMALL, *LAYOUTS[layout], *overrides])
+    return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
 
 
 def build_chunks(cfg: dict, plan: Plan, dtype: torch.dtype = torch.float32) -> list[torch.nn.Module]:

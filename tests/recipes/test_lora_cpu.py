@@ -21,10 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 import cpu_megatron  # noqa: E402
-from common.config import LoraConfig, LoraInit, LoraTarget  # noqa: E402
-from launcher.config.compose import compose  # noqa: E402
-from launcher.plan.build import build_plan  # noqa: E402
-from launcher.plan.hardware import LocalGpus  # noqa: E402
+from common.config import LoraInit  # noqa: E402
 from recipes.peft import lora  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -205,34 +202,7 @@ def test_with_dropout_the_replicated_tensors_stay_equal_on_every_rank():
 
 
 # --------------------------------------------------------------------------- the transform on GPTModels
-SMALL = [
-    "training=llama31/tiny",
-    "training.model.vocab_size=256",
-    "training.model.num_layers=2",
-    "training.model.hidden_size=64",
-    "training.model.ffn_hidden_size=96",
-    "training.model.num_attention_heads=4",
-    "training.model.num_query_groups=2",
-    "training.model.kv_channels=16",
-    "training.seq_length=16",
-    "training.micro_batch_size=1",
-    "training.global_batch_size=2",
-    "cluster.gpus_per_node=2",
-]
-LAYOUTS = {
-    "tp1": ["parallelism=tp1"],
-    # megatron-core's local spec has no sequence-parallel RMSNorm without apex: the adapter tests above cover SP.
-    "tp2": ["parallelism=tp2_sp", "parallelism.sequence_parallel=false", "parallelism.tp_comm_overlap=false"],
-}
-LORA = LoraConfig(
-    method="lora",
-    rank=4,
-    alpha=8.0,
-    dropout=0.0,
-    target_modules=list(LoraTarget),
-    a_init=LoraInit.kaiming_uniform,
-    b_init=LoraInit.zero,
-)
+LAYOUTS, LORA = cpu_megatron.LAYOUTS, cpu_megatron.LORA
 
 
 def transformed_model(rank: int, cfg, plan, tokens: torch.Tensor) -> dict:
@@ -280,8 +250,7 @@ def transformed_model(rank: int, cfg, plan, tokens: torch.Tensor) -> dict:
 
 
 def run_layout(layout: str, tokens: torch.Tensor) -> dict:
-    cfg = compose([*SMALL, *LAYOUTS[layout]])
-    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
+    cfg, plan = cpu_megatron.small_run(layout)
     return cpu_megatron.run_ranks(transformed_model, plan.num_gpus, cfg, plan, tokens)[0]
 
 
@@ -332,8 +301,7 @@ def base_then_lora(rank: int, cfg, plan, tokens: torch.Tensor, run_dir: str) -> 
 @pytest.mark.slow
 def test_a_lora_run_starts_from_a_base_checkpoint_and_keeps_its_adapters(tmp_path):
     tokens = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
-    cfg = compose([*SMALL, *LAYOUTS["tp2"]])
-    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
+    cfg, plan = cpu_megatron.small_run("tp2")
     found = cpu_megatron.run_ranks(base_then_lora, plan.num_gpus, cfg, plan, tokens, str(tmp_path))[0]
     assert found["kept"] and found["n"] == 2 * 4 * 2
     # B = 0: the adapted model computes the base's logits (up to the frozen weights' rounding, see above).
@@ -389,8 +357,7 @@ def data_bytes(path) -> int:
 
 
 def test_an_adapter_checkpoint_holds_the_adapters_alone_and_restores_them(tmp_path):
-    cfg = compose([*SMALL, *LAYOUTS["tp1"]])
-    plan = build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
+    cfg, plan = cpu_megatron.small_run("tp1")
     found = cpu_megatron.run_ranks(adapters_saved_and_loaded, plan.num_gpus, cfg, plan, str(tmp_path))[0]
     assert found["bases_differ"]  # the other model's base is another one, so keeping it is a real check
     assert found["adapters_restored"] and found["base_kept"]

@@ -18,48 +18,14 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 import cpu_megatron  # noqa: E402
-from common.config import LoraConfig, LoraInit, LoraTarget  # noqa: E402
+from common.config import LoraTarget  # noqa: E402
 from common.plan import Plan  # noqa: E402
-from launcher.config.compose import compose  # noqa: E402
-from launcher.plan.build import build_plan  # noqa: E402
-from launcher.plan.hardware import LocalGpus  # noqa: E402
 from recipes.hf import mapping  # noqa: E402
 from recipes.peft import hf as peft_hf  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
-SMALL = [
-    "training=llama31/tiny",
-    "training.model.vocab_size=256",
-    "training.model.num_layers=2",
-    "training.model.hidden_size=64",
-    "training.model.ffn_hidden_size=96",
-    "training.model.num_attention_heads=4",
-    "training.model.num_query_groups=2",
-    "training.model.kv_channels=16",
-    "training.seq_length=16",
-    "training.micro_batch_size=1",
-    "training.global_batch_size=2",
-    "cluster.gpus_per_node=2",
-]
-LAYOUTS = {
-    "tp1": ["parallelism=tp1"],
-    "tp2": ["parallelism=tp2_sp", "parallelism.sequence_parallel=false", "parallelism.tp_comm_overlap=false"],
-}
-LORA = LoraConfig(
-    method="lora",
-    rank=4,
-    alpha=8.0,
-    dropout=0.0,
-    target_modules=list(LoraTarget),
-    a_init=LoraInit.kaiming_uniform,
-    b_init=LoraInit.zero,
-)
-
-
-def configured(layout: str) -> tuple:
-    cfg = compose([*SMALL, *LAYOUTS[layout]])
-    return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
+LORA = cpu_megatron.LORA
 
 
 def peft_model(base_dir: Path):
@@ -87,7 +53,7 @@ def hf(tmp_path_factory) -> dict:
     """A random tiny Llama saved in Hugging Face format, a PeftModel on it, its logits and PEFT's adapter tensors."""
     from transformers import LlamaForCausalLM
 
-    cfg, _ = configured("tp1")
+    cfg, _ = cpu_megatron.small_run("tp1")
     model_cfg = cfg.training.model
     directory = tmp_path_factory.mktemp("hf_base")
     torch.manual_seed(0)
@@ -138,7 +104,7 @@ def with_peft_adapters(rank: int, cfg, plan: Plan, hf_dir: str, adapters: dict, 
 
 
 def our_logits(layout: str, hf: dict, swap_kv: bool = False) -> torch.Tensor:
-    cfg, plan = configured(layout)
+    cfg, plan = cpu_megatron.small_run(layout)
     args = (cfg, plan, str(hf["dir"]), hf["adapters"], hf["tokens"], swap_kv)
     found = cpu_megatron.run_ranks(with_peft_adapters, plan.num_gpus, *args)[0]
     return found["logits"][..., : hf["model"].vocab_size]
@@ -213,19 +179,15 @@ def lora_checkpoint(rank: int, cfg, plan: Plan, hf_dir: str, run_dir: str, token
 
 
 def lora_config(hf_dir: Path, layout: str = "tp2"):
-    cfg = compose(
-        [
-            *SMALL,
-            *LAYOUTS[layout],
-            "peft=lora",
-            f"peft.rank={LORA.rank}",
-            f"peft.alpha={LORA.alpha}",
-            "peft.dropout=0",
-            "peft.b_init=kaiming_uniform",  # B at random, so the adapters change the model
-            f"training.checkpoint.init_from_hf={hf_dir}",
-        ]
+    return cpu_megatron.small_run(
+        layout,
+        "peft=lora",
+        f"peft.rank={LORA.rank}",
+        f"peft.alpha={LORA.alpha}",
+        "peft.dropout=0",
+        "peft.b_init=kaiming_uniform",  # B at random, so the adapters change the model
+        f"training.checkpoint.init_from_hf={hf_dir}",
     )
-    return cfg, build_plan(cfg, LocalGpus(2, "h100", ("gpu",)))
 
 
 @pytest.fixture(scope="module")

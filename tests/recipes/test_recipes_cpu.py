@@ -595,7 +595,9 @@ def test_the_training_entry_imports_neither_torch_nor_megatron_before_its_stack_
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == str(["recipes", "recipes.runtime", "recipes.runtime.ranks", "recipes.train"])
+    assert result.stdout.strip() == str(
+        ["recipes", "recipes.entry", "recipes.runtime", "recipes.runtime.ranks", "recipes.train"]
+    )
 
 
 def test_ranks_started_otherwise_are_left_alone():

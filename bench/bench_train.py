@@ -5,6 +5,12 @@ recomputed with the same FLOPs formula), and peak memory.
 
     python bench/bench_train.py --model llama31/8b --gpus 2 --gbs 32 --steps 12 --window 6 \\
         --case dp2-bf16 "parallelism=tp1 dtype=bf16" --case dp2-fp8 "parallelism=tp1 dtype=fp8"
+
+`--repeat N` runs the cases N times interleaved (A B C, A B C, ...: drift in clocks or temperature hits every case
+alike) and adds a table of medians: per case the median step time and tokens/s/GPU over its N runs, their min-max
+spread and the change against the first case (the defaults, say). Runs are named CASE-r1 ... CASE-rN; a run
+directory that already holds metrics (from an earlier invocation with the same --results) is read, not run again,
+so a measurement cut short by --budget-s goes on where it stopped when the same command runs again.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ import os
 from pathlib import Path
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -153,6 +162,116 @@ def print_references(rows: list[dict]) -> None:
         print(f"  {label}: {mfu * 100:.1f}% MFU (bf16 peak)")
 
 
+def run_name(case: str, repeat: int, index: int) -> str:
+    """One run's directory name: the case itself for a single run, CASE-r<k> for the k-th of several."""
+    return case if repeat == 1 else f"{case}-r{index + 1}"
+
+
+def finished_row(name: str, results: Path, steps: int, window: int) -> dict | None:
+    """The row of a run an earlier invocation finished (metrics up to the last step), or None: so a cut-short repeat
+    goes on where it stopped instead of running a case again. A run killed halfway is not a result."""
+    run_dir = results / name
+    metrics = run_dir / "metrics.jsonl"
+    if not (metrics.exists() and (run_dir / "plan.json").exists()):
+        return None
+    records = read_metrics(metrics)
+    if not records or records[-1].step < steps:
+        return None
+    return table_row(name, run_dir, window)
+
+
+@dataclass
+class RepeatSummary:
+    """One case over its runs: medians, the min-max spread of tokens/s/GPU and the change against the first case."""
+
+    case: str
+    runs: int  # runs with a result
+    failed: int
+    step_time_s: float | None = None  # median
+    tokens_per_s_per_gpu: float | None = None  # median
+    tokens_min: float | None = None
+    tokens_max: float | None = None
+    mfu_bf16: float | None = None  # median
+    vs_first: float | None = None  # median tokens/s over the first case's, minus 1
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of tokens/s/GPU: how far apart the runs of this case are."""
+        if self.tokens_per_s_per_gpu is None or self.tokens_min is None or self.tokens_max is None:
+            return None
+        return (self.tokens_max - self.tokens_min) / self.tokens_per_s_per_gpu
+
+
+def summarize_case(case: str, rows: list[dict]) -> RepeatSummary:
+    """Medians over a case's runs; failed runs are counted, not averaged."""
+    good = [r for r in rows if "error" not in r]
+    summary = RepeatSummary(case, len(good), len(rows) - len(good))
+    if good:
+        tokens = [r["tokens_per_s_per_gpu"] for r in good]
+        summary.step_time_s = statistics.median(r["step_time_s"] for r in good)
+        summary.tokens_per_s_per_gpu = statistics.median(tokens)
+        summary.tokens_min, summary.tokens_max = min(tokens), max(tokens)
+        summary.mfu_bf16 = statistics.median(r["mfu_bf16"] for r in good)
+    return summary
+
+
+def summarize_repeats(cases: list[str], rows: list[dict]) -> list[RepeatSummary]:
+    """One summary per case in the given order, each against the first case's median tokens/s/GPU (rows carry
+    `base_case`, their case's name without the run suffix)."""
+    summaries = [summarize_case(c, [r for r in rows if r.get("base_case", r["case"]) == c]) for c in cases]
+    first = summaries[0].tokens_per_s_per_gpu if summaries else None
+    for s in summaries:
+        if first and s.tokens_per_s_per_gpu is not None:
+            s.vs_first = s.tokens_per_s_per_gpu / first - 1
+    return summaries
+
+
+def format_repeats(summaries: list[RepeatSummary], repeat: int) -> str:
+    header = (
+        f"{'case':<26} {'runs':>5} {'step s':>8} {'tok/s/GPU':>10} {'min-max':>15} {'spread':>7} "
+        f"{'MFU(bf16)':>9} {'vs first':>9}"
+    )
+    lines = [f"median of {repeat} interleaved runs per case; vs first: against {summaries[0].case}", header]
+    lines.append("-" * len(header))
+    for s in summaries:
+        runs = f"{s.runs}/{s.runs + s.failed}"
+        if s.tokens_per_s_per_gpu is None or s.step_time_s is None:
+            lines.append(f"{s.case:<26} {runs:>5} no run finished")
+            continue
+        span = f"{s.tokens_min:,.0f}-{s.tokens_max:,.0f}"
+        versus = "-" if s.vs_first is None else f"{s.vs_first * 100:+.1f}%"
+        lines.append(
+            f"{s.case:<26} {runs:>5} {s.step_time_s:>8.3f} {s.tokens_per_s_per_gpu:>10,.0f} {span:>15} "
+            f"{_pct(s.spread):>7} {_pct(s.mfu_bf16):>9} {versus:>9}"
+        )
+    return "\n".join(lines)
+
+
+def run_repeats(args, results: Path) -> tuple[list[dict], list[str]]:
+    """Every case args.repeat times, interleaved; a run already finished is read back; no run starts once
+    --budget-s would be passed by it (its length guessed from the longest run so far). Returns the rows and the
+    runs left for a later invocation."""
+    start = time.monotonic()
+    longest = 0.0
+    rows, left = [], []
+    for index in range(args.repeat):
+        for case, overrides in args.case:
+            name = run_name(case, args.repeat, index)
+            # A single run keeps the old behaviour (main.py decides about an existing run directory).
+            row = finished_row(name, results, args.steps, args.window) if args.repeat > 1 else None
+            if row is None:
+                if args.budget_s and time.monotonic() - start + longest > args.budget_s:
+                    left.append(name)
+                    continue
+                began = time.monotonic()
+                row = run_case(name, shlex.split(overrides), args, results, timeout=args.timeout_s)
+                longest = max(longest, time.monotonic() - began)
+            row["base_case"] = case
+            rows.append(row)
+            print_table(rows[-1:])
+    return rows, left
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama31/8b")
@@ -169,19 +288,34 @@ def main() -> None:
         help="a name and space-separated Hydra overrides; repeat for more cases",
     )
     parser.add_argument("--results", default=None, help="where run directories go (default: a temp dir)")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", default=None, help="also write the rows (and with --repeat the medians) here")
+    parser.add_argument("--repeat", type=int, default=1, help="run every case N times, interleaved; table of medians")
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="start no run that would end past this (the same command goes on)"
+    )
+    parser.add_argument("--timeout-s", type=float, default=None, help="kill a run's process group after this")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: give 1 or more runs per case")
+    names = [case for case, _ in args.case]
+    if len(set(names)) != len(names):
+        parser.error(f"case names repeat ({', '.join(names)}): give each --case its own name")
     results = Path(args.results or tempfile.mkdtemp(prefix="bench_train_"))
     results.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for name, overrides in args.case:
-        rows.append(run_case(name, shlex.split(overrides), args, results))
-        print_table(rows[-1:])
+    rows, left = run_repeats(args, results)
     print()
     print_table(rows)
     print_references(rows)
+    output: dict | list = rows
+    if args.repeat > 1:
+        summaries = summarize_repeats(names, rows)
+        print()
+        print(format_repeats(summaries, args.repeat))
+        output = {"runs": rows, "medians": [{**vars(s), "spread": s.spread} for s in summaries]}
+    if left:
+        print(f"\nnot run within --budget-s {args.budget_s:.0f}: {', '.join(left)}; run the same command to go on")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps(output, indent=1))
 
 
 if __name__ == "__main__":

@@ -103,6 +103,12 @@ KERNELS = {
     "void transformer_engine::fused_rope::fused_rope_forward_kernel<__nv_bfloat16>": "norm/RoPE/SwiGLU",
     "void transformer_engine::cast_gated_kernel<silu, __nv_fp8_e4m3>": "norm/RoPE/SwiGLU",
     "triton_poi_fused_mul_silu_0": "norm/RoPE/SwiGLU",
+    "triton_red_fused_copy__exp_sub_sum_unsqueeze_2": "loss",
+    "void transformer_engine::cross_entropy_kernel": "loss",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>": (
+        "loss"
+    ),
+    "triton_poi_fused_add_1": "other",
     "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": "other",
     "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>": "other",
 }

@@ -47,6 +47,10 @@ NOT_RUN: list[tuple[str, str]] = [
         r"python bench/bench_(train|lora|sft)\.py|bash bench/gpu_",
         "trains on GPUs (tests/launcher/test_bench_*.py cover the rest)",
     ),
+    (
+        r"python bench/bench_kernels\.py",
+        "times kernels on a GPU or joins the trace of a run that trained (tests/launcher/test_bench_kernels.py)",
+    ),
     (r"python -m recipes\.hf\.exporter", "reads a trained checkpoint (tests/recipes/test_hf_cpu.py exports one)"),
     (r"python -m launcher\.report ", "reads run directories that training wrote (results/...)"),
     (

@@ -10,7 +10,9 @@ recomputed with the same FLOPs formula), and peak memory.
 alike) and adds a table of medians: per case the median step time and tokens/s/GPU over its N runs, their min-max
 spread and the change against the first case (the defaults, say). Runs are named CASE-r1 ... CASE-rN; a run
 directory that already holds metrics (from an earlier invocation with the same --results) is read, not run again,
-so a measurement cut short by --budget-s goes on where it stopped when the same command runs again.
+so a measurement cut short by --budget-s goes on where it stopped when the same command runs again; where the run
+directories are gone (a machine given back in between), --previous names the --json files that earlier invocations
+wrote (after every run) and their finished runs count.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -247,18 +250,41 @@ def format_repeats(summaries: list[RepeatSummary], repeat: int) -> str:
     return "\n".join(lines)
 
 
-def run_repeats(args, results: Path) -> tuple[list[dict], list[str]]:
-    """Every case args.repeat times, interleaved; a run already finished is read back; no run starts once
-    --budget-s would be passed by it (its length guessed from the longest run so far). Returns the rows and the
-    runs left for a later invocation."""
+def read_previous(paths: list[str]) -> dict[str, dict]:
+    """Finished runs of earlier invocations by run name, from their --json files (a list of rows, or with --repeat
+    {"runs": [...], ...}): a machine that went back between invocations took the run directories with it, not the
+    rows the earlier invocation brought back."""
+    done: dict[str, dict] = {}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"--previous {path}: not a bench_train.py --json file ({err})") from None
+        rows = data["runs"] if isinstance(data, dict) and "runs" in data else data
+        if not isinstance(rows, list):
+            raise SystemExit(f"--previous {path}: not a bench_train.py --json file (no rows)")
+        done.update({r["case"]: r for r in rows if isinstance(r, dict) and "case" in r and "error" not in r})
+    return done
+
+
+def run_repeats(
+    args, results: Path, previous: dict[str, dict] | None = None, save: Callable[[list[dict]], None] | None = None
+) -> tuple[list[dict], list[str]]:
+    """Every case args.repeat times, interleaved; a run already finished (a run directory with its metrics, or a
+    row of `previous`) is read back; no run starts once --budget-s would be passed by it (its length guessed from
+    the longest run so far). `save` gets the rows after every run, so a command killed halfway leaves them. Returns
+    the rows and the runs left for a later invocation."""
     start = time.monotonic()
     longest = 0.0
-    rows, left = [], []
+    rows: list[dict] = []
+    left: list[str] = []
     for index in range(args.repeat):
         for case, overrides in args.case:
             name = run_name(case, args.repeat, index)
+            row = (previous or {}).get(name)
             # A single run keeps the old behaviour (main.py decides about an existing run directory).
-            row = finished_row(name, results, args.steps, args.window) if args.repeat > 1 else None
+            if row is None and args.repeat > 1:
+                row = finished_row(name, results, args.steps, args.window)
             if row is None:
                 if args.budget_s and time.monotonic() - start + longest > args.budget_s:
                     left.append(name)
@@ -269,7 +295,16 @@ def run_repeats(args, results: Path) -> tuple[list[dict], list[str]]:
             row["base_case"] = case
             rows.append(row)
             print_table(rows[-1:])
+            if save:
+                save(rows)
     return rows, left
+
+
+def json_output(rows: list[dict], cases: list[str], repeat: int) -> dict | list:
+    """--json: the rows as before for single runs; with --repeat the runs and the medians."""
+    if repeat == 1:
+        return rows
+    return {"runs": rows, "medians": [{**vars(s), "spread": s.spread} for s in summarize_repeats(cases, rows)]}
 
 
 def main() -> None:
@@ -294,6 +329,9 @@ def main() -> None:
         "--budget-s", type=float, default=None, help="start no run that would end past this (the same command goes on)"
     )
     parser.add_argument("--timeout-s", type=float, default=None, help="kill a run's process group after this")
+    parser.add_argument(
+        "--previous", nargs="+", default=None, help="--json files of earlier invocations: their finished runs count"
+    )
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: give 1 or more runs per case")
@@ -302,20 +340,25 @@ def main() -> None:
         parser.error(f"case names repeat ({', '.join(names)}): give each --case its own name")
     results = Path(args.results or tempfile.mkdtemp(prefix="bench_train_"))
     results.mkdir(parents=True, exist_ok=True)
-    rows, left = run_repeats(args, results)
+    previous = read_previous(args.previous or [])
+
+    def save(rows: list[dict]) -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps(json_output(rows, names, args.repeat), indent=1))
+
+    rows, left = run_repeats(args, results, previous, save)
     print()
     print_table(rows)
     print_references(rows)
-    output: dict | list = rows
     if args.repeat > 1:
-        summaries = summarize_repeats(names, rows)
         print()
-        print(format_repeats(summaries, args.repeat))
-        output = {"runs": rows, "medians": [{**vars(s), "spread": s.spread} for s in summaries]}
+        print(format_repeats(summarize_repeats(names, rows), args.repeat))
     if left:
-        print(f"\nnot run within --budget-s {args.budget_s:.0f}: {', '.join(left)}; run the same command to go on")
-    if args.json:
-        Path(args.json).write_text(json.dumps(output, indent=1))
+        print(
+            f"\nnot run within --budget-s {args.budget_s:.0f}: {', '.join(left)}; run the same command again (with "
+            "--previous and this --json file where the run directories are gone) to go on"
+        )
+    save(rows)
 
 
 if __name__ == "__main__":

@@ -209,3 +209,34 @@ def test_a_single_run_keeps_its_name():
     bench = _bench()
     assert bench.run_name("dp2-fp8", 1, 0) == "dp2-fp8"
     assert bench.run_name("dp2-fp8", 3, 2) == "dp2-fp8-r3"
+
+
+def test_runs_an_earlier_invocation_brought_back_count_as_done(tmp_path, monkeypatch):
+    """A machine given back between invocations keeps no run directories: the rows of its --json file stand in."""
+    bench = _bench()
+    earlier = tmp_path / "earlier.json"
+    runs = [_row("a-r1", 100.0, 1.0, "a"), {"case": "b-r1", "error": "exit 1", "base_case": "b"}]
+    earlier.write_text(json.dumps({"runs": runs, "medians": []}))
+    ran, saved = [], []
+
+    def fake_run_case(name, *args, **kwargs):
+        ran.append(name)
+        return _row(name, 90.0, 1.1)
+
+    monkeypatch.setattr(bench, "run_case", fake_run_case)
+    monkeypatch.setattr(bench, "print_table", lambda rows: None)
+    args = type(
+        "A",
+        (),
+        {"repeat": 2, "case": [["a", ""], ["b", ""]], "steps": 4, "window": 2, "budget_s": None, "timeout_s": None},
+    )()
+    previous = bench.read_previous([str(earlier)])
+    rows, left = bench.run_repeats(args, tmp_path / "results", previous, lambda rows: saved.append(len(rows)))
+    assert ran == ["b-r1", "a-r2", "b-r2"]  # the failed run is run again
+    assert rows[0]["tokens_per_s_per_gpu"] == 100.0 and saved == [1, 2, 3, 4]
+    out = bench.json_output(rows, ["a", "b"], 2)
+    assert [m["case"] for m in out["medians"]] == ["a", "b"] and out["medians"][0]["tokens_per_s_per_gpu"] == 95.0
+    assert bench.json_output(rows, ["a", "b"], 1) == rows
+    earlier.write_text("[1, 2")
+    with pytest.raises(SystemExit, match="not a bench_train.py --json file"):
+        bench.read_previous([str(earlier)])

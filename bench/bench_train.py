@@ -307,7 +307,7 @@ def json_output(rows: list[dict], cases: list[str], repeat: int) -> dict | list:
     return {"runs": rows, "medians": [{**vars(s), "spread": s.spread} for s in summarize_repeats(cases, rows)]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama31/8b")
     parser.add_argument("--gpus", type=int, default=2)
@@ -332,7 +332,7 @@ def main() -> None:
     parser.add_argument(
         "--previous", nargs="+", default=None, help="--json files of earlier invocations: their finished runs count"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: give 1 or more runs per case")
     names = [case for case, _ in args.case]

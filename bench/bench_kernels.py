@@ -665,7 +665,12 @@ def run_trace(args: argparse.Namespace) -> int:
 def run_standalone(args: argparse.Namespace) -> int:
     from launcher.autoconf.perfdata import training_model
 
-    model = training_model(args.model.replace("/", "_"))
+    try:
+        model = training_model(args.model.replace("/", "_"))
+    except Exception as err:  # noqa: BLE001 - Hydra's composition errors are several lines; one is enough
+        raise SystemExit(
+            f"--model {args.model}: {str(err).splitlines()[0]} (a training config, e.g. llama31/8b)"
+        ) from None
     gemms, attention = wanted_kernels(model, standalone_shape(args, model))
     ceilings = measure(gemms, attention, args.warmup, args.iters, args.copy_gib)
     _, spec = this_gpu()

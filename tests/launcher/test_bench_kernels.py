@@ -253,3 +253,10 @@ def test_a_standalone_measurement_has_the_shapes_of_a_run_with_the_same_layout()
     run_gemms, run_attention = kernels.wanted_kernels(MODEL_8B, _shape(MODEL_8B, layers=16, microbatches=8, fp8=True))
     assert gemms == run_gemms and attention == run_attention
     assert [g.fp8 for g in gemms].count(False) == 3  # the output layer's three
+
+
+def test_bad_input_is_one_line_before_any_gpu_work():
+    with pytest.raises(SystemExit, match=r"^--model llama31/9b: .*training/llama31/9b.* \(a training config"):
+        kernels.main(["--model", "llama31/9b"])
+    with pytest.raises(SystemExit, match="qkv.s outputs / tp is 1228.8: the tensor-parallel size must divide it"):
+        kernels.main(["--model", "llama31/8b", "--tp", "5"])

@@ -5,6 +5,14 @@ recomputed with the same FLOPs formula), and peak memory.
 
     python bench/bench_train.py --model llama31/8b --gpus 2 --gbs 32 --steps 12 --window 6 \\
         --case dp2-bf16 "parallelism=tp1 dtype=bf16" --case dp2-fp8 "parallelism=tp1 dtype=fp8"
+
+`--repeat N` runs the cases N times interleaved (A B C, A B C, ...: drift in clocks or temperature hits every case
+alike) and adds a table of medians: per case the median step time and tokens/s/GPU over its N runs, their min-max
+spread and the change against the first case (the defaults, say). Runs are named CASE-r1 ... CASE-rN; a run
+directory that already holds metrics (from an earlier invocation with the same --results) is read, not run again,
+so a measurement cut short by --budget-s goes on where it stopped when the same command runs again; where the run
+directories are gone (a machine given back in between), --previous names the --json files that earlier invocations
+wrote (after every run) and their finished runs count.
 """
 
 from __future__ import annotations
@@ -15,9 +23,13 @@ import os
 from pathlib import Path
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -153,7 +165,149 @@ def print_references(rows: list[dict]) -> None:
         print(f"  {label}: {mfu * 100:.1f}% MFU (bf16 peak)")
 
 
-def main() -> None:
+def run_name(case: str, repeat: int, index: int) -> str:
+    """One run's directory name: the case itself for a single run, CASE-r<k> for the k-th of several."""
+    return case if repeat == 1 else f"{case}-r{index + 1}"
+
+
+def finished_row(name: str, results: Path, steps: int, window: int) -> dict | None:
+    """The row of a run an earlier invocation finished (metrics up to the last step), or None: so a cut-short repeat
+    goes on where it stopped instead of running a case again. A run killed halfway is not a result."""
+    run_dir = results / name
+    metrics = run_dir / "metrics.jsonl"
+    if not (metrics.exists() and (run_dir / "plan.json").exists()):
+        return None
+    records = read_metrics(metrics)
+    if not records or records[-1].step < steps:
+        return None
+    return table_row(name, run_dir, window)
+
+
+@dataclass
+class RepeatSummary:
+    """One case over its runs: medians, the min-max spread of tokens/s/GPU and the change against the first case."""
+
+    case: str
+    runs: int  # runs with a result
+    failed: int
+    step_time_s: float | None = None  # median
+    tokens_per_s_per_gpu: float | None = None  # median
+    tokens_min: float | None = None
+    tokens_max: float | None = None
+    mfu_bf16: float | None = None  # median
+    vs_first: float | None = None  # median tokens/s over the first case's, minus 1
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of tokens/s/GPU: how far apart the runs of this case are."""
+        if self.tokens_per_s_per_gpu is None or self.tokens_min is None or self.tokens_max is None:
+            return None
+        return (self.tokens_max - self.tokens_min) / self.tokens_per_s_per_gpu
+
+
+def summarize_case(case: str, rows: list[dict]) -> RepeatSummary:
+    """Medians over a case's runs; failed runs are counted, not averaged."""
+    good = [r for r in rows if "error" not in r]
+    summary = RepeatSummary(case, len(good), len(rows) - len(good))
+    if good:
+        tokens = [r["tokens_per_s_per_gpu"] for r in good]
+        summary.step_time_s = statistics.median(r["step_time_s"] for r in good)
+        summary.tokens_per_s_per_gpu = statistics.median(tokens)
+        summary.tokens_min, summary.tokens_max = min(tokens), max(tokens)
+        summary.mfu_bf16 = statistics.median(r["mfu_bf16"] for r in good)
+    return summary
+
+
+def summarize_repeats(cases: list[str], rows: list[dict]) -> list[RepeatSummary]:
+    """One summary per case in the given order, each against the first case's median tokens/s/GPU (rows carry
+    `base_case`, their case's name without the run suffix)."""
+    summaries = [summarize_case(c, [r for r in rows if r.get("base_case", r["case"]) == c]) for c in cases]
+    first = summaries[0].tokens_per_s_per_gpu if summaries else None
+    for s in summaries:
+        if first and s.tokens_per_s_per_gpu is not None:
+            s.vs_first = s.tokens_per_s_per_gpu / first - 1
+    return summaries
+
+
+def format_repeats(summaries: list[RepeatSummary], repeat: int) -> str:
+    header = (
+        f"{'case':<26} {'runs':>5} {'step s':>8} {'tok/s/GPU':>10} {'min-max':>15} {'spread':>7} "
+        f"{'MFU(bf16)':>9} {'vs first':>9}"
+    )
+    lines = [f"median of {repeat} interleaved runs per case; vs first: against {summaries[0].case}", header]
+    lines.append("-" * len(header))
+    for s in summaries:
+        runs = f"{s.runs}/{s.runs + s.failed}"
+        if s.tokens_per_s_per_gpu is None or s.step_time_s is None:
+            lines.append(f"{s.case:<26} {runs:>5} no run finished")
+            continue
+        span = f"{s.tokens_min:,.0f}-{s.tokens_max:,.0f}"
+        versus = "-" if s.vs_first is None else f"{s.vs_first * 100:+.1f}%"
+        lines.append(
+            f"{s.case:<26} {runs:>5} {s.step_time_s:>8.3f} {s.tokens_per_s_per_gpu:>10,.0f} {span:>15} "
+            f"{_pct(s.spread):>7} {_pct(s.mfu_bf16):>9} {versus:>9}"
+        )
+    return "\n".join(lines)
+
+
+def read_previous(paths: list[str]) -> dict[str, dict]:
+    """Finished runs of earlier invocations by run name, from their --json files (a list of rows, or with --repeat
+    {"runs": [...], ...}): a machine that went back between invocations took the run directories with it, not the
+    rows the earlier invocation brought back."""
+    done: dict[str, dict] = {}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"--previous {path}: not a bench_train.py --json file ({err})") from None
+        rows = data["runs"] if isinstance(data, dict) and "runs" in data else data
+        if not isinstance(rows, list):
+            raise SystemExit(f"--previous {path}: not a bench_train.py --json file (no rows)")
+        done.update({r["case"]: r for r in rows if isinstance(r, dict) and "case" in r and "error" not in r})
+    return done
+
+
+def run_repeats(
+    args, results: Path, previous: dict[str, dict] | None = None, save: Callable[[list[dict]], None] | None = None
+) -> tuple[list[dict], list[str]]:
+    """Every case args.repeat times, interleaved; a run already finished (a run directory with its metrics, or a
+    row of `previous`) is read back; no run starts once --budget-s would be passed by it (its length guessed from
+    the longest run so far). `save` gets the rows after every run, so a command killed halfway leaves them. Returns
+    the rows and the runs left for a later invocation."""
+    start = time.monotonic()
+    longest = 0.0
+    rows: list[dict] = []
+    left: list[str] = []
+    for index in range(args.repeat):
+        for case, overrides in args.case:
+            name = run_name(case, args.repeat, index)
+            row = (previous or {}).get(name)
+            # A single run keeps the old behaviour (main.py decides about an existing run directory).
+            if row is None and args.repeat > 1:
+                row = finished_row(name, results, args.steps, args.window)
+            if row is None:
+                if args.budget_s and time.monotonic() - start + longest > args.budget_s:
+                    left.append(name)
+                    continue
+                began = time.monotonic()
+                row = run_case(name, shlex.split(overrides), args, results, timeout=args.timeout_s)
+                longest = max(longest, time.monotonic() - began)
+            row["base_case"] = case
+            rows.append(row)
+            print_table(rows[-1:])
+            if save:
+                save(rows)
+    return rows, left
+
+
+def json_output(rows: list[dict], cases: list[str], repeat: int) -> dict | list:
+    """--json: the rows as before for single runs; with --repeat the runs and the medians."""
+    if repeat == 1:
+        return rows
+    return {"runs": rows, "medians": [{**vars(s), "spread": s.spread} for s in summarize_repeats(cases, rows)]}
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama31/8b")
     parser.add_argument("--gpus", type=int, default=2)
@@ -169,19 +323,42 @@ def main() -> None:
         help="a name and space-separated Hydra overrides; repeat for more cases",
     )
     parser.add_argument("--results", default=None, help="where run directories go (default: a temp dir)")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    args = parser.parse_args()
+    parser.add_argument("--json", default=None, help="also write the rows (and with --repeat the medians) here")
+    parser.add_argument("--repeat", type=int, default=1, help="run every case N times, interleaved; table of medians")
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="start no run that would end past this (the same command goes on)"
+    )
+    parser.add_argument("--timeout-s", type=float, default=None, help="kill a run's process group after this")
+    parser.add_argument(
+        "--previous", nargs="+", default=None, help="--json files of earlier invocations: their finished runs count"
+    )
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: give 1 or more runs per case")
+    names = [case for case, _ in args.case]
+    if len(set(names)) != len(names):
+        parser.error(f"case names repeat ({', '.join(names)}): give each --case its own name")
     results = Path(args.results or tempfile.mkdtemp(prefix="bench_train_"))
     results.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for name, overrides in args.case:
-        rows.append(run_case(name, shlex.split(overrides), args, results))
-        print_table(rows[-1:])
+    previous = read_previous(args.previous or [])
+
+    def save(rows: list[dict]) -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps(json_output(rows, names, args.repeat), indent=1))
+
+    rows, left = run_repeats(args, results, previous, save)
     print()
     print_table(rows)
     print_references(rows)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.repeat > 1:
+        print()
+        print(format_repeats(summarize_repeats(names, rows), args.repeat))
+    if left:
+        print(
+            f"\nnot run within --budget-s {args.budget_s:.0f}: {', '.join(left)}; run the same command again (with "
+            "--previous and this --json file where the run directories are gone) to go on"
+        )
+    save(rows)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """GPU kernel time of a torch-profiler trace (profile.tool=torch writes RUN_DIR/profile/*.pt.trace.json.gz), grouped:
-GEMM, attention, FP8 cast/transpose/amax, norm/RoPE/SwiGLU, other; one column per trace, so a step before and after
-a change compare side by side.
+GEMM, attention, FP8 cast/transpose/amax, norm/RoPE/SwiGLU, loss, other; one column per trace, so a step before and
+after a change compare side by side. bench/bench_kernels.py --trace sets each group against its ceiling.
 
     python bench/profile_breakdown.py before=RUN_A/profile/rank0_steps6-6.pt.trace.json.gz \\
         after=RUN_B/profile/rank0_steps6-6.pt.trace.json.gz
@@ -19,13 +19,24 @@ import sys
 
 # First match wins. Attention before GEMM (cuDNN's attention kernels carry sm90_ and xmma in their names); GEMM
 # before the casts (FP8 GEMMs carry e4m3 in theirs); norm, RoPE and SwiGLU before the casts, so a kernel that
-# normalises or activates and writes FP8 in the same pass counts as the fused work it is, not as a cast.
+# normalises or activates and writes FP8 in the same pass counts as the fused work it is, not as a cast. The loss:
+# Transformer Engine's and megatron-core's cross-entropy kernels, and the Triton kernels torch.compile makes of
+# megatron's native fusion (named after their ops: triton_red_fused_copy__exp_sub_sum_unsqueeze_2); in a step only
+# the loss exponentiates or takes logarithms outside attention and SiLU.
 GROUPS: tuple[tuple[str, re.Pattern], ...] = (
     ("attention", re.compile(r"flash|fmha|sdpa|fused_attn|attn|cudnn", re.I)),
     ("GEMM", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|gemv|splitk", re.I)),
     (
         "norm/RoPE/SwiGLU",
         re.compile(r"rmsnorm|layernorm|layer_norm|ln_fwd|ln_bwd|rope|rotary|swiglu|silu|gated|geglu", re.I),
+    ),
+    (
+        "loss",
+        re.compile(
+            r"cross_entropy|crossentropy|xentropy|log_softmax|logsoftmax|logsumexp|nll_loss|online_softmax|"
+            r"triton_\w*?_(exp|log)_",
+            re.I,
+        ),
     ),
     (
         "FP8 cast/transpose/amax",

@@ -91,6 +91,36 @@ def _hbm_bytes_per_s(c: StepTimeConstants, gpu: GpuBandwidth) -> float:
     return gpu.hbm_gb_s * GB * c.memory_efficiency
 
 
+def linear_shapes(model: ModelConfig, tp: int, tokens: float) -> dict[str, tuple[float, float, float]]:
+    """(m, n, k) of each decoder-layer linear layer's forward GEMM on one GPU: tokens x outputs x inputs, the
+    column-parallel layers' outputs (qkv, fc1: gate and up) and the row-parallel layers' inputs (proj, fc2) split over
+    TP. The two backward GEMMs multiply the same three sizes (bench/bench_kernels.py times each)."""
+    h, ffn = model.hidden_size, model.ffn_hidden_size
+    q = model.num_attention_heads * model.kv_channels
+    kv = 2 * model.num_query_groups * model.kv_channels
+    return {
+        "qkv": (tokens, (q + kv) / tp, h),
+        "proj": (tokens, h, q / tp),
+        "fc1": (tokens, 2 * ffn / tp, h),
+        "fc2": (tokens, h, ffn / tp),
+    }
+
+
+def elementwise_bytes(
+    c: StepTimeConstants, model: ModelConfig, tp: int, sequence_parallel: bool, tokens: float
+) -> float:
+    """Bytes the memory-bound kernels of one decoder layer (norms, residuals, RoPE, SwiGLU) move for `tokens`, forward
+    + backward; sequence parallel shards the hidden-size part over TP."""
+    eb = c.elementwise_bytes
+    sp_shard = tp if sequence_parallel or tp == 1 else 1
+    return tokens * (eb.hidden * model.hidden_size / sp_shard + eb.ffn * model.ffn_hidden_size / tp)
+
+
+def loss_bytes(c: StepTimeConstants, tokens: float, padded_vocab: int, tp: int) -> float:
+    """Bytes the fused cross-entropy moves over one GPU's logits, forward + backward."""
+    return tokens * padded_vocab / tp * c.loss_bytes_per_logit
+
+
 @dataclass
 class _Layer:
     compute_s: float  # GEMMs, attention, elementwise (+ recomputation)
@@ -110,22 +140,17 @@ def _decoder_layer(
 ) -> _Layer:
     """One decoder layer, one microbatch, forward + backward, on one GPU."""
     tp, cp, fp8 = plan.tp, plan.cp, bool(plan.fp8)
-    h, ffn = model.hidden_size, model.ffn_hidden_size
+    h = model.hidden_size
     q = model.num_attention_heads * model.kv_channels
     kv = 2 * model.num_query_groups * model.kv_channels
     peak = spec.fp8_peak_flops if fp8 and spec.fp8_peak_flops else spec.bf16_peak_flops  # the plan refuses FP8
-    gemms = [(tokens, (q + kv) / tp, h), (tokens, h, q / tp), (tokens, 2 * ffn / tp, h), (tokens, h, ffn / tp)]
-    gemm_s = sum(_gemm_seconds(c, peak, fp8, *g) for g in gemms)
+    gemm_s = sum(_gemm_seconds(c, peak, fp8, *g) for g in linear_shapes(model, tp, tokens).values())
     # Attention core: the model-FLOPs formula counts 12 x heads-dim x seq per token (fwd + bwd) over the full
     # square; the causal kernel computes half of it. CP splits it into 2 x cp chunks per rank.
     attn_flops = 0.5 * 12 * (q / tp) * plan.seq_length * tokens
     attn_s = attn_flops / (spec.bf16_peak_flops * c.attention_efficiency)
     attn_s *= 1 + c.cp_attention_penalty * math.log2(cp)
-    # Norms, residuals, RoPE, SwiGLU: memory-bound; sequence parallel shards the hidden-size part over TP.
-    eb = c.elementwise_bytes
-    sp_shard = tp if plan.sequence_parallel or tp == 1 else 1
-    elem_bytes = tokens * (eb.hidden * h / sp_shard + eb.ffn * ffn / tp)
-    elem_s = elem_bytes / _hbm_bytes_per_s(c, gpu)
+    elem_s = elementwise_bytes(c, model, tp, plan.sequence_parallel, tokens) / _hbm_bytes_per_s(c, gpu)
     if fp8:
         elem_s *= c.fp8_elementwise_factor
     tp_s = 0.0
@@ -159,7 +184,7 @@ def _output_layer_seconds(
     """Output GEMM (megatron's own linear layer, bf16 even with FP8) and the fused cross-entropy over the logits."""
     vocab, tp = plan.padded_vocab_size, plan.tp
     gemm = _gemm_seconds(c, spec.bf16_peak_flops, False, tokens, vocab / tp, model.hidden_size)
-    loss = tokens * vocab / tp * c.loss_bytes_per_logit / _hbm_bytes_per_s(c, gpu)
+    loss = loss_bytes(c, tokens, vocab, tp) / _hbm_bytes_per_s(c, gpu)
     return gemm + loss
 
 

@@ -103,6 +103,12 @@ KERNELS = {
     "void transformer_engine::fused_rope::fused_rope_forward_kernel<__nv_bfloat16>": "norm/RoPE/SwiGLU",
     "void transformer_engine::cast_gated_kernel<silu, __nv_fp8_e4m3>": "norm/RoPE/SwiGLU",
     "triton_poi_fused_mul_silu_0": "norm/RoPE/SwiGLU",
+    "triton_red_fused_copy__exp_sub_sum_unsqueeze_2": "loss",
+    "void transformer_engine::cross_entropy_kernel": "loss",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>": (
+        "loss"
+    ),
+    "triton_poi_fused_add_1": "other",
     "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": "other",
     "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>": "other",
 }
@@ -167,3 +173,53 @@ def test_a_hung_case_is_killed_with_its_whole_process_group(tmp_path, monkeypatc
         time.sleep(0.1)
     else:
         pytest.fail(f"the case's child process {child} outlived the kill")
+
+
+two_gpu = _load("two_gpu_fp8")
+
+
+@pytest.mark.parametrize(
+    "name,overrides", [*two_gpu.VARIANTS.items(), *two_gpu.PROFILED.items()], ids=lambda x: str(x)[:40]
+)
+def test_every_two_gpu_case_plans_and_fits_two_h100s(name, overrides):
+    assert re.fullmatch(r"[A-Za-z0-9._=+-]+", name)
+    cfg = compose(
+        [
+            f"training={two_gpu.MODEL}",
+            *overrides.split(),
+            "cluster=bcm",
+            "cluster.gpu_type=h100",
+            "cluster.gpus_per_node=2",
+            f"parallelism.num_gpus={two_gpu.GPUS}",
+            f"training.global_batch_size={two_gpu.GBS}",
+            f"training.train_steps={two_gpu.STEPS}",
+            "memory_check=false",
+        ]
+    )
+    plan = build_plan(cfg)
+    assert plan.dp == 2 and plan.layers_per_pipeline_stage == [16]
+    assert plan.est_memory_gib_per_gpu <= gpu_spec("h100").memory_gib
+    if name in two_gpu.PROFILED:
+        assert cfg.profile.start_step <= two_gpu.STEPS - two_gpu.WINDOW  # profiled before the timing window
+
+
+def test_the_two_gpu_variants_compare_with_the_defaults_and_keep_the_callers_arguments():
+    argv = two_gpu.bench_argv("variants", ["--repeat", "5", "--budget-s", "540"])
+    cases = [argv[i + 1] for i, a in enumerate(argv) if a == "--case"]
+    assert cases[0] == "fp8" and len(cases) == 7
+    assert argv[argv.index("--repeat") + 1] == "3" and argv[-4:] == ["--repeat", "5", "--budget-s", "540"]
+    # FP8 param gather is on by the plan on two GPUs: the defaults are its "on" side.
+    plan = build_plan(
+        compose(
+            [
+                "training=llama31/8b",
+                *two_gpu.VARIANTS["fp8"].split(),
+                "cluster=bcm",
+                "cluster.gpu_type=h100",
+                "cluster.gpus_per_node=2",
+                "parallelism.num_gpus=2",
+                "training.global_batch_size=16",
+            ]
+        )
+    )
+    assert plan.fp8_param_gather and plan.cuda_graphs == "none"

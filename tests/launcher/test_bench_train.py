@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 import yaml
@@ -21,6 +22,7 @@ from launcher_helpers import REPO
 def _bench():
     spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "bench_train.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_train"] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -103,3 +105,138 @@ def test_rows_without_a_reference_print_a_dash(tmp_path, capsys):
     bench.print_references([row])
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.split()[-2] == "-" and "vs NVIDIA" not in line
+
+
+def _row(case, tokens, step_time, base=None, mfu=0.5):
+    row = {"case": case, "tokens_per_s_per_gpu": tokens, "step_time_s": step_time, "mfu_bf16": mfu}
+    return {**row, "base_case": base} if base else row
+
+
+def test_repeats_give_medians_spread_and_the_change_against_the_first_case():
+    bench = _bench()
+    rows = [
+        _row("defaults-r1", 100.0, 1.0, "defaults"),
+        _row("variant-r1", 90.0, 1.1, "variant"),
+        _row("defaults-r2", 104.0, 0.96, "defaults"),
+        _row("variant-r2", 99.0, 1.01, "variant"),
+        _row("defaults-r3", 98.0, 1.02, "defaults"),
+        {"case": "variant-r3", "error": "exit 1", "base_case": "variant"},
+    ]
+    defaults, variant = bench.summarize_repeats(["defaults", "variant"], rows)
+    assert (defaults.runs, defaults.failed) == (3, 0)
+    assert defaults.tokens_per_s_per_gpu == 100.0 and defaults.step_time_s == 1.0
+    assert (defaults.tokens_min, defaults.tokens_max) == (98.0, 104.0)
+    assert defaults.spread == pytest.approx(0.06) and defaults.vs_first == 0.0
+    # Two runs: the median is their mean; the failed third is counted, not averaged.
+    assert (variant.runs, variant.failed) == (2, 1)
+    assert variant.tokens_per_s_per_gpu == pytest.approx(94.5)
+    assert variant.step_time_s == pytest.approx(1.055)
+    assert variant.vs_first == pytest.approx(94.5 / 100 - 1)
+    table = bench.format_repeats([defaults, variant], 3)
+    line = next(x for x in table.splitlines() if x.startswith("variant"))
+    assert "2/3" in line and "90-99" in line and line.rstrip().endswith("-5.5%")
+
+
+def test_a_case_without_a_finished_run_has_no_median():
+    bench = _bench()
+    first, second = bench.summarize_repeats(
+        ["a", "b"], [{"case": "a", "error": "exit 1", "base_case": "a"}, _row("b", 50.0, 2.0, "b")]
+    )
+    assert first.tokens_per_s_per_gpu is None and first.spread is None
+    assert second.vs_first is None  # nothing to compare with
+    assert "no run finished" in bench.format_repeats([first, second], 2)
+
+
+def test_repeats_interleave_the_cases_and_go_on_where_an_earlier_invocation_stopped(tmp_path, monkeypatch):
+    bench = _bench()
+    # An earlier invocation finished dflt-r1 (4 steps) and was killed in fp8-r1 after 2 of 4 steps.
+    for name, steps in (("dflt-r1", 4), ("fp8-r1", 2)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        _run_dir(run_dir, ["training=llama31/tiny", "parallelism=tp1"], 0.1)
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()[:steps]
+        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    ran = []
+
+    def fake_run_case(name, overrides, args, results, timeout=None):
+        ran.append((name, overrides))
+        return {"case": name, "tokens_per_s_per_gpu": 10.0, "step_time_s": 1.0, "mfu_bf16": 0.1}
+
+    monkeypatch.setattr(bench, "run_case", fake_run_case)
+    monkeypatch.setattr(bench, "print_table", lambda rows: None)
+    args = type(
+        "A",
+        (),
+        {
+            "repeat": 2,
+            "case": [["dflt", "dtype=bf16"], ["fp8", "dtype=fp8 x=1"]],
+            "steps": 4,
+            "window": 2,
+            "budget_s": None,
+            "timeout_s": None,
+        },
+    )()
+    rows, left = bench.run_repeats(args, tmp_path)
+    assert [r["case"] for r in rows] == ["dflt-r1", "fp8-r1", "dflt-r2", "fp8-r2"]
+    assert [r["base_case"] for r in rows] == ["dflt", "fp8", "dflt", "fp8"]
+    assert ran == [("fp8-r1", ["dtype=fp8", "x=1"]), ("dflt-r2", ["dtype=bf16"]), ("fp8-r2", ["dtype=fp8", "x=1"])]
+    assert rows[0]["step_time_s"] == pytest.approx(0.1) and left == []
+
+
+def test_a_repeat_past_its_budget_names_the_runs_it_left(tmp_path, monkeypatch):
+    bench = _bench()
+    clock = [0.0]  # a clock that only a run moves: each takes 20 s
+
+    def fake_run_case(name, *args, **kwargs):
+        clock[0] += 20
+        return {"case": name, "tokens_per_s_per_gpu": 1.0, "step_time_s": 1.0}
+
+    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(bench, "print_table", lambda rows: None)
+    monkeypatch.setattr(bench, "run_case", fake_run_case)
+    args = type(
+        "A",
+        (),
+        {"repeat": 3, "case": [["a", ""], ["b", ""]], "steps": 4, "window": 2, "budget_s": 45, "timeout_s": None},
+    )()
+    rows, left = bench.run_repeats(args, tmp_path)
+    # At 40 s a third run of 20 s would end past 45 s: it and every later one are left.
+    assert [r["case"] for r in rows] == ["a-r1", "b-r1"]
+    assert left == ["a-r2", "b-r2", "a-r3", "b-r3"]
+
+
+def test_a_single_run_keeps_its_name():
+    bench = _bench()
+    assert bench.run_name("dp2-fp8", 1, 0) == "dp2-fp8"
+    assert bench.run_name("dp2-fp8", 3, 2) == "dp2-fp8-r3"
+
+
+def test_runs_an_earlier_invocation_brought_back_count_as_done(tmp_path, monkeypatch):
+    """A machine given back between invocations keeps no run directories: the rows of its --json file stand in."""
+    bench = _bench()
+    earlier = tmp_path / "earlier.json"
+    runs = [_row("a-r1", 100.0, 1.0, "a"), {"case": "b-r1", "error": "exit 1", "base_case": "b"}]
+    earlier.write_text(json.dumps({"runs": runs, "medians": []}))
+    ran, saved = [], []
+
+    def fake_run_case(name, *args, **kwargs):
+        ran.append(name)
+        return _row(name, 90.0, 1.1)
+
+    monkeypatch.setattr(bench, "run_case", fake_run_case)
+    monkeypatch.setattr(bench, "print_table", lambda rows: None)
+    args = type(
+        "A",
+        (),
+        {"repeat": 2, "case": [["a", ""], ["b", ""]], "steps": 4, "window": 2, "budget_s": None, "timeout_s": None},
+    )()
+    previous = bench.read_previous([str(earlier)])
+    rows, left = bench.run_repeats(args, tmp_path / "results", previous, lambda rows: saved.append(len(rows)))
+    assert ran == ["b-r1", "a-r2", "b-r2"]  # the failed run is run again
+    assert rows[0]["tokens_per_s_per_gpu"] == 100.0 and saved == [1, 2, 3, 4]
+    out = bench.json_output(rows, ["a", "b"], 2)
+    assert [m["case"] for m in out["medians"]] == ["a", "b"] and out["medians"][0]["tokens_per_s_per_gpu"] == 95.0
+    assert bench.json_output(rows, ["a", "b"], 1) == rows
+    earlier.write_text("[1, 2")
+    with pytest.raises(SystemExit, match="not a bench_train.py --json file"):
+        bench.read_previous([str(earlier)])

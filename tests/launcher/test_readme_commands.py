@@ -44,8 +44,12 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"cd ", "changes into a workspace of a Base Command cluster"),
     (r"(tensorboard|vllm|lm_eval) ", "a server or an evaluation reading what training wrote (a GPU)"),
     (
-        r"python bench/bench_(train|lora|sft)\.py|bash bench/gpu_",
+        r"python bench/(bench_train|bench_lora|bench_sft|two_gpu_fp8)\.py|bash bench/gpu_",
         "trains on GPUs (tests/launcher/test_bench_*.py cover the rest)",
+    ),
+    (
+        r"python bench/bench_kernels\.py",
+        "times kernels on a GPU or joins the trace of a run that trained (tests/launcher/test_bench_kernels.py)",
     ),
     (r"python -m recipes\.hf\.exporter", "reads a trained checkpoint (tests/recipes/test_hf_cpu.py exports one)"),
     (r"python -m launcher\.report ", "reads run directories that training wrote (results/...)"),

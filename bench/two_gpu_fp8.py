@@ -1,0 +1,68 @@
+"""The two-GPU FP8 measurements of the 8B shape with 16 layers (seq 8192, DP2, GBS 16, MBS 1, mock data), each a
+bench/bench_train.py run:
+
+    python bench/two_gpu_fp8.py variants --results OUTDIR/variants --json OUTDIR/variants.json
+    python bench/two_gpu_fp8.py profiled --results OUTDIR/profiled --json OUTDIR/profiled.json
+
+`variants`: the FP8 defaults beside each variant they rest on (FP8 param gather off, FP8 attention on, CUDA graphs
+per layer and full iteration, the op fuser on, the tensorwise recipe), every case --repeat times interleaved (3 by
+default) with a table of medians against the defaults. On two GPUs the plan turns FP8 param gather on, so the
+defaults are its "on" side, as they are graphs off, the delayed recipe and the op fuser off. `profiled`: one bf16
+and one FP8 run with the torch profiler on step 4, before the timing window, for bench/bench_kernels.py --trace
+(RUN/profile/rank0_steps4-4.pt.trace.json.gz). Arguments after the subcommand go to bench_train.py (--budget-s,
+--timeout-s, --previous, --repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+import sys
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_train  # noqa: E402
+
+MODEL, GPUS, GBS, STEPS, WINDOW = "llama31/8b", 2, 16, 8, 3
+PROXY = "training.model.num_layers=16 parallelism=tp1"
+FP8 = f"{PROXY} dtype=fp8"
+# The first case is what the others are compared with.
+VARIANTS: dict[str, str] = {
+    "fp8": FP8,
+    "fp8-param-gather-off": f"{FP8} dtype.fp8_param_gather=false",
+    "fp8-attention": f"{FP8} dtype.fp8_dot_product_attention=true",
+    "fp8-graphs-per-layer": f"{FP8} training.cuda_graphs=per_layer",
+    "fp8-graphs-full": f"{FP8} training.cuda_graphs=full_iteration",
+    "fp8-op-fuser": f"{FP8} dtype.te_op_fuser=true",
+    "fp8-tensorwise": f"{FP8} dtype.fp8_recipe=tensorwise",
+}
+# Step 4 profiled: after warm-up, before the window (steps 6-8), so the profiler's overhead stays out of it.
+PROFILE = "profile.enabled=true profile.tool=torch profile.start_step=4 profile.end_step=5"
+PROFILED: dict[str, str] = {
+    "bf16-profiled": f"{PROXY} dtype=bf16 {PROFILE}",
+    "fp8-profiled": f"{FP8} {PROFILE}",
+}
+REPEAT = {"variants": 3, "profiled": 1}
+
+
+def bench_argv(which: str, rest: list[str]) -> list[str]:
+    """bench_train.py's arguments: the shape, the cases, the default repeat (a --repeat in `rest` wins)."""
+    cases = VARIANTS if which == "variants" else PROFILED
+    argv = ["--model", MODEL, "--gpus", str(GPUS), "--gbs", str(GBS), "--steps", str(STEPS), "--window", str(WINDOW)]
+    argv += ["--repeat", str(REPEAT[which])]
+    for name, overrides in cases.items():
+        argv += ["--case", name, overrides]
+    return argv + rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=["variants", "profiled"])
+    args, rest = parser.parse_known_args(argv)
+    bench_train.main(bench_argv(args.which, rest))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,10 +7,10 @@ bench/bench_train.py run:
 `variants`: the FP8 defaults beside each variant they rest on (FP8 param gather on, FP8 attention on, CUDA graphs
 per layer and full iteration, the op fuser on, the tensorwise recipe), every case --repeat times interleaved (3 by
 default) with a table of medians against the defaults. At DP2 the plan leaves FP8 param gather off (bf16 weights
-fit), so the defaults are its "off" side, as they are graphs off, the delayed recipe and the op fuser off. `profiled`: one bf16
-and one FP8 run with the torch profiler on step 4, before the timing window, for bench/bench_kernels.py --trace
-(RUN/profile/rank0_steps4-4.pt.trace.json.gz). Arguments after the subcommand go to bench_train.py (--budget-s,
---timeout-s, --previous, --repeat).
+fit), so the defaults are its "off" side, as they are graphs off, the delayed recipe and the op fuser off.
+`profiled`: one bf16 and one FP8 run with the torch profiler on step 4, before the timing window, for
+bench/bench_kernels.py --trace (RUN/profile/rank0_steps4-4.pt.trace.json.gz). Arguments after the subcommand go to
+bench_train.py (--budget-s, --timeout-s, --previous, --repeat).
 """
 
 from __future__ import annotations

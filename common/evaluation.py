@@ -3,10 +3,13 @@ the MLPerf log use it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from typing import Any, Optional
 
 from common.config import TrainingConfig
+from common.files import atomic_write
 
 
 def eval_samples(train: TrainingConfig, global_batch_size: int) -> int:
@@ -24,7 +27,7 @@ def eval_microbatches(samples: int, micro_batch_size: int, dp_size: int, per_cal
 # --------------------------------------------------------------------------- the evaluation stage's files
 # Under the run directory (or, for evaluation.model alone, the evaluation's own run directory):
 RESULTS_DIR = "evaluation"
-# One JSON object a line: {"task", "metric", "value", "stderr", "model", "step"}; the report prints them.
+# One EvalRow a line, as a JSON object; the report prints them.
 TASK_ROWS = "tasks.jsonl"  # lm-eval's tasks (and the held-out perplexity task)
 BLEND_ROWS = "blends.jsonl"  # the in-framework loss of evaluation.blends
 # lm-eval's own results JSON, as it wrote it.
@@ -45,14 +48,39 @@ def offline_env(data_dir: str) -> dict[str, str]:
     }
 
 
-def read_rows(run_dir: str) -> list[dict]:
+@dataclasses.dataclass(frozen=True)
+class EvalRow:
+    """One result of the evaluation stage: a task's metric (lm-eval's, or `blend:<name>`'s loss), its standard
+    error where lm-eval gives one, the model evaluated (a directory, or a checkpoint with its step), and for a
+    blend's loss what it read and how long it took."""
+
+    task: str
+    metric: str
+    value: float
+    stderr: Optional[float] = None
+    model: str = ""
+    step: Optional[int] = None
+    tokens: Optional[int] = None
+    seconds: Optional[float] = None
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> "EvalRow":
+        """A row as written; keys it does not know (from another version) are left out."""
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls) if f.name in row})
+
+
+def write_rows(path: str, rows: list[EvalRow]) -> None:
+    atomic_write(path, "".join(json.dumps(dataclasses.asdict(row)) + "\n" for row in rows))
+
+
+def read_rows(run_dir: str) -> list[EvalRow]:
     """The evaluation rows of a run directory: its tasks' then its blends' (none when it was not evaluated)."""
-    rows: list[dict] = []
+    rows: list[EvalRow] = []
     for name in (TASK_ROWS, BLEND_ROWS):
         path = os.path.join(run_dir, RESULTS_DIR, name)
         if os.path.isfile(path):
             with open(path) as f:
-                rows += [json.loads(line) for line in f if line.strip()]
+                rows += [EvalRow.from_json(json.loads(line)) for line in f if line.strip()]
     return rows
 
 

@@ -5,20 +5,18 @@ line per task and metric, one column per run."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from common.evaluation import read_rows
+from common.evaluation import EvalRow, read_rows
 
 
-def rows_of(path: Path) -> list[dict[str, Any]]:
+def rows_of(path: Path) -> list[EvalRow]:
     return read_rows(str(path)) if path.is_dir() else []
 
 
-def _value(row: dict[str, Any] | None) -> str:
+def _value(row: EvalRow | None) -> str:
     if row is None:
         return "-"
-    stderr = row.get("stderr")
-    return f"{row['value']:.4f}" + (f" ± {stderr:.4f}" if isinstance(stderr, (int, float)) else "")
+    return f"{row.value:.4f}" + (f" ± {row.stderr:.4f}" if isinstance(row.stderr, (int, float)) else "")
 
 
 def _table(header: list[str], lines: list[list[str]]) -> str:
@@ -28,12 +26,9 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def format_rows(path: Path, rows: list[dict[str, Any]]) -> str:
+def format_rows(path: Path, rows: list[EvalRow]) -> str:
     """One run's evaluation: task, metric, value ± stderr (and the checkpoint step of a blend's loss)."""
-    lines = [
-        [row["task"], row["metric"], _value(row), str(row["step"]) if row.get("step") is not None else ""]
-        for row in rows
-    ]
+    lines = [[row.task, row.metric, _value(row), str(row.step) if row.step is not None else ""] for row in rows]
     return f"evaluation of {path.name}\n" + _table(["task", "metric", "value", "step"], lines)
 
 
@@ -43,7 +38,7 @@ def labels(paths: list[Path]) -> list[str]:
     return [str(p) if names.count(p.name) > 1 else p.name for p in paths]
 
 
-def format_compare(paths: list[Path], runs: list[list[dict[str, Any]]]) -> str:
+def format_compare(paths: list[Path], runs: list[list[EvalRow]]) -> str:
     """Runs' rows side by side: one line per (task, metric) any of them has, in the order first met; '-' where a
     run lacks it."""
     keys: list[tuple[str, str]] = []
@@ -51,7 +46,7 @@ def format_compare(paths: list[Path], runs: list[list[dict[str, Any]]]) -> str:
     for rows in runs:
         table = {}
         for row in rows:
-            key = (row["task"], row["metric"])
+            key = (row.task, row.metric)
             table[key] = row
             if key not in keys:
                 keys.append(key)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from common import lm_eval_index
 from common.config import Config
-from common.evaluation import HARNESS_RESULTS, HELDOUT_TASK, RESULTS_DIR, TASK_ROWS, offline_env
+from common.evaluation import HARNESS_RESULTS, HELDOUT_TASK, RESULTS_DIR, TASK_ROWS, EvalRow, offline_env, write_rows
 from common.files import atomic_write
 from recipes.evaluation.tasks import write_heldout_task
 
@@ -38,9 +38,8 @@ def task_list(cfg: Config, out_dir: str) -> tuple[list[str], list[str]]:
     return tasks, include
 
 
-def summary_rows(results: dict[str, Any], model: str) -> list[dict[str, Any]]:
-    """One row per task and metric of lm-eval's results: task, metric, value, stderr (None where lm-eval gives
-    none)."""
+def summary_rows(results: dict[str, Any], model: str) -> list[EvalRow]:
+    """One row per task and metric of lm-eval's results (stderr None where lm-eval gives none)."""
     rows = []
     for task, metrics in sorted(results.get("results", {}).items()):
         for key, value in metrics.items():
@@ -50,13 +49,13 @@ def summary_rows(results: dict[str, Any], model: str) -> list[dict[str, Any]]:
             stderr = metrics.get(f"{metric}_stderr,{filtered}")
             stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
             rows.append(
-                {
-                    "task": task,
-                    "metric": metric if filtered == "none" else f"{metric} ({filtered})",
-                    "value": float(value),
-                    "stderr": stderr,
-                    "model": model,
-                }
+                EvalRow(
+                    task=task,
+                    metric=metric if filtered == "none" else f"{metric} ({filtered})",
+                    value=float(value),
+                    stderr=stderr,
+                    model=model,
+                )
             )
     return rows
 
@@ -102,8 +101,8 @@ def run_harness(cfg: Config, run_dir: str, device: str | None = None, say: Calla
     atomic_write(os.path.join(out_dir, HARNESS_RESULTS), json.dumps(results, indent=2, default=str) + "\n")
     rows = summary_rows(results, model)
     path = os.path.join(out_dir, TASK_ROWS)
-    atomic_write(path, "".join(json.dumps(row) + "\n" for row in rows))
+    write_rows(path, rows)
     for row in rows:
-        stderr = f" ± {row['stderr']:.4f}" if row["stderr"] is not None else ""
-        say(f"  {row['task']:<20} {row['metric']:<24} {row['value']:.4f}{stderr}")
+        stderr = f" ± {row.stderr:.4f}" if row.stderr is not None else ""
+        say(f"  {row.task:<20} {row.metric:<24} {row.value:.4f}{stderr}")
     return path

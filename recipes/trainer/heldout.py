@@ -8,7 +8,6 @@ validation does. No export: a 405B run reports held-out loss. The last rank writ
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 
@@ -17,8 +16,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from common.checkpoints import latest_checkpoint
 from common.config import Config
-from common.evaluation import BLEND_ROWS, RESULTS_DIR, eval_microbatches, eval_samples
-from common.files import atomic_write
+from common.evaluation import BLEND_ROWS, RESULTS_DIR, EvalRow, eval_microbatches, eval_samples, write_rows
 from common.plan import Plan
 from common.run import load_run_or_exit
 from recipes.runtime.distributed import unwrap
@@ -104,21 +102,20 @@ def run_loss(run_dir: str) -> int:
                 tokens = samples * plan.seq_length
                 say(f"{blend.name}: loss {loss:.4f} over {samples} sequences ({tokens} tokens, {seconds:.1f} s)")
                 rows.append(
-                    {
-                        "task": f"blend:{blend.name}",
-                        "metric": "loss",
-                        "value": loss,
-                        "stderr": None,
-                        "model": path,
-                        "step": step,
-                        "tokens": tokens,
-                        "seconds": round(seconds, 3),
-                    }
+                    EvalRow(
+                        task=f"blend:{blend.name}",
+                        metric="loss",
+                        value=loss,
+                        model=path,
+                        step=step,
+                        tokens=tokens,
+                        seconds=round(seconds, 3),
+                    )
                 )
         if is_last:
             out = os.path.join(run_dir, RESULTS_DIR)
             os.makedirs(out, exist_ok=True)
-            atomic_write(os.path.join(out, BLEND_ROWS), "".join(json.dumps(row) + "\n" for row in rows))
+            write_rows(os.path.join(out, BLEND_ROWS), rows)
     finally:
         distributed.shutdown()
     return 0

@@ -3,6 +3,7 @@ the rendered jobs (tests/golden/, machine paths replaced by placeholders; UPDATE
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -68,3 +69,14 @@ def rendered(cfg, local_gpus=None) -> dict[str, str]:
     return {
         job.script: prepared.platform.render_script(job, prepared.cfg, prepared.run_dir) for job in prepared.stages.jobs
     }
+
+
+def bench_script(name: str):
+    """bench/<name>.py as a module (bench/ is scripts, not a package). Registered in sys.modules before it runs:
+    its dataclasses look their module up there."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -5,11 +5,9 @@ hung case killed with its whole process group."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import re
-import sys
 import textwrap
 import time
 
@@ -19,20 +17,12 @@ from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 from launcher.plan.hardware import gpu_spec
 
-from launcher_helpers import REPO
+from launcher_helpers import bench_script
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-measurements = _load("gpu_measurements")
-breakdown = _load("profile_breakdown")
-bench_train = _load("bench_train")
+measurements = bench_script("gpu_measurements")
+breakdown = bench_script("profile_breakdown")
+bench_train = bench_script("bench_train")
 
 
 @pytest.mark.parametrize("case", measurements.CASES, ids=lambda c: c.name)
@@ -175,7 +165,7 @@ def test_a_hung_case_is_killed_with_its_whole_process_group(tmp_path, monkeypatc
         pytest.fail(f"the case's child process {child} outlived the kill")
 
 
-two_gpu = _load("two_gpu_fp8")
+two_gpu = bench_script("two_gpu_fp8")
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,19 +20,11 @@ from launcher.plan.formulas import model_flops_per_sample, padded_vocab_size
 from launcher.plan.hardware import gpu_spec
 from launcher.cli import prepare
 
-from launcher_helpers import REPO
+from launcher_helpers import REPO, bench_script
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-kernels = _load("bench_kernels")
-breakdown = _load("profile_breakdown")
+kernels = bench_script("bench_kernels")
+breakdown = bench_script("profile_breakdown")
 MODEL_8B = training_model("llama31_8b")
 
 

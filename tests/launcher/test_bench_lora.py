@@ -3,7 +3,6 @@ and the time-to-train arithmetic against the same numbers worked out by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shlex
@@ -12,14 +11,7 @@ import sys
 
 import pytest
 
-from launcher_helpers import REPO
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_lora", REPO / "bench" / "bench_lora.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from launcher_helpers import REPO, bench_script
 
 
 def test_every_main_py_command_of_the_bench_is_a_valid_dry_run(tmp_path):
@@ -46,7 +38,7 @@ def test_every_main_py_command_of_the_bench_is_a_valid_dry_run(tmp_path):
 
 
 def test_the_rcp_samples_to_target_drop_the_fastest_and_the_slowest():
-    bench = _bench()
+    bench = bench_script("bench_lora")
     # rcps_llama2_70b_lora.json, llama2_70b_lora_ref_8, written out: 20 runs.
     runs = [3072, 2688, 3456, 3072, 3072, 3072, 3456, 3456, 3072, 2688,
             3456, 3072, 3072, 3072, 3840, 3456, 2688, 3072, 3456, 3456]  # fmt: skip
@@ -56,7 +48,7 @@ def test_the_rcp_samples_to_target_drop_the_fastest_and_the_slowest():
 
 
 def test_time_to_train_arithmetic():
-    bench = _bench()
+    bench = bench_script("bench_lora")
     # 1,000 tokens/s/GPU x 8 GPUs = 8,000 tokens/s; 3,072 samples x 8,192 tokens / 8,000 = 3,145.728 s of training.
     # The target is seen at evaluation 3,072 / 384 = 8; floor(0.125 x 8 + 2) = 3 are skipped: 5 evaluations of
     # 173 x 8,192 tokens at half a training token's cost: 5 x 173 x 8,192 x 0.5 / 8,000 = 442.88 s.
@@ -75,7 +67,7 @@ def test_time_to_train_arithmetic():
 
 
 def test_the_table_and_the_mfu_definition(capsys):
-    bench = _bench()
+    bench = bench_script("bench_lora")
     r = bench.row("x", "stack", "bf16", 2, 4.0, 1e15)
     assert r["tokens_per_s_per_gpu"] == pytest.approx(8 * 8192 / 4.0 / 2)
     assert r["mfu_bf16_peak"] == pytest.approx(1e15 * 8 / 4.0 / 2 / 989e12)
@@ -85,7 +77,7 @@ def test_the_table_and_the_mfu_definition(capsys):
 
 
 def test_parts_run_apart_merge_into_one_table(tmp_path, capsys, monkeypatch):
-    bench = _bench()
+    bench = bench_script("bench_lora")
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps([bench.row("hf-bf16", "HF", "bf16", 1, 8.0, 1e15)]))
     monkeypatch.setattr(bench, "run_ours", lambda name, *a: bench.row(name, "ours", "bf16", 2, 2.0, 1e15))

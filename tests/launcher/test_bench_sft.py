@@ -3,25 +3,17 @@ writes them), every run it makes passing the plan (--dry-run), and a row's rates
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import numpy as np
 
-from launcher_helpers import REPO
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_sft", REPO / "bench" / "bench_sft.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from launcher_helpers import REPO, bench_script
 
 
 def test_samples_follow_the_stated_distribution(tmp_path):
-    bench = _bench()
+    bench = bench_script("bench_sft")
     from recipes.trainer.sft import SftSamples
 
     lengths, prompts = bench.sample_lengths(3000, 128, 4096, seed=0)
@@ -47,7 +39,7 @@ def test_every_run_passes_the_plan_and_a_row_reads_its_run(tmp_path):
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "planned 4 runs" in out.stdout
-    bench = _bench()
+    bench = bench_script("bench_sft")
     run = tmp_path / "tiny_packed"
     prefix = str(tmp_path / "tiny_sft_document")
     counts, tokens = bench.step_samples(prefix, 2048, 8, 20, packing=True)

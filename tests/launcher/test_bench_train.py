@@ -3,9 +3,7 @@ the model and dtype (conf/perf/nvidia_h100.yaml), also for layer-count proxies."
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 import yaml
@@ -16,15 +14,7 @@ from launcher.plan.build import build_plan
 from launcher.plan.formulas import model_flops_per_sample
 from launcher.plan.hardware import gpu_spec
 
-from launcher_helpers import REPO
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "bench_train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_train"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from launcher_helpers import bench_script
 
 
 def _run_dir(tmp_path, overrides, step_time):
@@ -62,7 +52,7 @@ def test_an_fp8_row_shows_both_peaks_and_its_ratio_to_nvidia(tmp_path):
         ],
         4.4,
     )
-    row = _bench().table_row("dp4-fp8", tmp_path, window=2)
+    row = bench_script("bench_train").table_row("dp4-fp8", tmp_path, window=2)
     h200 = gpu_spec("h200")
     mfu = 32 * plan.model_flops_per_sample / 4.4 / 4 / h200.bf16_peak_flops
     assert row["mfu_bf16"] == pytest.approx(mfu)
@@ -89,7 +79,7 @@ def test_a_layer_proxy_compares_with_the_full_models_row(tmp_path):
         ],
         12.0,
     )
-    row = _bench().table_row("405b-proxy", tmp_path, window=2)
+    row = bench_script("bench_train").table_row("405b-proxy", tmp_path, window=2)
     full = nvidia_reference("llama31_405b", "bf16").mfu(training_model("llama31_405b"))
     assert row["vs_nvidia"] == pytest.approx(row["mfu_bf16"] / full)
     # The proxy's own FLOPs (4 layers) give its MFU; the reference's are the 126-layer model's.
@@ -98,7 +88,7 @@ def test_a_layer_proxy_compares_with_the_full_models_row(tmp_path):
 
 def test_rows_without_a_reference_print_a_dash(tmp_path, capsys):
     _run_dir(tmp_path, ["training=llama31/tiny", "parallelism=tp1"], 0.1)
-    bench = _bench()
+    bench = bench_script("bench_train")
     row = bench.table_row("tiny", tmp_path, window=2)
     assert row["vs_nvidia"] is None and row["nvidia"] is None
     bench.print_table([row])
@@ -113,7 +103,7 @@ def _row(case, tokens, step_time, base=None, mfu=0.5):
 
 
 def test_repeats_give_medians_spread_and_the_change_against_the_first_case():
-    bench = _bench()
+    bench = bench_script("bench_train")
     rows = [
         _row("defaults-r1", 100.0, 1.0, "defaults"),
         _row("variant-r1", 90.0, 1.1, "variant"),
@@ -138,7 +128,7 @@ def test_repeats_give_medians_spread_and_the_change_against_the_first_case():
 
 
 def test_a_case_without_a_finished_run_has_no_median():
-    bench = _bench()
+    bench = bench_script("bench_train")
     first, second = bench.summarize_repeats(
         ["a", "b"], [{"case": "a", "error": "exit 1", "base_case": "a"}, _row("b", 50.0, 2.0, "b")]
     )
@@ -148,7 +138,7 @@ def test_a_case_without_a_finished_run_has_no_median():
 
 
 def test_repeats_interleave_the_cases_and_go_on_where_an_earlier_invocation_stopped(tmp_path, monkeypatch):
-    bench = _bench()
+    bench = bench_script("bench_train")
     # An earlier invocation finished dflt-r1 (4 steps) and was killed in fp8-r1 after 2 of 4 steps.
     for name, steps in (("dflt-r1", 4), ("fp8-r1", 2)):
         run_dir = tmp_path / name
@@ -184,7 +174,7 @@ def test_repeats_interleave_the_cases_and_go_on_where_an_earlier_invocation_stop
 
 
 def test_a_repeat_past_its_budget_names_the_runs_it_left(tmp_path, monkeypatch):
-    bench = _bench()
+    bench = bench_script("bench_train")
     clock = [0.0]  # a clock that only a run moves: each takes 20 s
 
     def fake_run_case(name, *args, **kwargs):
@@ -206,14 +196,14 @@ def test_a_repeat_past_its_budget_names_the_runs_it_left(tmp_path, monkeypatch):
 
 
 def test_a_single_run_keeps_its_name():
-    bench = _bench()
+    bench = bench_script("bench_train")
     assert bench.run_name("dp2-fp8", 1, 0) == "dp2-fp8"
     assert bench.run_name("dp2-fp8", 3, 2) == "dp2-fp8-r3"
 
 
 def test_runs_an_earlier_invocation_brought_back_count_as_done(tmp_path, monkeypatch):
     """A machine given back between invocations keeps no run directories: the rows of its --json file stand in."""
-    bench = _bench()
+    bench = bench_script("bench_train")
     earlier = tmp_path / "earlier.json"
     runs = [_row("a-r1", 100.0, 1.0, "a"), {"case": "b-r1", "error": "exit 1", "base_case": "b"}]
     earlier.write_text(json.dumps({"runs": runs, "medians": []}))

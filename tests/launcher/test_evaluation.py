@@ -320,7 +320,7 @@ def test_lm_eval_results_become_one_row_per_task_and_metric():
             "lambada_openai": {"acc,none": 0.4, "acc_stderr,none": 0.007, "perplexity,none": 20.1},
         }
     }
-    assert [(r["task"], r["metric"], r["value"], r["stderr"]) for r in summary_rows(results, "hf")] == [
+    assert [(r.task, r.metric, r.value, r.stderr) for r in summary_rows(results, "hf")] == [
         ("boolq", "acc", 0.62, 0.0085),
         ("heldout", "word_perplexity", 31.5, None),
         ("heldout", "bits_per_byte", 1.2, None),

@@ -13,7 +13,7 @@ import pytest
 from launcher.plan.hardware import gpu_spec
 from launcher.report import throughput
 
-from launcher_helpers import REPO
+from launcher_helpers import REPO, bench_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -237,14 +237,10 @@ def test_a_run_without_timings_is_a_clear_error(tmp_path):
 
 
 def test_benchmark_row_averages_the_last_steps_against_the_bf16_peak(tmp_path):
-    import importlib.util
-
     from launcher.config.compose import compose
     from launcher.plan.build import build_plan
 
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "bench" / "bench_train.py")
-    bench_train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_train)
+    bench_train = bench_script("bench_train")
     plan = build_plan(compose(["training=llama31/8b", "cluster=bcm", "dtype=fp8"])).to_json_dict()
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     step_times = [30.0, 14.0, 12.0, 13.0]

@@ -19,7 +19,7 @@ from launcher.autoconf import perfdata, stepfit, steptime
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
 
-from launcher_helpers import REPO
+from launcher_helpers import REPO, bench_script
 
 CHECKS = steptime.check_rows()
 CONSTANTS = steptime.default_constants()
@@ -221,18 +221,8 @@ def test_a_row_given_as_a_step_time_is_that_many_tokens_per_second():
     assert check.measured == pytest.approx(8 * 8192 / 2.0) and check.measured_step_s == pytest.approx(2.0)
 
 
-def _autoconf_cases():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("autoconf_cases", REPO / "bench" / "autoconf_cases.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["autoconf_cases"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_pending_cases_are_the_ones_bench_autoconf_cases_measures():
-    cases = _autoconf_cases()
+    cases = bench_script("autoconf_cases")
     scripted = [(c.name, c.split, c.overrides) for c in cases.cases()]
     assert [(r["name"], r["split"], r["overrides"]) for r in perfdata.pending_rows()] == scripted
     # 8B and 70B proxies x bf16 / fp8 x MBS 1 / 2 x three recomputations, and the 405B one only where it fits.
@@ -248,7 +238,7 @@ def test_the_pending_cases_are_the_ones_bench_autoconf_cases_measures():
 
 
 def test_a_row_the_script_prints_is_one_measured_yaml_takes():
-    cases = _autoconf_cases()
+    cases = bench_script("autoconf_cases")
     case = cases.cases()[0]
     result = {"tokens_per_s_per_gpu": 20000.4, "step_time_s": 3.2768, "peak_memory_gib": 90.04}
     row = cases.measured_row(case, result)

@@ -163,7 +163,7 @@ def test_heldout_perplexity_through_lm_eval_equals_a_plain_transformers_loop(exp
         ]
     )
     run_harness(cfg, str(exported["run_dir"]), device="cpu", say=lambda line: None)
-    rows = {(r["task"], r["metric"]): r["value"] for r in read_rows(str(exported["run_dir"]))}
+    rows = {(r.task, r.metric): r.value for r in read_rows(str(exported["run_dir"]))}
     assert (exported["run_dir"] / RESULTS_DIR / TASK_ROWS).is_file()
     assert set(rows) == {(HELDOUT_TASK, m) for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")}
     ours = rows[(HELDOUT_TASK, "word_perplexity")]

@@ -138,8 +138,26 @@ def _case(model: str, layers: int, dtype: str, mbs: int, recompute: str) -> Case
     return Case(f"{model}-{dtype}-mbs{mbs}-{recompute}", name, model, overrides, split)
 
 
+def _pipeline_settings(model: str) -> list[str]:
+    """What parallelism=auto adds to a pipeline of the model's hidden size (parallelism.auto.tuned: 70B's 8192 defers
+    the embedding's weight-gradient GEMMs), so a PP case runs as the search's candidate of its layout would."""
+    from launcher.config.compose import compose
+
+    cfg = compose([f"training=llama31/{model}", "parallelism=auto"])
+    auto, hidden = cfg.parallelism.auto, cfg.training.model.hidden_size
+    tuned = next((t for t in auto.tuned if t.hidden_size == hidden), None) if auto else None
+    if tuned is None:
+        return []
+    return [
+        "parallelism.defer_embedding_wgrad_compute=true",
+        f"parallelism.wgrad_deferral_limit={tuned.wgrad_deferral_limit}",
+    ]
+
+
 def _two_gpu_case(model: str, layers: int, dtype: str, layout: str) -> Case:
     overrides = [f"training=llama31/{model}", f"training.model.num_layers={layers}", *TWO_GPU_LAYOUTS[layout]]
+    if layout.startswith("pp"):
+        overrides += _pipeline_settings(model)
     overrides.append(f"dtype={dtype}")
     name = f"{model} {layers}-layer {dtype} {TWO_GPU_LABELS.get(layout, layout.replace('-', ' '))} (2 GPUs)"
     held_out = layout in TWO_GPU_HELD_OUT or f"{dtype}-{layout}" in TWO_GPU_HELD_OUT

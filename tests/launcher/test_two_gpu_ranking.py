@@ -69,8 +69,8 @@ def test_the_held_out_cases_are_the_documented_ones():
 
 
 def test_each_case_is_the_layout_parallelism_auto_keeps_and_plans_alike():
-    """The case's plan is the search candidate's of the same layout on 2 H100 (TP2 without overlap differs in that
-    key only): the ranking table ranks what parallelism=auto would run."""
+    """The case's plan and settings are the search candidate's of the same layout on 2 H100 (TP2 without overlap
+    differs in that key only): the ranking table ranks what parallelism=auto would run."""
     by_proxy = defaultdict(list)
     for case, check in zip(TWO, _checks(TWO)):
         by_proxy[tuple(o for o in case.overrides if o.startswith(("training", "dtype")))].append((case, check))
@@ -82,7 +82,13 @@ def test_each_case_is_the_layout_parallelism_auto_keeps_and_plans_alike():
             assert layout in found, f"{case.key}: {layout} is not among the search's layouts"
             ours, theirs = check.plan.to_json_dict(), found[layout].plan.to_json_dict()
             differ = {k for k in ours if k not in ("command", "env") and ours[k] != theirs[k]}
-            assert differ == ({"tp_comm_overlap"} if case.key.endswith("-tp2") else set()), case.key
+            expected = {"tp_comm_overlap"} if case.key.endswith("-tp2") else set()
+            assert differ == expected, case.key
+            # The run's settings too, beyond what the plan records (70B's pipelines defer the embedding's wgrad).
+            ours, theirs = dataclasses.asdict(check.cfg.parallelism), dataclasses.asdict(found[layout].cfg.parallelism)
+            differ = {k for k in ours if k not in ("name", "auto") and ours[k] != theirs[k]}
+            assert differ == expected, case.key
+            assert check.cfg.training == found[layout].cfg.training, case.key
 
 
 def test_a_shard_of_the_two_gpu_cases_fits_a_nine_minute_command():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import sys
 from collections import defaultdict
 
@@ -100,6 +101,26 @@ def test_a_shard_of_the_two_gpu_cases_fits_a_nine_minute_command():
     assert 420 - min(c.estimate_s for c in TWO) + 150 <= 540
     with pytest.raises(SystemExit, match="--shard 5/4: give I/N"):
         cases.pick(TWO, "default", "5/4")
+
+
+def test_cases_an_earlier_command_measured_are_not_run_again(tmp_path, monkeypatch, capsys):
+    shard = cases.pick(TWO, "default", "2/4")
+    earlier = [{**cases.pending_entry(c), "gpu": "h200", "step_time_s": 1.5} for c in shard]
+    previous = tmp_path / "before" / "measured_rows.json"
+    previous.parent.mkdir()
+    previous.write_text(json.dumps(earlier))
+    ran = []
+    monkeypatch.setitem(sys.modules, "bench_train", type(sys)("bench_train"))
+    sys.modules["bench_train"].run_case = lambda name, *args, **kwargs: ran.append(name) or {"error": "no GPU"}
+    out = tmp_path / "after"
+    argv = ["--gpus", "2", "--shard", "2/4", "--out", str(out), "--previous", str(previous)]
+    assert cases.main(argv) == 0 and ran == []
+    assert yaml.safe_load((out / "measured_rows.yaml").read_text()) == earlier
+    assert json.loads((out / "measured_rows.json").read_text()) == earlier
+    # One row missing: only its case runs.
+    previous.write_text(json.dumps(earlier[1:]))
+    assert cases.main(argv) == 1 and ran == [shard[0].key]
+    assert "# failed: " + shard[0].key in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- the ranking table

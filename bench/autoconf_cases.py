@@ -1,19 +1,44 @@
-"""The auto-configurator's single-GPU cases: the 8B shape with 16 layers and the 70B shape with 2 (plus the 405B shape
-with 1 layer where the plan's memory estimate fits one GPU) x bf16 / fp8 x MBS 1 / 2 x recompute none / selective /
-full, on one GPU with mock data, seq 8192, GBS 8, the defaults of conf/. Each case is a bench/bench_train.py run;
-the script prints the measured rows in the form conf/perf/measured.yaml takes (its `pending` list names the same
-cases: paste each printed row over the pending entry of the same name, in `rows`, and
+"""The auto-configurator's measured cases, each a bench/bench_train.py run on mock data, seq 8192, GBS 8, the defaults
+of conf/. The script prints the measured rows in the form conf/perf/measured.yaml takes (its `pending` list names the
+same cases: paste each printed row over the pending entry of the same name, in `rows`, and
 `python -m launcher.autoconf.steptime` then shows the model against it).
+
+One GPU (`--gpus 1`, the default): the 8B shape with 16 layers and the 70B shape with 2 (plus the 405B shape with 1
+layer where the plan's memory estimate fits one GPU) x bf16 / fp8 x MBS 1 / 2 x recompute none / selective / full.
 
     bash bench/gpu_autoconf_cases.sh OUTDIR                  # the default 8 cases, about 9 minutes
     bash bench/gpu_autoconf_cases.sh OUTDIR --cases all --shard 1/4   # every case (~28 min) in four runs: 1/4 .. 4/4
     python bench/autoconf_cases.py --pending                 # the pending entries for measured.yaml (no GPU)
+
+Two GPUs (`--gpus 2`): the same two proxies in the layouts parallelism=auto ranks on 2 GPUs (DP2, TP2 with sequence
+parallelism without and with userbuffer overlap, CP2, PP2, PP2 VP2 (asymmetric for the 70B proxy, whose 2 layers
+split over PP2 x VP2 only with the embedding and the loss as stages), DP2 with full recomputation, DP2 with MBS 2
+where it fits), bf16, and fp8 in DP2, TP2 with overlap and CP2; every case passes the plan's layout checks and the
+search's memory filter on 2 H100 (80 GB), so it runs on H100 or H200. GBS 8 and seq 8192 as on one GPU: at DP2 each
+rank runs 4 microbatches, and a pipeline 8 (its bubble 1/8 of the step, 1/16 with VP2). 21 cases, about 23 minutes
+on 2 GPUs (~70 s a run of the 8B proxy, ~55 s of the 70B one), in four commands of under 9 minutes (at most 6.3
+minutes of estimates each); each writes its rows after every case, and `--previous` skips the cases an earlier
+command measured:
+
+    bash bench/gpu_autoconf_cases.sh OUT/2gpu-1 --gpus 2 --shard 1/4 --budget-s 420 --timeout-s 150   # ~6 min each
+    bash bench/gpu_autoconf_cases.sh OUT/2gpu-2 --gpus 2 --shard 2/4 --budget-s 420 --timeout-s 150
+    bash bench/gpu_autoconf_cases.sh OUT/2gpu-3 --gpus 2 --shard 3/4 --budget-s 420 --timeout-s 150
+    bash bench/gpu_autoconf_cases.sh OUT/2gpu-4 --gpus 2 --shard 4/4 --budget-s 420 --timeout-s 150
+    # a shard that lists skipped cases: the same command, a new OUT dir, --previous OUT/2gpu-I/measured_rows.json
+    python bench/autoconf_cases.py --rank OUT/2gpu-*/measured_rows.yaml  # the ranking table (no GPU)
+    python bench/fit_steptime.py --rows OUT/2gpu-*/measured_rows.yaml    # the fit with them, held-out error per row
+
+The ranking table (`--rank FILE...`: the printed rows, or measured.yaml; `--rank` alone reads measured.yaml) groups
+the rows by model proxy, dtype, GPU type and count and batch, orders each group by measured step time beside the
+step-time model's prediction and the rank parallelism=auto's own ranking (launcher/autoconf/search.py: rank) gives
+it among the group, and says whether the predicted top 3 is the measured top 3 in order.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+import functools
 import json
 from pathlib import Path
 import sys
@@ -28,6 +53,9 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 GPU, GPUS_PER_NODE, GBS = "h200", 1, 8
+# The two-GPU cases are checked against the smaller card (H100, 80 GB) so that they run on either; a measured row
+# records the card it ran on, and the pending entries are predicted for H100.
+TWO_GPU = "h100"
 RECOMPUTE = {
     "none": [],
     "selective": ["parallelism.recompute_granularity=selective"],
@@ -39,8 +67,31 @@ RECOMPUTE = {
 }
 # (model, layers): the shapes of NVIDIA's 8B and 70B layers, as many as one GPU holds with room for MBS 2.
 PROXIES = (("8b", 16), ("70b", 2))
-# Our estimate of one run's wall time on one H200 (startup ~30 s + 12 steps), by model, for the time budget.
-ESTIMATE_S = {"8b": 70, "70b": 52, "405b": 60}
+# Our estimate of one run's wall time (startup ~30 s + 12 steps), by GPU count and model, for the time budget.
+ESTIMATE_S = {1: {"8b": 70, "70b": 52, "405b": 60}, 2: {"8b": 70, "70b": 55}}
+# The two-GPU layouts (main.py overrides after the model), each kept for a proxy only where the plan accepts it on
+# 2 H100 (fits_two_gpus): 8B's asymmetric PP2 VP2 does not split (18 stages' worth of layers over 4 chunks), 70B's
+# symmetric one neither (2 layers over 4 chunks), 8B's DP2 MBS 2 exceeds 80 GB.
+DP2 = ["parallelism=tp1", "parallelism.num_gpus=2"]
+TWO_GPU_LAYOUTS: dict[str, list[str]] = {
+    "dp2": DP2,
+    "dp2-mbs2": [*DP2, "training.micro_batch_size=2"],
+    "dp2-full": [*DP2, *RECOMPUTE["full"]],
+    "tp2": ["parallelism=tp2_sp", "parallelism.tp_comm_overlap=false"],
+    "tp2-overlap": ["parallelism=tp2_sp"],
+    "cp2": ["parallelism=tp1_cp2", "parallelism.num_gpus=2"],
+    "pp2": ["parallelism=custom", "parallelism.num_gpus=2", "parallelism.pp=2"],
+    "pp2-vp2": ["parallelism=pp2_vp2_asym", "parallelism.asymmetric_pipeline=false"],
+    "pp2-vp2-asym": ["parallelism=pp2_vp2_asym"],
+}
+# Row names in measured.yaml's style where the key is terse.
+TWO_GPU_LABELS = {"dp2-full": "dp2 full recompute", "tp2": "tp2 sp", "tp2-overlap": "tp2 sp overlap"}
+# fp8 in the layouts the search ranks first for both proxies (DP2, CP2, TP2 with overlap): one run each beside bf16.
+TWO_GPU_FP8 = ("dp2", "tp2-overlap", "cp2")
+# Held out of the step-time fit, chosen before measuring: the interleaved pipeline (the fit keeps plain PP2, so the
+# held-out error is the VP bubble term's on a layout it was not fit to), MBS 2 (as on one GPU) and fp8 CP2 (the fit
+# has fp8 only without CP on our stack, and CP2 in bf16).
+TWO_GPU_HELD_OUT = ("pp2-vp2", "pp2-vp2-asym", "dp2-mbs2", "fp8-cp2")
 DEFAULT = (
     "8b-bf16-mbs1-none",
     "8b-fp8-mbs1-none",
@@ -60,11 +111,13 @@ class Case:
     model: str
     overrides: list[str]  # measured.yaml's row overrides (what main.py is given, besides the batch and cluster)
     split: str  # measured.yaml's split (fit or held_out), fixed before the case is measured
+    gpus: int = 1
+    gpu: str = GPU  # the card of the pending entry (a measured row records the one it ran on)
 
     @property
     def estimate_s(self) -> int:
         factor = 1.3 if "full" in self.key else 1.0
-        return int(ESTIMATE_S[self.model] * factor)
+        return int(ESTIMATE_S[self.gpus][self.model] * factor)
 
 
 def _case(model: str, layers: int, dtype: str, mbs: int, recompute: str) -> Case:
@@ -85,6 +138,32 @@ def _case(model: str, layers: int, dtype: str, mbs: int, recompute: str) -> Case
     return Case(f"{model}-{dtype}-mbs{mbs}-{recompute}", name, model, overrides, split)
 
 
+def _pipeline_settings(model: str) -> list[str]:
+    """What parallelism=auto adds to a pipeline of the model's hidden size (parallelism.auto.tuned: 70B's 8192 defers
+    the embedding's weight-gradient GEMMs), so a PP case runs as the search's candidate of its layout would."""
+    from launcher.config.compose import compose
+
+    cfg = compose([f"training=llama31/{model}", "parallelism=auto"])
+    auto, hidden = cfg.parallelism.auto, cfg.training.model.hidden_size
+    tuned = next((t for t in auto.tuned if t.hidden_size == hidden), None) if auto else None
+    if tuned is None:
+        return []
+    return [
+        "parallelism.defer_embedding_wgrad_compute=true",
+        f"parallelism.wgrad_deferral_limit={tuned.wgrad_deferral_limit}",
+    ]
+
+
+def _two_gpu_case(model: str, layers: int, dtype: str, layout: str) -> Case:
+    overrides = [f"training=llama31/{model}", f"training.model.num_layers={layers}", *TWO_GPU_LAYOUTS[layout]]
+    if layout.startswith("pp"):
+        overrides += _pipeline_settings(model)
+    overrides.append(f"dtype={dtype}")
+    name = f"{model} {layers}-layer {dtype} {TWO_GPU_LABELS.get(layout, layout.replace('-', ' '))} (2 GPUs)"
+    held_out = layout in TWO_GPU_HELD_OUT or f"{dtype}-{layout}" in TWO_GPU_HELD_OUT
+    return Case(f"{model}-{dtype}-{layout}", name, model, overrides, "held_out" if held_out else "fit", 2, TWO_GPU)
+
+
 def fits_one_gpu(overrides: list[str]) -> bool:
     """The plan's memory estimate for the case fits the GPU (without the auto-configurator's headroom)."""
     from launcher.config.compose import compose
@@ -95,16 +174,50 @@ def fits_one_gpu(overrides: list[str]) -> bool:
     return plan.est_memory_gib_per_gpu <= gpu_spec(GPU).memory_gib
 
 
-def _cluster() -> list[str]:
+def fits_two_gpus(overrides: list[str]) -> bool:
+    """parallelism=auto would keep the layout on 2 H100: the plan's layout checks pass (the splits, the batch, the
+    memory estimate) and the estimate leaves the search's memory headroom free."""
+    from launcher.autoconf.search import auto_settings
+    from launcher.config.compose import compose
+    from launcher.plan.errors import PlanError
+    from launcher.plan.hardware import gpu_spec
+    from launcher.plan.validate import LAYOUT_CHECKS, validate
+
+    cfg = compose([*overrides, *_cluster(2, TWO_GPU)])
+    try:
+        plan = validate(cfg, None, checks=LAYOUT_CHECKS).plan
+    except PlanError:
+        return False
+    headroom = auto_settings(compose(["parallelism=auto"])).memory_headroom
+    return plan.est_memory_gib_per_gpu <= (1 - headroom) * gpu_spec(TWO_GPU).memory_gib
+
+
+def _cluster(gpus: int = GPUS_PER_NODE, gpu: str = GPU) -> list[str]:
     return [
         "cluster=bcm",
-        f"cluster.gpu_type={GPU}",
-        f"cluster.gpus_per_node={GPUS_PER_NODE}",
+        f"cluster.gpu_type={gpu}",
+        f"cluster.gpus_per_node={gpus}",
         f"training.global_batch_size={GBS}",
     ]
 
 
-def cases() -> list[Case]:
+@functools.lru_cache(maxsize=None)
+def two_gpu_cases() -> tuple[Case, ...]:
+    """Both proxies in every two-GPU layout the plan accepts, bf16, then fp8 in TWO_GPU_FP8 (planning each takes a
+    moment: cached)."""
+    candidates = [
+        _two_gpu_case(model, layers, dtype, layout)
+        for dtype in ("bf16", "fp8")
+        for model, layers in PROXIES
+        for layout in TWO_GPU_LAYOUTS
+        if dtype == "bf16" or layout in TWO_GPU_FP8
+    ]
+    return tuple(c for c in candidates if fits_two_gpus(c.overrides))
+
+
+def cases(gpus: int = 1) -> list[Case]:
+    if gpus == 2:
+        return list(two_gpu_cases())
     out = [
         _case(model, layers, dtype, mbs, recompute)
         for model, layers in PROXIES
@@ -119,13 +232,13 @@ def cases() -> list[Case]:
 
 
 def measured_row(case: Case, result: dict) -> dict:
-    """A row of conf/perf/measured.yaml from bench_train's result."""
+    """A row of conf/perf/measured.yaml from bench_train's result, on the card the run found (its plan's)."""
     return {
         "name": case.name,
         "split": case.split,
         "overrides": case.overrides,
-        "gpu": GPU,
-        "gpus_per_node": GPUS_PER_NODE,
+        "gpu": result.get("gpu") or case.gpu,
+        "gpus_per_node": case.gpus,
         "global_batch_size": GBS,
         "tokens_per_s_per_gpu": round(result["tokens_per_s_per_gpu"]),
         "step_time_s": round(result["step_time_s"], 3),
@@ -138,8 +251,8 @@ def pending_entry(case: Case) -> dict:
         "name": case.name,
         "split": case.split,
         "overrides": case.overrides,
-        "gpu": GPU,
-        "gpus_per_node": GPUS_PER_NODE,
+        "gpu": case.gpu,
+        "gpus_per_node": case.gpus,
         "global_batch_size": GBS,
         "tokens_per_s_per_gpu": None,
         "step_time_s": None,
@@ -152,7 +265,9 @@ def to_yaml(rows: list[dict]) -> str:
 
 
 def pick(all_cases: list[Case], which: str, shard: str | None) -> list[Case]:
-    if which == "default":
+    if which == "default" and all_cases and all_cases[0].gpus == 2:
+        chosen = list(all_cases)  # the two-GPU set is measured whole: its ranking needs every layout
+    elif which == "default":
         chosen = [c for c in all_cases if c.key in DEFAULT]
     elif which == "all":
         chosen = list(all_cases)
@@ -163,14 +278,63 @@ def pick(all_cases: list[Case], which: str, shard: str | None) -> list[Case]:
             raise SystemExit(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(c.key for c in all_cases)}")
         chosen = [c for c in all_cases if c.key in keys]
     if shard:
-        index, count = (int(x) for x in shard.split("/"))
+        index, count = _shard(shard)
         chosen = chosen[index - 1 :: count]
     return chosen
+
+
+def _shard(shard: str) -> tuple[int, int]:
+    parts = shard.split("/")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or not 1 <= int(parts[0]) <= int(parts[1]):
+        raise SystemExit(f"--shard {shard}: give I/N with 1 <= I <= N (e.g. 1/4)")
+    return int(parts[0]), int(parts[1])
+
+
+def read_rows(paths: list[str]) -> list[dict]:
+    """Measured rows of these files (perfdata.rows_from_files); a bad file is one line."""
+    from launcher.autoconf.perfdata import rows_from_files
+
+    try:
+        return rows_from_files(paths)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+
+
+def rank(paths: list[str], gpus: int | None) -> str:
+    """The ranking table of the rows (on `gpus` GPUs where given) in groups of two or more (launcher/report/ranking.py:
+    rank_rows)."""
+    from launcher.autoconf.perfdata import MEASURED
+    from launcher.autoconf.steptime import check_rows
+    from launcher.report.ranking import format_row_ranking, rank_rows
+
+    # A row in several files (measured.yaml and the bench's) counts once, as the last file has it.
+    rows = list({r["name"]: r for r in read_rows(paths or [str(MEASURED)])}.values())
+    checks = [c for c in check_rows(rows=rows) if gpus is None or c.plan.num_gpus == gpus]
+    groups = [g for g in rank_rows(checks) if len(g.measured) >= 2]
+    if not groups:
+        where = ", ".join(paths or [str(MEASURED)])
+        raise SystemExit(f"no two measured rows differ only in layout{f' on {gpus} GPUs' if gpus else ''} in {where}")
+    return format_row_ranking(groups)
+
+
+def _write_rows(out: Path, rows: list[dict]) -> str:
+    """measured_rows.yaml and .json, after every case: a command cut short keeps the rows it measured."""
+    text = to_yaml(rows) if rows else ""
+    (out / "measured_rows.yaml").write_text(text)
+    (out / "measured_rows.json").write_text(json.dumps(rows, indent=1))
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="where run directories and measured_rows.yaml go")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        choices=[1, 2],
+        help="the one-GPU (default) or the two-GPU cases; --rank: rows on these",
+    )
     parser.add_argument("--cases", default="default", help="default, all, or comma-separated keys (see --list)")
     parser.add_argument("--shard", default=None, help="I/N: every N-th case from the I-th, to split --cases all")
     parser.add_argument("--budget-s", type=float, default=560.0, help="skip cases that would end after this")
@@ -179,15 +343,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=6)
     parser.add_argument("--list", action="store_true", help="print the cases")
     parser.add_argument("--pending", action="store_true", help="print measured.yaml's pending entries")
+    parser.add_argument(
+        "--previous", nargs="+", default=[], help="measured_rows files of earlier commands: their cases are not rerun"
+    )
+    parser.add_argument(
+        "--rank", nargs="*", default=None, metavar="ROWS", help="print the ranking table of these rows (no GPU)"
+    )
     args = parser.parse_args(argv)
-    all_cases = cases()
+    if args.rank is not None:
+        print(rank(args.rank, args.gpus))
+        return 0
+    all_cases = cases(args.gpus or 1)
     if args.pending:
         print(to_yaml([pending_entry(c) for c in all_cases]), end="")
         return 0
     chosen = pick(all_cases, args.cases, args.shard)
     if args.list:
         for c in chosen:
-            print(f"{c.estimate_s:>4} s  {c.key:<26} {c.name}")
+            print(f"{c.estimate_s:>4} s  {c.key:<26} {c.split:<8} {c.name}")
         print(f"{sum(c.estimate_s for c in chosen)} s estimated in all")
         return 0
     if not args.out:
@@ -197,14 +370,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).absolute()
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
+    earlier = {r["name"]: r for r in read_rows(args.previous)}
     start = time.monotonic()
     rows, failed, skipped = [], [], []
     for case in chosen:
+        if case.name in earlier:
+            rows.append(earlier[case.name])
+            continue
         if time.monotonic() - start + case.estimate_s > args.budget_s:
             skipped.append(case.key)
             continue
         bench_args = SimpleNamespace(
-            model=f"llama31/{case.model}", gpus=1, gbs=GBS, steps=args.steps, window=args.window
+            model=f"llama31/{case.model}", gpus=case.gpus, gbs=GBS, steps=args.steps, window=args.window
         )
         # The model is given by bench_train itself; the case's other overrides follow it.
         result = bench_train.run_case(case.key, case.overrides[1:], bench_args, runs, timeout=args.timeout_s)
@@ -212,11 +389,11 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(f"{case.key} ({result['error']})")
         else:
             rows.append(measured_row(case, result))
+            _write_rows(out, rows)
         print(f"[{time.monotonic() - start:6.0f} s] {case.key}: {result.get('error') or 'ok'}", flush=True)
-    text = to_yaml(rows) if rows else ""
-    (out / "measured_rows.yaml").write_text(text)
-    (out / "measured_rows.json").write_text(json.dumps(rows, indent=1))
-    print("\n# rows for conf/perf/measured.yaml (rows:), measured on one GPU with bench/autoconf_cases.py")
+    text = _write_rows(out, rows)
+    gpus = args.gpus or 1
+    print(f"\n# rows for conf/perf/measured.yaml (rows:), measured on {gpus} GPU(s) with bench/autoconf_cases.py")
     print(text, end="")
     if failed:
         print(f"# failed: {', '.join(failed)}")

@@ -105,6 +105,7 @@ def table_row(name: str, run_dir: Path, window: int) -> dict:
         "layout": f"{layout(plan.tp, plan.pp, plan.cp, plan.vp, plan.dp)} MBS{plan.micro_batch_size}",
         "dtype": plan.dtype,
         "gpus": plan.num_gpus,
+        "gpu": plan.gpu_type,  # the card the run found: a measured row records it
         "gbs": plan.global_batch_size,
         "step_time_s": report.step_time_s,
         "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu,

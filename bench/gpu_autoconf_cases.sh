@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The auto-configurator's single-GPU cases (bench/autoconf_cases.py): run on a machine with one GPU and the training
-# stack, from the repository root. The default 8 cases take about 9 minutes; the rows for conf/perf/measured.yaml
-# are printed at the end and written to OUTDIR/measured_rows.yaml.
-#   bash bench/gpu_autoconf_cases.sh OUTDIR [--cases default|all|KEY,...] [--shard I/N] [--list]
+# The auto-configurator's measured cases (bench/autoconf_cases.py): run on a machine with the training stack, from the
+# repository root. One GPU: the default 8 cases take about 9 minutes. Two GPUs (--gpus 2): 21 cases, about 23
+# minutes, in four shards (--shard 1/4 .. 4/4) of about 6. The rows for conf/perf/measured.yaml are printed at
+# the end and written to OUTDIR/measured_rows.yaml after every case.
+#   bash bench/gpu_autoconf_cases.sh OUTDIR [--gpus 1|2] [--cases default|all|KEY,...] [--shard I/N] [--list]
 set -euo pipefail
 if [[ $# -lt 1 || "$1" == -* ]]; then
-    echo "usage: bash bench/gpu_autoconf_cases.sh OUTDIR [--cases default|all|KEY,...] [--shard I/N] [--list]" >&2
+    echo "usage: bash bench/gpu_autoconf_cases.sh OUTDIR [--gpus 1|2] [--cases default|all|KEY,...] [--shard I/N]" >&2
     exit 2
 fi
 out=$1

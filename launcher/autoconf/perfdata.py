@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -32,6 +32,23 @@ def measured_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
 def pending_rows(path: Path = MEASURED) -> list[dict[str, Any]]:
     """Cases planned for measurement whose numbers are not in yet (measured.yaml's `pending`): predicted only."""
     return yaml.safe_load(path.read_text()).get("pending") or []
+
+
+def rows_from_files(paths: Sequence[Path | str]) -> list[dict[str, Any]]:
+    """Measured rows from files of them: bench/autoconf_cases.py's measured_rows.yaml / .json (a list of rows) or a
+    measured.yaml (its `rows`); entries without a measurement (pending ones) are left out. A file of anything else is
+    a ValueError naming it."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            data = yaml.safe_load(Path(path).read_text())  # JSON is YAML too
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"{path}: not a file of measured rows ({err})") from None
+        data = data.get("rows") if isinstance(data, dict) else data
+        if not isinstance(data, list) or not all(isinstance(r, dict) and "name" in r for r in data):
+            raise ValueError(f"{path}: not a file of measured rows (a list of rows, or measured.yaml's `rows`)")
+        rows += [r for r in data if is_measured(r)]
+    return rows
 
 
 def row_split(row: Mapping[str, Any]) -> str:

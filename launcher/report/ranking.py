@@ -1,15 +1,22 @@
 """Measured runs ranked, beside the step-time model's prediction for each (`python -m launcher.report --rank RUN...`):
 how well the order parallelism=auto predicted held up, e.g. over the run directories of a parallelism.auto.pick
-sweep."""
+sweep. The same for measured rows (conf/perf/measured.yaml's form, bench/autoconf_cases.py --rank): per group of
+rows that differ only in layout, measured order beside the rank parallelism=auto's own ranking gives, and whether
+the predicted top 3 is the measured top 3."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from common.run import RunDirError, load_run
-from launcher.autoconf.steptime import default_constants, predict
+from launcher.autoconf import search
+from launcher.autoconf.steptime import Check, default_constants, predict
 from launcher.report.throughput import RunReport
+
+TOP = 3  # the measured and predicted top this many must agree, in order
 
 
 def predicted_step_s(run_dir: Path | None) -> float | None:
@@ -83,4 +90,86 @@ def format_ranking(reports: Sequence[RunReport], run_dirs: Sequence[Path | None]
             + (f", Spearman {rho:+.2f}" if rho is not None else "")
             + " (step times; compare runs of one model, GBS and GPU count)"
         )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- measured rows
+@dataclass
+class RankedGroup:
+    """Rows of one model proxy, dtype, GPU type and count, and batch: measured fastest first, with each row's rank in
+    parallelism=auto's ranking of the group (0 = the pick)."""
+
+    label: str
+    measured: list[Check]  # fastest measured step first
+    predicted_rank: dict[str, int]  # row name -> rank
+
+    @property
+    def predicted(self) -> list[Check]:
+        return sorted(self.measured, key=lambda c: self.predicted_rank[c.name])
+
+    @property
+    def top_matches(self) -> bool:
+        """The predicted top 3 is the measured top 3, in order (the whole order of a smaller group)."""
+        return [c.name for c in self.predicted[:TOP]] == [c.name for c in self.measured[:TOP]]
+
+
+def layout_of(check: Check) -> search.Layout:
+    """The search's Layout of a measured row, so the search's own rank() orders the rows."""
+    p = check.plan
+    recompute = check.cfg.parallelism.recompute_granularity
+    return search.Layout(p.tp, p.pp, p.cp, p.vp, p.micro_batch_size, recompute, bool(p.asymmetric_pipeline))
+
+
+def _group_key(check: Check) -> tuple:
+    p = check.plan
+    return (p.model, sum(p.layers_per_pipeline_stage), p.dtype, p.gpu_type, p.num_gpus, p.global_batch_size)
+
+
+def rank_rows(checks: Sequence[Check]) -> list[RankedGroup]:
+    """Groups of the measured rows (steptime.check_rows: predicted with auto.yaml's constants, which parallelism=auto
+    uses), each ranked by search.rank: the same predicted step times, ties within 0.5% broken by the memory
+    estimate, as parallelism=auto ranks its candidates."""
+    groups: dict[tuple, list[Check]] = defaultdict(list)
+    for check in checks:
+        groups[_group_key(check)].append(check)
+    out = []
+    for (model, layers, dtype, gpu, gpus, gbs), members in groups.items():
+        ranked = search.rank([search.Ranked(layout_of(c), c.plan, c.cfg, c.predicted) for c in members])
+        by_plan = {id(r.plan): i for i, r in enumerate(ranked)}
+        label = f"{model} {layers}-layer {dtype} on {gpus} {gpu} GPUs, GBS {gbs}"
+        out.append(
+            RankedGroup(
+                label,
+                sorted(members, key=lambda c: c.measured_step_s),
+                {c.name: by_plan[id(c.plan)] for c in members},
+            )
+        )
+    return out
+
+
+def format_row_ranking(groups: Sequence[RankedGroup]) -> str:
+    """Per group: measured rank, row, split, measured and predicted step time, predicted rank, the error (in
+    tokens/s/GPU, as steptime's tables give it); then the top-3 verdict and the pairs the model orders as measured."""
+    lines = []
+    for g in groups:
+        width = max(len(c.name) for c in g.measured)
+        header = f"{'split':<8} {'step s':>7} {'model s':>7} {'model rank':>10} {'error':>7}"
+        lines += [g.label, f"  {'rank':>4}  {'row':<{width}}  {header}"]
+        for i, c in enumerate(g.measured):
+            lines.append(
+                f"  {i:>4}  {c.name:<{width}}  {c.split:<8} {c.measured_step_s:>7.3f} {c.predicted.total_s:>7.3f} "
+                f"{g.predicted_rank[c.name]:>10} {c.error * 100:>+6.1f}%"
+            )
+        top = min(TOP, len(g.measured))
+        verdict = "matches" if g.top_matches else "does NOT match"
+        lines.append(f"  predicted top {top} {verdict} the measured top {top} in order")
+        if not g.top_matches:
+            lines.append(f"    predicted: {', '.join(c.name for c in g.predicted[:top])}")
+            lines.append(f"    measured:  {', '.join(c.name for c in g.measured[:top])}")
+        measured = [c.measured_step_s for c in g.measured]
+        same, pairs = concordant_pairs(measured, [c.predicted.total_s for c in g.measured])
+        rho = spearman(measured, [float(g.predicted_rank[c.name]) for c in g.measured])
+        lines.append(f"  {same} of {pairs} pairs alike" + (f", Spearman {rho:+.2f}" if rho is not None else "") + "\n")
+    matched = sum(g.top_matches for g in groups)
+    lines.append(f"{matched} of {len(groups)} groups: predicted top {TOP} = measured top {TOP}, in order")
     return "\n".join(lines)

@@ -223,8 +223,10 @@ def test_a_row_given_as_a_step_time_is_that_many_tokens_per_second():
 
 def test_the_pending_cases_are_the_ones_bench_autoconf_cases_measures():
     cases = bench_script("autoconf_cases")
+    pending = [(r["name"], r["split"], r["overrides"], r["gpu"], r["gpus_per_node"]) for r in perfdata.pending_rows()]
+    both = [*cases.cases(), *cases.cases(2)]
+    assert pending == [(c.name, c.split, c.overrides, c.gpu, c.gpus) for c in both]
     scripted = [(c.name, c.split, c.overrides) for c in cases.cases()]
-    assert [(r["name"], r["split"], r["overrides"]) for r in perfdata.pending_rows()] == scripted
     # 8B and 70B proxies x bf16 / fp8 x MBS 1 / 2 x three recomputations, and the 405B one only where it fits.
     assert len(scripted) == 24 + sum(name.startswith("405b") for name, _, _ in scripted)
     assert all(cases.fits_one_gpu(overrides) for _, _, overrides in scripted)
@@ -323,3 +325,9 @@ def test_the_bench_prints_each_split_and_writes_only_constants_no_worse_on_held_
     for path in stepfit.FREE:
         assert path in fitted
     assert "the fitted constants are" in fitted and "on the held-out rows" in fitted
+    # Each held-out row on a line of its own, with its error with today's constants (and then the fitted ones').
+    section = fitted[fitted.index("the held-out rows") : fitted.index("\nconstant ")]
+    for check in CHECKS:
+        if check.split == "held_out":
+            line = next(line for line in section.splitlines() if line.startswith(check.name + " "))
+            assert line[len(check.name) :].split()[2] == f"{check.error * 100:+.1f}%"

@@ -51,6 +51,10 @@ NOT_RUN: list[tuple[str, str]] = [
         r"python bench/bench_kernels\.py",
         "times kernels on a GPU or joins the trace of a run that trained (tests/launcher/test_bench_kernels.py)",
     ),
+    (
+        r"python bench/autoconf_cases\.py --rank |python bench/fit_steptime\.py --rows ",
+        "reads the rows a GPU run measured (tests/launcher/test_two_gpu_ranking.py runs both on rows it builds)",
+    ),
     (r"python -m recipes\.hf\.exporter", "reads a trained checkpoint (tests/recipes/test_hf_cpu.py exports one)"),
     (r"python -m launcher\.report ", "reads run directories that training wrote (results/...)"),
     (

@@ -95,7 +95,9 @@ def commands(python: str, work: Path, config: Path) -> list[Command]:
 
 def run(argv: Sequence[str], repo: Path, ok: Sequence[int] = (0,)) -> float:
     """Seconds the command took; exits with its output when it failed."""
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    # Python's default, bytecode written: the warm-up round leaves the caches a user's second command finds, also
+    # where the shell sets PYTHONDONTWRITEBYTECODE (every run would compile the changed modules again).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(repo)}
     start = time.perf_counter()
     result = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start

@@ -171,6 +171,12 @@ def base_record(key: str, value: str, path: str) -> BaseRecord:
     return BaseRecord(key=key, value=value, path=os.path.abspath(path), fingerprint=fingerprint(path))
 
 
+def random_base_record(seed: int) -> BaseRecord:
+    """A benchmark's random frozen base (peft.random_base=true), named by the seed that drew it: its adapters resume
+    only on the same draw."""
+    return BaseRecord(key="peft.random_base", value="true", path="", fingerprint=f"random initialisation, seed {seed}")
+
+
 def write_base_record(checkpoint: str, record: BaseRecord) -> None:
     atomic_write(os.path.join(checkpoint, BASE_FILE), json.dumps(asdict(record), indent=1) + "\n")
 

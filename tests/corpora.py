@@ -29,19 +29,34 @@ def write_corpus(directory: Path, names: list[str], documents: int = 120) -> lis
     return paths
 
 
-def write_stdlib_corpus(path: Path, max_chars: int) -> Path:
-    """Python's standard library sources (tests left out) as one document per file, up to about max_chars."""
+def write_stdlib_corpus(path: Path, max_chars: int, document_chars: int | None = None) -> Path:
+    """Python's standard library sources (tests left out) as one document per file, up to about max_chars.
+    document_chars cuts each file at line ends into documents of about that many characters, for tests that need
+    more documents than the library has files."""
     total = 0
     with open(path, "w") as f:
         for source in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
             text = source.read_text(errors="ignore")
             if "test" in source.parts or len(text) < 200:
                 continue
-            f.write(json.dumps({"text": text}) + "\n")
+            for document in _pieces(text, document_chars) if document_chars else [text]:
+                if len(document) >= 200:
+                    f.write(json.dumps({"text": document}) + "\n")
             total += len(text)
             if total > max_chars:
                 break
     return path
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """text cut after the first line end past every `size` characters."""
+    pieces, current = [], ""
+    for line in text.splitlines(keepends=True):
+        current += line
+        if len(current) >= size:
+            pieces.append(current)
+            current = ""
+    return [*pieces, current] if current else pieces
 
 
 def train_sentencepiece(output: Path, inputs: list[Path], vocab_size: int, max_documents: int | None = None) -> Path:

@@ -11,7 +11,7 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from common.checkpoints import BaseRecord, TrainState, base_record
+from common.checkpoints import BaseRecord, TrainState, base_record, random_base_record
 from common.config import Config, LoraConfig
 from common.plan import Plan
 from common.run import load_run_or_exit
@@ -138,15 +138,17 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
 
 
 def _base_record(cfg: Config, hf_weights: str | None, rank: int) -> BaseRecord:
-    """A LoRA run's base (training.checkpoint.init_from, else the Hugging Face weights) as its adapter checkpoints
-    record it; rank 0 reads the fingerprint and every rank gets it."""
+    """A LoRA run's base (training.checkpoint.init_from, else the Hugging Face weights, else a benchmark's random
+    weights) as its adapter checkpoints record it; rank 0 reads the fingerprint and every rank gets it."""
     import torch
 
     ckpt_cfg = cfg.training.checkpoint
     if ckpt_cfg.init_from:
         key, value, path = "training.checkpoint.init_from", str(ckpt_cfg.init_from), str(ckpt_cfg.init_from)
+    elif not hf_weights:
+        assert isinstance(cfg.peft, LoraConfig) and cfg.peft.random_base, "the plan refuses peft=lora without a base"
+        return random_base_record(cfg.seed)
     else:
-        assert hf_weights, "the plan's checks refuse peft=lora without a base"
         key, value, path = "training.checkpoint.init_from_hf", str(ckpt_cfg.init_from_hf), hf_weights
     box = [base_record(key, value, path) if rank == 0 else None]
     torch.distributed.broadcast_object_list(box, src=0)

@@ -47,7 +47,7 @@ def trained(tmp_path_factory) -> dict:
     .bin/.idx; the tiny model trained STEPS steps with the held-out documents as its validation blend, its
     random-init weights kept (iter_0000000), exported to Hugging Face format."""
     root = tmp_path_factory.mktemp("evaluation")
-    corpus = write_stdlib_corpus(root / "all.jsonl", max_chars=14_000_000).read_text().splitlines()
+    corpus = write_stdlib_corpus(root / "all.jsonl", 14_000_000, document_chars=8_000).read_text().splitlines()
     assert len(corpus) > HELD_OUT * 3, len(corpus)
     (root / "train.jsonl").write_text("\n".join(corpus[:-HELD_OUT]) + "\n")
     (root / "heldout.jsonl").write_text("\n".join(corpus[-HELD_OUT:]) + "\n")

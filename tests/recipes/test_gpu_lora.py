@@ -59,6 +59,7 @@ LORA = [
     "training.val_interval=50",
     "training.checkpoint.interval=50",
     "training.checkpoint.save_initial=true",
+    "training.checkpoint.keep_last=0",  # the initial adapters (iter_0000000) start the PEFT reference
     # Synchronous saves, as the full model's crash-resume test: the kill falls between complete checkpoints.
     "training.checkpoint.async_save=false",
     "training.deterministic=true",

@@ -399,3 +399,22 @@ def test_a_resume_on_another_base_is_one_line(tmp_path):
     assert problem is not None and "\n" not in problem
     assert f"set training.checkpoint.init_from_hf={base} to resume" in problem
     assert record.fingerprint[:12] in problem and moved.fingerprint[:12] in problem
+
+
+def test_a_benchmarks_random_base_is_recorded_by_the_seed_that_drew_it(tmp_path):
+    """peft.random_base=true (bench/bench_lora.py) names no weights: its adapters record the seed, and resume only
+    on the same draw."""
+    from common import checkpoints
+    from launcher.config.compose import compose
+    from recipes.trainer.build import _base_record
+
+    lora_on_random = ["training=llama31/tiny", "peft=lora", "peft.random_base=true"]
+    record = _base_record(compose(lora_on_random), None, rank=0)
+    assert record.key == "peft.random_base"
+    ckpt = tmp_path / "iter_0000010"
+    ckpt.mkdir()
+    checkpoints.write_base_record(str(ckpt), record)
+    assert checkpoints.base_problem(str(ckpt), record) is None
+    other_draw = _base_record(compose([*lora_on_random, "seed=7"]), None, rank=0)
+    problem = checkpoints.base_problem(str(ckpt), other_draw)
+    assert problem is not None and "\n" not in problem

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from common import hf_config
 from common.checkpoints import latest_checkpoint
-from common.config import Config, ModelConfig
+from common.config import Config, LoraConfig, ModelConfig
 from common.files import atomic_write
 from common.hf_config import KEY, HFConfigError
 from common.safetensors_io import SafetensorsFileError, SafetensorsFiles
@@ -241,12 +241,14 @@ def locate(value: str, run_dir: str, rank: int) -> str:
 
 
 def source_for_run(cfg: Config, run_dir: str, rank: int) -> str | None:
-    """The checked Hugging Face directory this run starts from, or None (not configured, or the run resumes from
-    a checkpoint of its own). Runs on every rank before any GPU work; a problem ends the process with one line
+    """The checked Hugging Face directory this run starts from, or None (not configured, or a full run resuming
+    from a checkpoint of its own). A LoRA run's checkpoints hold its adapters only, so it reads its base on every
+    start, resumes included. Runs on every rank before any GPU work; a problem ends the process with one line
     (printed by rank 0, or by the rank that alone has it)."""
     ckpt = cfg.training.checkpoint
     value = ckpt.init_from_hf
-    if not value or (ckpt.load and latest_checkpoint(os.path.join(run_dir, "checkpoints"))):
+    resumes = ckpt.load and latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+    if not value or (resumes and not isinstance(cfg.peft, LoraConfig)):
         return None
     try:
         path = locate(str(value), run_dir, rank)

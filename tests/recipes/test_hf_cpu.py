@@ -581,6 +581,22 @@ def test_rank_zero_downloads_a_hub_id_and_the_others_read_where(tmp_path, monkey
         importer.locate("org/other", str(run_dir), rank=1)
 
 
+def test_a_resumed_lora_run_reads_its_base_again_and_a_resumed_full_run_does_not(tmp_path):
+    """A LoRA checkpoint holds the adapters only: the frozen base comes from init_from_hf on every start."""
+    from common.checkpoints import TrainState, finalize_checkpoint, partial_path
+
+    base = fake_llama_dir(tmp_path / "base")
+    run_dir = tmp_path / "run"
+    full = compose(["training=llama31/8b", f"training.checkpoint.init_from_hf={base}"])
+    lora = compose(["training=llama31/8b", f"training.checkpoint.init_from_hf={base}", "peft=lora"])
+    assert importer.source_for_run(full, str(run_dir), rank=0) == str(base)
+    root = run_dir / "checkpoints"
+    os.makedirs(partial_path(str(root), 50))
+    finalize_checkpoint(str(root), TrainState(step=50, consumed_samples=400))
+    assert importer.source_for_run(full, str(run_dir), rank=0) is None  # its own checkpoint holds every weight
+    assert importer.source_for_run(lora, str(run_dir), rank=0) == str(base)
+
+
 def test_a_hub_id_that_cannot_be_downloaded_is_one_line_with_the_fix(monkeypatch):
     from huggingface_hub import constants
 

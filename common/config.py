@@ -573,7 +573,7 @@ class ParallelismConfig:
     overlap_grad_reduce: bool = key("overlap the gradient reduce-scatter with the backward pass")
     overlap_param_gather: bool = key("overlap the parameter all-gather with the forward pass")
     align_param_gather: bool = key("start every pipeline chunk's all-gather together")
-    grad_reduce_in_fp32: bool = key("reduce gradients in fp32")
+    grad_reduce_in_fp32: bool = key("reduce gradients in fp32 (LoRA always does: its gradients are the adapters')")
     overlap_p2p_comm: bool = key("overlap pipeline sends with compute (interleaved schedule)")
     defer_embedding_wgrad_compute: bool = key("defer the output layer's weight-gradient GEMMs (needs pp > 1)")
     wgrad_deferral_limit: int = key("how many of those GEMMs are deferred", within=NON_NEGATIVE)
@@ -1082,3 +1082,10 @@ def load_config(plain: Mapping[str, Any]) -> Config:
     """The resolved config (config.yaml, or what Hydra composed) as typed objects; raises TypedConfigError naming
     the key whose value does not fit."""
     return from_plain(Config, plain, VARIANTS)
+
+
+def reduces_grads_in_fp32(cfg: Config) -> bool:
+    """parallelism.grad_reduce_in_fp32, and always for LoRA: its gradient buffers hold the adapters' alone (megabytes
+    where the base has gigabytes), so summing every microbatch's gradient in bf16 would cost the adapters precision
+    and save nothing."""
+    return bool(cfg.parallelism.grad_reduce_in_fp32) or isinstance(cfg.peft, LoraConfig)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from common.config import Config, DtypeConfig, ParallelismConfig, RankOrder
+from common.config import Config, DtypeConfig, ParallelismConfig, RankOrder, reduces_grads_in_fp32
 from common.plan import Plan
 from launcher.plan.env import training_env
 from launcher.plan.formulas import layers_per_pipeline_stage, model_flops_per_sample, num_parameters, padded_vocab_size
@@ -43,7 +43,7 @@ def build_plan(cfg: Config, local_gpus: LocalGpus | None = None) -> Plan:
         seq_length=train.seq_length,
         micro_batch_size=micro_batch_size,
         distributed_optimizer=par.use_distributed_optimizer,
-        grad_fp32=par.grad_reduce_in_fp32,
+        grad_fp32=reduces_grads_in_fp32(cfg),
         recompute=par.recompute_granularity,
         peft=cfg.peft,
     )

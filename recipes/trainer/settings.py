@@ -18,7 +18,7 @@ from megatron.core.transformer.enums import AttnBackend
 import torch
 import torch.nn.functional as F
 
-from common.config import Config, CrossEntropyFusion, ModelConfig, ParallelismConfig
+from common.config import Config, CrossEntropyFusion, ModelConfig, ParallelismConfig, reduces_grads_in_fp32
 from common.plan import Plan
 
 # Bitwise-reproducible runs: deterministic attention backward in Transformer Engine, a fixed cuBLAS workspace
@@ -206,7 +206,7 @@ TRANSFORMER_FIELDS: dict[str, Source] = {
 }
 
 DDP_FIELDS: dict[str, Source] = {
-    "grad_reduce_in_fp32": lambda run: bool(run.par.grad_reduce_in_fp32),
+    "grad_reduce_in_fp32": lambda run: reduces_grads_in_fp32(run.cfg),
     "overlap_grad_reduce": lambda run: bool(run.par.overlap_grad_reduce),
     "overlap_param_gather": lambda run: bool(run.par.overlap_param_gather),
     # Aligned all-gathers only matter across pipeline stages.

@@ -87,3 +87,17 @@ def test_parts_run_apart_merge_into_one_table(tmp_path, capsys, monkeypatch):
     # 8 x 8192 / 2 s / 2 GPUs against 8 x 8192 / 8 s / 1 GPU
     assert "ours bf16 / HF PEFT bf16 tokens/s/GPU: 2.00x" in out
     assert "time to train on 8 GPUs, ours-bf16" in out and "NVIDIA on 8 H200: 23.1 min" in out
+
+
+def test_time_to_train_is_the_whole_models_not_the_proxys(tmp_path, capsys, monkeypatch):
+    """The proxy has 20 of the 80 layers: the time to train divides its rate by the FLOPs per sample it lacks."""
+    bench = bench_script("bench_lora")
+    monkeypatch.setattr(bench, "run_ours", lambda name, *a: bench.row(name, "ours", "bf16", 2, 2.0, 1e15))
+    monkeypatch.setattr(bench, "lora_flops", lambda layers: (layers * 1e13, layers * 1.5e13))
+    monkeypatch.setattr(bench, "rcp_samples_to_target", lambda gbs: 3072.0)
+    assert bench.main(["--only", "ours-bf16", "--layers", "20", "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    proxy_rate = 8 * 8192 / 2.0 / 2
+    expected = bench.time_to_train_minutes(proxy_rate * 20 / 80, 3072.0, eval_cost=0.5)["total_min"]
+    assert f"ours-bf16: {expected:.1f} min" in out
+    assert f"({proxy_rate / 4:,.0f} tokens/s/GPU)" in out

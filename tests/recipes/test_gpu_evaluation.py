@@ -6,6 +6,8 @@
 - A two-choice task written from the held-out documents (a context, then its real continuation against the same
   words shuffled) through lm-eval: the trained model scores at least 85%, the random-init one (the run's
   iter_0000000) between 40% and 60%.
+- The held-out perplexity task (evaluation.heldout) on those documents: the trained model's word perplexity under
+  half the random-init one's; its wall time per million tokens printed (the docs' cost).
 
 The lm-eval tests need lm-eval installed (pip install 'lm-eval[hf]==0.4.13'); they skip without it."""
 
@@ -13,6 +15,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,22 +184,65 @@ def accuracy(trained, directory: Path, run_name: str, *overrides: str) -> float:
     return found[(task, "acc")]
 
 
-def test_a_two_choice_task_from_held_out_documents_tells_trained_from_random(trained):
-    pytest.importorskip("lm_eval")
-    acc = accuracy(trained, trained["root"] / "tasks", "tiny")
-    print(f"\ntwo-choice accuracy after {STEPS} steps: {acc:.3f}")
-    assert acc >= 0.85
-    # The same task on the random-init weights of the same run, exported by our exporter.
-    random_hf = trained["root"] / "random_hf"
+@pytest.fixture(scope="module")
+def random_hf(trained) -> Path:
+    """The random-init weights of the same run (iter_0000000), exported by our exporter."""
+    out = trained["root"] / "random_hf"
     subprocess.run(
         [sys.executable, "-m", "recipes.hf.exporter"]
         + ["--checkpoint", str(trained["run_dir"] / "checkpoints" / "iter_0000000")]
-        + ["--out", str(random_hf), "--no-progress"],
+        + ["--out", str(out), "--no-progress"],
         cwd=REPO,
         check=True,
         capture_output=True,
         timeout=600,
     )
+    return out
+
+
+def test_a_two_choice_task_from_held_out_documents_tells_trained_from_random(trained, random_hf):
+    pytest.importorskip("lm_eval")
+    acc = accuracy(trained, trained["root"] / "tasks", "tiny")
+    print(f"\ntwo-choice accuracy after {STEPS} steps: {acc:.3f}")
+    assert acc >= 0.85
     acc = accuracy(trained, trained["root"] / "tasks_random", "random", f"evaluation.model={random_hf}")
     print(f"two-choice accuracy of the random-init model: {acc:.3f}")
     assert 0.40 <= acc <= 0.60
+
+
+def heldout_perplexity(trained, run_name: str, model: Path) -> tuple[float, float]:
+    """The held-out task (evaluation.heldout: rolling log-likelihood over the held-out documents) on `model`: its
+    word perplexity, and the stage's wall time (a fresh process: start, model load, scoring)."""
+    common = [o for o in trained["common"] if not o.startswith("run_name=")]
+    started = time.perf_counter()
+    main_py(
+        *common,
+        f"run_name={run_name}",
+        "stages=[evaluation]",
+        "evaluation.tasks=[]",
+        f"evaluation.heldout=[{trained['heldout']}]",
+        f"evaluation.model={model}",
+        f"evaluation.data_dir={trained['root'] / 'no_hub_data'}",
+    )
+    seconds = time.perf_counter() - started
+    found = {(r["task"], r["metric"]): r["value"] for r in rows(trained["root"] / "runs" / run_name, "tasks.jsonl")}
+    return found[("heldout", "word_perplexity")], seconds
+
+
+def test_held_out_perplexity_tells_trained_from_random_and_what_it_costs(trained, random_hf):
+    """The cost is printed for docs/evaluation.md ("What it costs"): seconds per million held-out tokens, the
+    tokens counted with the export's tokenizer."""
+    pytest.importorskip("lm_eval")
+    from transformers import AutoTokenizer
+
+    model = trained["run_dir"] / "hf"
+    texts = [json.loads(line)["text"] for line in trained["heldout"].read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    tokens = sum(len(tokenizer(text)["input_ids"]) for text in texts)
+    ours, seconds = heldout_perplexity(trained, "heldout_trained", model)
+    rand, _ = heldout_perplexity(trained, "heldout_random", random_hf)
+    print(
+        f"\nheld-out word perplexity: trained {ours:.2f}, random-init {rand:.2f}; {len(texts)} documents, "
+        f"{tokens:,} tokens in {seconds:.1f} s: {seconds / tokens * 1e6:.1f} s per million tokens"
+    )
+    assert ours < rand / 2

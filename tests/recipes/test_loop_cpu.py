@@ -21,6 +21,7 @@ import torch
 
 import tiny_lora
 from corpora import write_stdlib_corpus
+from test_mlperf_cpu import Clock
 
 from common import run_events
 from common.checkpoints import TrainState
@@ -491,15 +492,6 @@ def test_the_run_events_and_the_metrics_file_say_how_each_run_ended(tmp_path, mo
 
 
 # ----------------------------------------------------------------------------- MLPerf logging as an observer
-class Clock:
-    def __init__(self, start: float = 1_700_000_000.0, step: float = 0.25):
-        self.now, self.step = start, step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-
 @pytest.fixture
 def world_of_one(tmp_path):
     """The barrier an MLPerf run's start makes, in a gloo group of this process alone."""

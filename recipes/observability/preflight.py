@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 import torch
 
-from common.config import Config
+from common.config import Config, reduces_grads_in_fp32
 from common.files import atomic_write
 from common.plan import Plan
 from common.run import load_run_or_exit
@@ -65,7 +65,7 @@ def training_messages(cfg: Config, plan: Plan) -> dict[str, int]:
     if plan.dp * plan.cp > 1:
         local_params = plan.num_parameters // (plan.tp * plan.pp)
         elements = min(max(40_000_000, 1_000_000 * plan.dp), local_params) if par.overlap_grad_reduce else local_params
-        messages["gradient bucket"] = elements * (4 if par.grad_reduce_in_fp32 else 2)
+        messages["gradient bucket"] = elements * (4 if reduces_grads_in_fp32(cfg) else 2)
     if plan.tp > 1:
         hidden = cfg.training.model.hidden_size
         messages["TP activation"] = plan.seq_length // plan.cp * plan.micro_batch_size * hidden * 2
@@ -291,7 +291,7 @@ def run(
                 json.dumps({**report, "passed": True, "verdict": line}, indent=2) + "\n",
             )
         return 0
-    coll = Collectives(device, local_rank, "fp32" if cfg.parallelism.grad_reduce_in_fp32 else "bf16")
+    coll = Collectives(device, local_rank, "fp32" if reduces_grads_in_fp32(cfg) else "bf16")
     dist = coll.dist
     names: list[Any] = [None] * world_size
     dist.all_gather_object(names, socket.gethostname().split(".")[0])

@@ -167,20 +167,29 @@ def two_choice_task(heldout: Path, directory: Path) -> str:
     return "heldout_two_choice"
 
 
+def evaluate(trained, run_name: str, *overrides: str) -> dict[tuple[str, str], float]:
+    """The evaluation stage with the run's own settings and `overrides`, in the run directory run_name; its rows by
+    (task, metric)."""
+    common = [o for o in trained["common"] if not o.startswith("run_name=")]
+    main_py(*common, f"run_name={run_name}", "stages=[evaluation]", *overrides)
+    return {(r["task"], r["metric"]): r["value"] for r in rows(trained["root"] / "runs" / run_name, "tasks.jsonl")}
+
+
+def no_hub_data(trained) -> str:
+    return f"evaluation.data_dir={trained['root'] / 'no_hub_data'}"  # a local task needs none
+
+
 def accuracy(trained, directory: Path, run_name: str, *overrides: str) -> float:
     """The two-choice task's accuracy through the evaluation stage, in the run directory run_name."""
     task = two_choice_task(trained["heldout"], directory)
-    common = [o for o in trained["common"] if not o.startswith("run_name=")]
-    main_py(
-        *common,
-        f"run_name={run_name}",
-        "stages=[evaluation]",
+    found = evaluate(
+        trained,
+        run_name,
         f"evaluation.tasks=[{task}]",
         f"evaluation.include_path={directory}",
-        f"evaluation.data_dir={trained['root'] / 'no_hub_data'}",  # a local task needs none
+        no_hub_data(trained),
         *overrides,
     )
-    found = {(r["task"], r["metric"]): r["value"] for r in rows(trained["root"] / "runs" / run_name, "tasks.jsonl")}
     return found[(task, "acc")]
 
 
@@ -213,20 +222,16 @@ def test_a_two_choice_task_from_held_out_documents_tells_trained_from_random(tra
 def heldout_perplexity(trained, run_name: str, model: Path) -> tuple[float, float]:
     """The held-out task (evaluation.heldout: rolling log-likelihood over the held-out documents) on `model`: its
     word perplexity, and the stage's wall time (a fresh process: start, model load, scoring)."""
-    common = [o for o in trained["common"] if not o.startswith("run_name=")]
     started = time.perf_counter()
-    main_py(
-        *common,
-        f"run_name={run_name}",
-        "stages=[evaluation]",
+    found = evaluate(
+        trained,
+        run_name,
         "evaluation.tasks=[]",
         f"evaluation.heldout=[{trained['heldout']}]",
         f"evaluation.model={model}",
-        f"evaluation.data_dir={trained['root'] / 'no_hub_data'}",
+        no_hub_data(trained),
     )
-    seconds = time.perf_counter() - started
-    found = {(r["task"], r["metric"]): r["value"] for r in rows(trained["root"] / "runs" / run_name, "tasks.jsonl")}
-    return found[("heldout", "word_perplexity")], seconds
+    return found[("heldout", "word_perplexity")], time.perf_counter() - started
 
 
 def test_held_out_perplexity_tells_trained_from_random_and_what_it_costs(trained, random_hf):

@@ -5,7 +5,14 @@ With gradient_accumulation_fusion, weight gradients are accumulated straight int
 Transformer Engine layers do this themselves; megatron-core's own linear layers (here: the output layer) call
 apex's kernel. These two functions do the same with cuBLAS through torch, so the fusion (and the
 `defer_embedding_wgrad_compute` that needs it) work without apex. The NeMo container has apex; there this
-module is not used."""
+module is not used.
+
+Like apex's kernel, the two functions record no autograd history. Inside a backward pass grad mode is off anyway,
+but megatron's pipeline schedules call them again after the last backward, with grad mode on, to drain the output
+layer's deferred weight gradients (`drain_embedding_wgrad_compute`), on inputs that still require grad (the final
+norm's output). Recorded there, the in-place add hung a graph on the DDP gradient buffer that kept every drained
+microbatch's output gradient alive, step after step: 17.7 GiB a step on the 70B proxy's last stage (PP2, 8
+microbatches of seq 8192), until it ran out of memory at the fifth step."""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+@torch.no_grad()
 def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
     """main_grad (fp32) += grad_output^T @ total_input."""
     x, g = _as_2d(total_input), _as_2d(grad_output)
@@ -29,6 +37,7 @@ def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, 
     main_grad.add_(product)
 
 
+@torch.no_grad()
 def wgrad_gemm_accum_fp16(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
     """main_grad (bf16/fp16) += grad_output^T @ total_input; cuBLAS accumulates in fp32 and adds in place."""
     x, g = _as_2d(total_input), _as_2d(grad_output)

@@ -540,6 +540,53 @@ def test_wgrad_fallback_accumulates_the_weight_gradient(dtype):
     assert main_grad.dtype == dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wgrad_fallback_drained_by_megatron_keeps_no_output_gradient_alive(dtype, monkeypatch):
+    # megatron's pipeline schedules drain the output layer's deferred weight gradients after the last backward,
+    # with grad mode on and inputs that still require grad (the final norm's output). The stand-in must record no
+    # autograd history there, as apex's kernel records none: a graph on the DDP gradient buffer kept every drained
+    # output gradient alive (17.7 GiB a step on the 70B proxy's last stage, PP2, until it ran out of memory).
+    import types
+    import weakref
+
+    from megatron.core.utils import drain_embedding_wgrad_compute
+
+    from recipes.trainer import wgrad_fallback
+
+    stand_in = types.ModuleType("fused_weight_gradient_mlp_cuda")
+    vars(stand_in).update(
+        wgrad_gemm_accum_fp32=wgrad_fallback.wgrad_gemm_accum_fp32,
+        wgrad_gemm_accum_fp16=wgrad_fallback.wgrad_gemm_accum_fp16,
+    )
+    monkeypatch.setitem(sys.modules, "fused_weight_gradient_mlp_cuda", stand_in)
+    g = torch.Generator().manual_seed(2)
+    norm = torch.nn.Linear(32, 32)  # stands in for the final norm: its output requires grad
+    buffer = torch.zeros(8 * 32 + 5, dtype=dtype)  # the DDP gradient buffer; main_grad is a view of it
+    weight = torch.nn.Parameter(torch.zeros(8, 32, dtype=torch.bfloat16))
+    weight.main_grad = buffer[: 8 * 32].view(8, 32)
+    config = types.SimpleNamespace(sequence_parallel=False, gradient_accumulation_fusion=True)
+    tp_group = types.SimpleNamespace(size=lambda: 1)
+    expected = torch.zeros(8, 32, dtype=torch.float64)
+    alive = []
+    for _ in range(3):  # steps: the DDP buffer is zeroed, then each step drains its microbatches
+        buffer.zero_()
+        expected.zero_()
+        activations = [norm(torch.randn(2, 16, 32, generator=g)).to(torch.bfloat16) for _ in range(4)]
+        grads = [torch.randn(2, 16, 8, generator=g).to(torch.bfloat16) for _ in range(4)]
+        for x, dy in zip(activations, grads):
+            expected += dy.reshape(-1, 8).double().t() @ x.detach().reshape(-1, 32).double()
+        alive += [weakref.ref(dy) for dy in grads]
+        assert all(x.requires_grad for x in activations)
+        drain_embedding_wgrad_compute(config, activations, grads, weight, tp_group)
+        assert not activations and not grads
+        del x, dy
+    still_alive = sum(ref() is not None for ref in alive)
+    assert still_alive == 0, f"{still_alive} of {len(alive)} drained output gradients are still referenced"
+    assert buffer.grad_fn is None and not weight.main_grad.requires_grad, "the gradient buffer carries a graph"
+    error = (weight.main_grad.double() - expected).norm() / expected.norm()
+    assert error < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
 def test_wgrad_fallback_installed_after_megatron_was_imported_still_reaches_its_layers():
     # A fresh interpreter: megatron's layers find no apex at import; installing afterwards must still give them
     # the stand-in (a test process that built a megatron model before training code ran does this).

@@ -138,6 +138,11 @@ CASES = [
     ([*LORA, "peft.a_init=zero"], "peft.a_init=zero with peft.b_init=zero never trains"),
     ([*LORA, "peft.dropout=1"], "peft.dropout=1.0 must be in [0, 1)"),
     (["peft=qlora"], "peft=qlora: no such option; choose one of lora, none"),
+    (
+        ["dtype=fp8", "dtype.te_op_fuser=true"],
+        "data-parallel ranks: the fused MLP's weights skip megatron-core's parameter-gather hooks; set "
+        "parallelism.overlap_param_gather=false",
+    ),
     ([*LORA, "dtype=fp8", "dtype.te_op_fuser=true"], "linear_fc1 and linear_fc2 needs dtype.te_op_fuser=false"),
     # Data preparation settings, checked when the run is planned (not inside the job).
     (

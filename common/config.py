@@ -440,7 +440,11 @@ class LoraConfig(PeftConfig):
 # --------------------------------------------------------------------------- precision
 @dataclass
 class DtypeConfig:
-    name: str = key("bf16, fp8 or nvfp4, in run names")
+    name: str = key("bf16, fp8, nvfp4 or fp32, in run names")
+    bf16: bool = key(
+        "bf16 weights, activations and matmuls (fp32 master weights in the optimizer); false (dtype=fp32): fp32 "
+        "throughout, for numerics checks against a reference (slower; no FP8 or FP4)"
+    )
     fp8: Optional[Fp8Format] = key("FP8 format: hybrid (E4M3 forward, E5M2 backward) or e4m3; null: bf16 only")
     fp8_recipe: Optional[Fp8Recipe] = key(
         "FP8 scaling: delayed (amax history), tensorwise (current scaling), "

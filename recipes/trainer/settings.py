@@ -66,6 +66,10 @@ def fixed(value: Any) -> Source:
     return lambda _: value
 
 
+def _weights_dtype(run: Sources) -> torch.dtype:
+    return torch.bfloat16 if run.cfg.dtype.bf16 else torch.float32
+
+
 # --------------------------------------------------------------------------- values that need a decision
 # training.cuda_graphs -> TransformerConfig.cuda_graph_impl. Per-layer graphs are Transformer Engine's
 # (make_graphed_callables through megatron-core's TECudaGraphHelper): they run only in training mode, so evaluation
@@ -145,11 +149,11 @@ TRANSFORMER_FIELDS: dict[str, Source] = {
     "attention_dropout": fixed(0.0),
     "init_method_std": lambda run: run.model.init_method_std,
     "attention_backend": lambda run: AttnBackend[run.model.attention_backend],
-    # Precision: bf16 weights and activations, fp32 master weights in the optimizer.
-    "bf16": fixed(True),
-    "params_dtype": fixed(torch.bfloat16),
-    "pipeline_dtype": fixed(torch.bfloat16),
-    "autocast_dtype": fixed(torch.bfloat16),
+    # Precision: bf16 weights and activations, fp32 master weights in the optimizer; dtype=fp32: fp32 throughout.
+    "bf16": lambda run: bool(run.cfg.dtype.bf16),
+    "params_dtype": lambda run: _weights_dtype(run),
+    "pipeline_dtype": lambda run: _weights_dtype(run),
+    "autocast_dtype": lambda run: _weights_dtype(run),
     # Low precision: FP8 (its recipe, FP8 weights, FP8 attention and output layer), FP4, and the Transformer
     # Engine kernels that write the FP8 copies themselves.
     "fp8": lambda run: run.plan.fp8,
@@ -226,8 +230,8 @@ OPTIMIZER_FIELDS: dict[str, Source] = {
     "adam_beta2": lambda run: run.cfg.training.optimizer.adam_beta2,
     "adam_eps": lambda run: run.cfg.training.optimizer.adam_eps,
     "clip_grad": lambda run: run.cfg.training.optimizer.clip_grad,
-    "bf16": fixed(True),
-    "params_dtype": fixed(torch.bfloat16),
+    "bf16": lambda run: bool(run.cfg.dtype.bf16),
+    "params_dtype": lambda run: _weights_dtype(run),
     "use_distributed_optimizer": lambda run: bool(run.par.use_distributed_optimizer),
     "overlap_param_gather": lambda run: bool(run.par.overlap_param_gather),
 }

@@ -139,6 +139,10 @@ CASES = [
     ([*LORA, "peft.dropout=1"], "peft.dropout=1.0 must be in [0, 1)"),
     (["peft=qlora"], "peft=qlora: no such option; choose one of lora, none"),
     (
+        ["dtype=fp32", "dtype.fp8=hybrid", "dtype.fp8_recipe=delayed"],
+        "dtype.bf16=false (fp32 throughout) cannot be combined with dtype.fp8",
+    ),
+    (
         ["dtype=fp8", "dtype.te_op_fuser=true"],
         "data-parallel ranks: the fused MLP's weights skip megatron-core's parameter-gather hooks; set "
         "parallelism.overlap_param_gather=false",

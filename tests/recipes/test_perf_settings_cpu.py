@@ -329,3 +329,14 @@ def test_evaluation_runs_the_eager_schedule_and_training_the_graphed_one():
     steps._run_schedule(None, 2, forward_only=True)
     steps._run_schedule(None, 2, forward_only=False)
     assert calls == [("eager", True), ("graphed", False)]
+
+
+def test_dtype_fp32_gives_megatron_fp32_weights_activations_and_optimizer():
+    bf16, _ = config_for()
+    fp32, _ = config_for("dtype=fp32")
+    assert bf16.bf16 and bf16.params_dtype == torch.bfloat16 and bf16.autocast_dtype == torch.bfloat16
+    assert not fp32.bf16 and not fp32.fp16
+    assert fp32.params_dtype == fp32.pipeline_dtype == fp32.autocast_dtype == torch.float32
+    cfg = compose(["dtype=fp32", "memory_check=false"])
+    optimizer = settings.optimizer_config(cfg, build_plan(cfg))
+    assert not optimizer.bf16 and optimizer.params_dtype == torch.float32

@@ -16,6 +16,8 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
     fp8, fp4, recipe = dtype.fp8, dtype.fp4, dtype.fp8_recipe
     if fp8 and not recipe:
         found.problem("dtype.fp8 is set but dtype.fp8_recipe is null: use delayed, tensorwise, blockwise or mxfp8")
+    if (fp8 or fp4) and not dtype.bf16:
+        found.problem(f"dtype.bf16=false (fp32 throughout) cannot be combined with dtype.{'fp8' if fp8 else 'fp4'}")
     if fp8 and fp4:
         found.problem(
             f"dtype.fp4={fp4} and dtype.fp8={fp8} cannot be combined (megatron-core runs one low "

@@ -41,11 +41,13 @@ def precision_keys(cfg: Config, plan: Plan) -> list[tuple[str, str]]:
     """The lowest numerical precision in the linear layers, attention and communication (rules 6.1 onwards)."""
     fp8 = bool(plan.fp8)
     attention_fp8 = fp8 and cfg.dtype.fp8_dot_product_attention
+    weights = "bfloat16" if cfg.dtype.bf16 else "fp32"
     return [
-        ("lowest_numerical_precision_in_linear", "fp8" if fp8 else "bfloat16"),
-        ("lowest_numerical_precision_in_attn", "fp8" if attention_fp8 else "bfloat16"),
-        # Parameters are all-gathered in bf16 (or FP8 with FP8 param gather); gradients reduce in bf16 or fp32.
-        ("lowest_numerical_precision_in_comm", "fp8" if plan.fp8_param_gather else "bfloat16"),
+        ("lowest_numerical_precision_in_linear", "fp8" if fp8 else weights),
+        ("lowest_numerical_precision_in_attn", "fp8" if attention_fp8 else weights),
+        # Parameters are all-gathered in the weights' dtype (or FP8 with FP8 param gather); gradients reduce in bf16
+        # or fp32.
+        ("lowest_numerical_precision_in_comm", "fp8" if plan.fp8_param_gather else weights),
     ]
 
 

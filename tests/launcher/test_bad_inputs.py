@@ -143,6 +143,10 @@ CASES = [
         "dtype.bf16=false (fp32 throughout) cannot be combined with dtype.fp8",
     ),
     (
+        ["dtype=fp32", "parallelism=tp2_sp", "parallelism.num_gpus=8"],
+        "dtype.bf16=false (fp32 throughout) needs parallelism.tp_comm_overlap=false",
+    ),
+    (
         ["dtype=fp8", "dtype.te_op_fuser=true"],
         "data-parallel ranks: the fused MLP's weights skip megatron-core's parameter-gather hooks; set "
         "parallelism.overlap_param_gather=false",

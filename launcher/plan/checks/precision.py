@@ -18,6 +18,9 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
         found.problem("dtype.fp8 is set but dtype.fp8_recipe is null: use delayed, tensorwise, blockwise or mxfp8")
     if (fp8 or fp4) and not dtype.bf16:
         found.problem(f"dtype.bf16=false (fp32 throughout) cannot be combined with dtype.{'fp8' if fp8 else 'fp4'}")
+    if par.tp_comm_overlap and not dtype.bf16:
+        # Transformer Engine's userbuffers are allocated in bf16 (recipes/trainer/model.py: init_userbuffers).
+        found.problem("dtype.bf16=false (fp32 throughout) needs parallelism.tp_comm_overlap=false")
     if fp8 and fp4:
         found.problem(
             f"dtype.fp4={fp4} and dtype.fp8={fp8} cannot be combined (megatron-core runs one low "

@@ -28,6 +28,11 @@ estimate assumes the 8-GPU layout runs at the proxy's per-GPU rate.
     python bench/bench_lora.py --only hf             # one part: ours-bf16, ours-fp8, hf
     python bench/bench_lora.py --only ours-bf16 --merge RESULTS/bench_lora.json   # with an earlier part's rows
     python bench/bench_lora.py --print-commands      # the main.py commands, without running them
+    python bench/bench_lora.py --only ours-bf16 --ours-extra "parallelism=tp1" --tag dp2 --merge R/bench_lora.json
+
+--ours-extra adds overrides to our runs (another layout of the proxy on the 2 GPUs, CUDA graphs, ...), --tag names
+those cases (ours-bf16-dp2); the table's stack column says each run's layout. Their time to train still assumes the
+8-GPU layout runs at the proxy's per-GPU rate, which a layout other than CP2 represents less closely.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +63,7 @@ FP8 = [
 ]
 
 
-def our_overrides(layers: int, steps: int, results: Path, name: str, fp8: bool) -> list[str]:
+def our_overrides(layers: int, steps: int, results: Path, name: str, fp8: bool, extra: Sequence[str] = ()) -> list[str]:
     return [
         "training=llama2/70b",
         "peft=lora",
@@ -81,6 +87,7 @@ def our_overrides(layers: int, steps: int, results: Path, name: str, fp8: bool) 
         f"results_dir={results}",
         f"run_name={name}",
         *(FP8 if fp8 else ["dtype=bf16"]),
+        *extra,  # --ours-extra: another layout or setting tried against the proxy (last, so it wins)
     ]
 
 
@@ -88,8 +95,10 @@ def main_command(overrides: list[str]) -> list[str]:
     return [sys.executable, str(REPO / "main.py"), *overrides]
 
 
-def run_ours(name: str, layers: int, steps: int, window: int, results: Path, fp8: bool) -> dict:
-    cmd = main_command(our_overrides(layers, steps, results, name, fp8))
+def run_ours(
+    name: str, layers: int, steps: int, window: int, results: Path, fp8: bool, extra: Sequence[str] = ()
+) -> dict:
+    cmd = main_command(our_overrides(layers, steps, results, name, fp8, extra))
     print("$", shlex.join(cmd), flush=True)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     (results / f"{name}.out").write_text(proc.stdout + proc.stderr)
@@ -100,8 +109,14 @@ def run_ours(name: str, layers: int, steps: int, window: int, results: Path, fp8
     plan = json.loads((results / name / "plan.json").read_text())
     times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines() if line.strip()]
     step = sum(times[-window:]) / len(times[-window:])
-    return row(name, "ours (megatron-core + TE), CP2", "fp8" if fp8 else "bf16", plan["num_gpus"], step,
-               plan["model_flops_per_sample"])  # fmt: skip
+    return row(name, f"ours (megatron-core + TE), {layout_of(plan)}", "fp8" if fp8 else "bf16", plan["num_gpus"],
+               step, plan["model_flops_per_sample"])  # fmt: skip
+
+
+def layout_of(plan: dict) -> str:
+    """The plan's layout in a row's words: the sizes above 1 (CP2, TP2 PP2, DP2, ...)."""
+    sizes = [f"{key.upper()}{plan[key]}" for key in ("tp", "pp", "vp", "cp", "dp") if (plan.get(key) or 1) > 1]
+    return " ".join(sizes) or "1 GPU"
 
 
 def row(name: str, stack: str, dtype: str, gpus: int, step_s: float, flops_per_sample: float) -> dict:
@@ -241,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=["ours-bf16", "ours-fp8", "hf"])
     parser.add_argument("--hf-no-checkpointing", action="store_true")
     parser.add_argument(
+        "--ours-extra",
+        default="",
+        help="space-separated overrides added to our runs (another layout or setting); give it a --tag",
+    )
+    parser.add_argument("--tag", default="", help="suffix of our cases' names (ours-bf16-TAG), to merge beside others")
+    parser.add_argument(
         "--merge", action="append", default=[], help="rows of an earlier run's bench_lora.json to add (parts run apart)"
     )
     parser.add_argument("--results", default=None)
@@ -252,15 +273,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = Path(args.results or tempfile.mkdtemp(prefix="bench_lora_"))
     results.mkdir(parents=True, exist_ok=True)
+    extra, suffix = args.ours_extra.split(), f"-{args.tag}" if args.tag else ""
     if args.print_commands:
         for name, fp8 in (("ours-bf16", False), ("ours-fp8", True)):
-            print(shlex.join(main_command(our_overrides(args.layers, args.steps, results, name, fp8))))
+            print(shlex.join(main_command(our_overrides(args.layers, args.steps, results, name + suffix, fp8, extra))))
         return 0
     parts = args.only or ["ours-bf16", "ours-fp8", "hf"]
     rows = []
     for name, fp8 in (("ours-bf16", False), ("ours-fp8", True)):
         if name in parts:
-            rows.append(run_ours(name, args.layers, args.steps, args.window, results, fp8))
+            rows.append(run_ours(name + suffix, args.layers, args.steps, args.window, results, fp8, extra))
     if "hf" in parts:
         rows.append(run_hf_subprocess(args, results))
     (results / "bench_lora.json").write_text(json.dumps(rows, indent=1))
@@ -272,23 +294,24 @@ def main(argv: list[str] | None = None) -> int:
           f"random weights, synthetic samples; MFU against the dense bf16 peak {peak}")  # fmt: skip
     print_table(rows)
     ok = {r["case"]: r for r in rows if "error" not in r}
-    if "ours-bf16" in ok and "hf-bf16" in ok:
-        ratio = ok["ours-bf16"]["tokens_per_s_per_gpu"] / ok["hf-bf16"]["tokens_per_s_per_gpu"]
-        print(f"ours bf16 / HF PEFT bf16 tokens/s/GPU: {ratio:.2f}x (goal: 2x)")
+    ours = [name for name in ok if name.startswith("ours-")]  # ours-bf16, ours-fp8, and tagged variants
+    for name in ours:
+        if ok[name]["dtype"] == "bf16" and "hf-bf16" in ok:
+            ratio = ok[name]["tokens_per_s_per_gpu"] / ok["hf-bf16"]["tokens_per_s_per_gpu"]
+            print(f"{name} / HF PEFT bf16 tokens/s/GPU: {ratio:.2f}x (goal: 2x)")
     samples = rcp_samples_to_target(GBS)
     lora, full = lora_flops(args.layers)
     eval_cost = (full / 3) / lora  # a forward pass per sample over the LoRA step's FLOPs per sample
     # The benchmark trains all 80 layers: the proxy's rate at the same MFU, scaled by the FLOPs per sample.
     whole_model = lora / lora_flops(MODEL_LAYERS)[0]
-    for name in ("ours-bf16", "ours-fp8"):
-        if name in ok:
-            rate = ok[name]["tokens_per_s_per_gpu"] * whole_model
-            t = time_to_train_minutes(rate, samples, eval_cost=eval_cost)
-            print(f"time to train on 8 GPUs, {name}: {t['total_min']:.1f} min = {t['train_min']:.1f} training "
-                  f"({samples:,.0f} samples, the RCP mean at GBS {GBS}) + {t['eval_min']:.1f} for "
-                  f"{t['evaluations']} evaluations (each at {eval_cost:.2f}x a training token's cost), the "
-                  f"{MODEL_LAYERS}-layer model at the proxy's MFU ({rate:,.0f} tokens/s/GPU); "
-                  "NVIDIA on 8 H200: 23.1 min")  # fmt: skip
+    for name in ours:
+        rate = ok[name]["tokens_per_s_per_gpu"] * whole_model
+        t = time_to_train_minutes(rate, samples, eval_cost=eval_cost)
+        print(f"time to train on 8 GPUs, {name}: {t['total_min']:.1f} min = {t['train_min']:.1f} training "
+              f"({samples:,.0f} samples, the RCP mean at GBS {GBS}) + {t['eval_min']:.1f} for "
+              f"{t['evaluations']} evaluations (each at {eval_cost:.2f}x a training token's cost), the "
+              f"{MODEL_LAYERS}-layer model at the proxy's MFU ({rate:,.0f} tokens/s/GPU); "
+              "NVIDIA on 8 H200: 23.1 min")  # fmt: skip
     return 0
 
 

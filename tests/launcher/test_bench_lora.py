@@ -85,8 +85,34 @@ def test_parts_run_apart_merge_into_one_table(tmp_path, capsys, monkeypatch):
     assert bench.main(["--only", "ours-bf16", "--merge", str(earlier), "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     # 8 x 8192 / 2 s / 2 GPUs against 8 x 8192 / 8 s / 1 GPU
-    assert "ours bf16 / HF PEFT bf16 tokens/s/GPU: 2.00x" in out
+    assert "ours-bf16 / HF PEFT bf16 tokens/s/GPU: 2.00x" in out
     assert "time to train on 8 GPUs, ours-bf16" in out and "NVIDIA on 8 H200: 23.1 min" in out
+
+
+def test_another_layout_runs_as_a_tagged_case_beside_the_default_one(tmp_path, capsys, monkeypatch):
+    bench = bench_script("bench_lora")
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_lora.py"), "--print-commands", "--results", str(tmp_path),
+         "--ours-extra", "parallelism=tp1", "--tag", "dp2"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    for line in out.stdout.splitlines():
+        run = subprocess.run([*shlex.split(line), "dry_run=true"], cwd=REPO, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+    plan = json.loads((tmp_path / "ours-bf16-dp2" / "plan.json").read_text())
+    assert (plan["tp"], plan["cp"], plan["dp"]) == (1, 1, 2) and bench.layout_of(plan) == "DP2"
+    assert bench.layout_of({"tp": 1, "pp": 1, "vp": None, "cp": 2, "dp": 1}) == "CP2"
+    # Every tagged bf16 case is set against HF's row.
+    earlier = tmp_path / "earlier.json"
+    rows = [bench.row("hf-bf16", "HF", "bf16", 1, 8.0, 1e15), bench.row("ours-bf16", "ours", "bf16", 2, 4.0, 1e15)]
+    earlier.write_text(json.dumps(rows))
+    monkeypatch.setattr(bench, "run_ours", lambda name, *a: bench.row(name, "ours", "bf16", 2, 2.0, 1e15))
+    monkeypatch.setattr(bench, "lora_flops", lambda layers: (1e15, 1.5e15))
+    argv = ["--only", "ours-bf16", "--tag", "dp2", "--merge", str(earlier), "--results", str(tmp_path / "r")]
+    assert bench.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "ours-bf16-dp2 / HF PEFT bf16 tokens/s/GPU: 2.00x" in printed
+    assert "ours-bf16 / HF PEFT bf16 tokens/s/GPU: 1.00x" in printed
 
 
 def test_time_to_train_is_the_whole_models_not_the_proxys(tmp_path, capsys, monkeypatch):

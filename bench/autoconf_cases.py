@@ -28,6 +28,27 @@ command measured:
     python bench/autoconf_cases.py --rank OUT/2gpu-*/measured_rows.yaml  # the ranking table (no GPU)
     python bench/fit_steptime.py --rows OUT/2gpu-*/measured_rows.yaml    # the fit with them, held-out error per row
 
+Four GPUs (`--gpus 4`): the 8B proxy (16 layers) and the 70B shape with 10 layers (issue 33's 70B proxy: 2 layers
+leave 4 GPUs nothing but data parallelism), seq 8192, GBS 8, in layouts parallelism=auto keeps on 4 H100 (80 GB),
+chosen from its ranking to spread over every dimension, each planned as the search's candidate of its layout (TP4 at
+hidden 8192 with the h8192_tp4 userbuffer preset, pipelines of the 70B shape with the embedding's wgrad deferred).
+8B: DP4, DP4 full recompute, CP2 x DP2, CP4, TP2 x DP2, TP4, TP2 x CP2, PP2 VP8 x DP2; 70B: TP2 x DP2 (the search's
+first), TP2 full recompute, TP4, TP2 x CP2, PP2 x DP2, PP2 VP5 x DP2, TP2 x PP2 VP5 (DP4 and CP alone exceed 80 GB);
+bf16; fp8 in the three layouts the search ranks first in fp8 at MBS 1 for the 8B (DP4, CP2, TP2) and its first two
+for the 70B (CP2, TP2) with TP4 (the issue's table layout) in place of its third (CP4). 21 cases,
+about 27 minutes on 4 H100 or H200 (~65 s a run of the 8B proxy, ~85 s of the 70B one), in four commands:
+
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-1 --gpus 4 --shard 1/4 --budget-s 450 --timeout-s 180   # ~7 min each
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-2 --gpus 4 --shard 2/4 --budget-s 450 --timeout-s 180
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-3 --gpus 4 --shard 3/4 --budget-s 450 --timeout-s 180
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-4 --gpus 4 --shard 4/4 --budget-s 450 --timeout-s 180
+    python bench/autoconf_cases.py --rank OUT/4gpu-*/measured_rows.yaml --gpus 4   # the ranking table (no GPU)
+    python bench/autoconf_cases.py --gpus 4 --pending                             # their pending entries
+
+Held out of the fit, chosen before measuring (FOUR_GPU_HELD_OUT): TP2 x CP2 of each proxy and the 70B's TP2 x PP2
+VP5 (the fit has each dimension alone on 4 GPUs, never two model-parallel ones together) and fp8 CP2 of each proxy
+(as on 2 GPUs).
+
 The ranking table (`--rank FILE...`: the printed rows, or measured.yaml; `--rank` alone reads measured.yaml) groups
 the rows by model proxy, dtype, GPU type and count and batch, orders each group by measured step time beside the
 step-time model's prediction and the rank parallelism=auto's own ranking (launcher/autoconf/search.py: rank) gives
@@ -68,7 +89,9 @@ RECOMPUTE = {
 # (model, layers): the shapes of NVIDIA's 8B and 70B layers, as many as one GPU holds with room for MBS 2.
 PROXIES = (("8b", 16), ("70b", 2))
 # Our estimate of one run's wall time (startup ~30 s + 12 steps), by GPU count and model, for the time budget.
-ESTIMATE_S = {1: {"8b": 70, "70b": 52, "405b": 60}, 2: {"8b": 70, "70b": 55}}
+# Four GPUs: ~50 s start-up plus 12 steps of the 8B proxy (0.7-1 s at GBS 8 on H200 by the step-time model) and
+# ~60 s plus 12 of the 70B shape with 10 layers (1.5-2 s).
+ESTIMATE_S = {1: {"8b": 70, "70b": 52, "405b": 60}, 2: {"8b": 70, "70b": 55}, 4: {"8b": 65, "70b": 85}}
 # The two-GPU layouts (main.py overrides after the model), each kept for a proxy only where the plan accepts it on
 # 2 H100 (fits_two_gpus): 8B's asymmetric PP2 VP2 does not split (18 stages' worth of layers over 4 chunks), 70B's
 # symmetric one neither (2 layers over 4 chunks), 8B's DP2 MBS 2 exceeds 80 GB.
@@ -92,6 +115,42 @@ TWO_GPU_FP8 = ("dp2", "tp2-overlap", "cp2")
 # held-out error is the VP bubble term's on a layout it was not fit to), MBS 2 (as on one GPU) and fp8 CP2 (the fit
 # has fp8 only without CP on our stack, and CP2 in bf16).
 TWO_GPU_HELD_OUT = ("pp2-vp2", "pp2-vp2-asym", "dp2-mbs2", "fp8-cp2")
+# The four-GPU cases are checked against H100 (80 GB) too; the 70B proxy has 10 layers there (issue 33's).
+FOUR_GPU = "h100"
+FOUR_GPU_PROXIES = (("8b", 16), ("70b", 10))
+_SP = ["parallelism.sequence_parallel=true", "parallelism.tp_comm_overlap=true"]
+DP4 = ["parallelism=tp1", "parallelism.num_gpus=4"]
+_CUSTOM4 = ["parallelism=custom", "parallelism.num_gpus=4"]
+FOUR_GPU_LAYOUTS: dict[str, list[str]] = {
+    "dp4": DP4,
+    "dp4-full": [*DP4, *RECOMPUTE["full"]],
+    "cp2": ["parallelism=tp1_cp2", "parallelism.num_gpus=4"],
+    "cp4": [*_CUSTOM4, "parallelism.cp=4"],
+    "tp2": ["parallelism=tp2_sp", "parallelism.num_gpus=4"],
+    "tp2-full": ["parallelism=tp2_sp", "parallelism.num_gpus=4", *RECOMPUTE["full"]],
+    "tp4": [*_CUSTOM4, "parallelism.tp=4", *_SP],
+    "tp2-cp2": [*_CUSTOM4, "parallelism.tp=2", "parallelism.cp=2", *_SP],
+    "pp2": [*_CUSTOM4, "parallelism.pp=2"],
+    "pp2-vp5": [*_CUSTOM4, "parallelism.pp=2", "parallelism.vp=5"],
+    "pp2-vp8": [*_CUSTOM4, "parallelism.pp=2", "parallelism.vp=8"],
+    "tp2-pp2-vp5": [*_CUSTOM4, "parallelism.tp=2", "parallelism.pp=2", "parallelism.vp=5", *_SP],
+}
+# Per proxy, in bf16: layouts the search keeps on 4 H100, spread over every dimension (its first ones included) ...
+FOUR_GPU_BF16 = {
+    "8b": ("dp4", "dp4-full", "cp2", "cp4", "tp2", "tp4", "tp2-cp2", "pp2-vp8"),
+    "70b": ("tp2", "tp2-full", "tp4", "tp2-cp2", "pp2", "pp2-vp5", "tp2-pp2-vp5"),
+}
+# ... and in fp8 the three it ranks first in fp8 at MBS 1 (70B: the first two, and TP4, issue 33's table layout).
+FOUR_GPU_FP8 = {"8b": ("dp4", "cp2", "tp2"), "70b": ("cp2", "tp2", "tp4")}
+FOUR_GPU_LABELS = {
+    "dp4-full": "dp4 full recompute",
+    "tp2": "tp2 sp overlap",
+    "tp2-full": "tp2 sp overlap full recompute",
+    "tp4": "tp4 sp overlap",
+    "tp2-cp2": "tp2 cp2 sp overlap",
+    "tp2-pp2-vp5": "tp2 pp2 vp5 sp overlap",
+}
+FOUR_GPU_HELD_OUT = ("tp2-cp2", "tp2-pp2-vp5", "fp8-cp2")
 DEFAULT = (
     "8b-bf16-mbs1-none",
     "8b-fp8-mbs1-none",
@@ -164,6 +223,30 @@ def _two_gpu_case(model: str, layers: int, dtype: str, layout: str) -> Case:
     return Case(f"{model}-{dtype}-{layout}", name, model, overrides, "held_out" if held_out else "fit", 2, TWO_GPU)
 
 
+def _userbuffer_preset(model: str, tp: int) -> list[str]:
+    """The userbuffer preset parallelism=auto gives a TP layout of the model's hidden size (parallelism.auto.tuned:
+    h8192_tp4 for 70B's TP4), as the override that sets it."""
+    from launcher.config.compose import compose
+
+    cfg = compose([f"training=llama31/{model}", "parallelism=auto"])
+    auto, hidden = cfg.parallelism.auto, cfg.training.model.hidden_size
+    tuned = next((t for t in auto.tuned if t.hidden_size == hidden), None) if auto else None
+    preset = next((u.preset for u in tuned.userbuffers if u.tp == tp), None) if tuned else None
+    return [f"+userbuffers@parallelism.tp_comm_overlap_cfg={preset}"] if preset else []
+
+
+def _four_gpu_case(model: str, layers: int, dtype: str, layout: str) -> Case:
+    overrides = [f"training=llama31/{model}", f"training.model.num_layers={layers}", *FOUR_GPU_LAYOUTS[layout]]
+    tp = next((int(o.split("=")[1]) for o in overrides if o.startswith("parallelism.tp=")), 2 if "tp2" in layout else 1)
+    overrides += _userbuffer_preset(model, tp) if tp > 1 else []
+    if "pp2" in layout:
+        overrides += _pipeline_settings(model)
+    overrides.append(f"dtype={dtype}")
+    name = f"{model} {layers}-layer {dtype} {FOUR_GPU_LABELS.get(layout, layout.replace('-', ' '))} (4 GPUs)"
+    held_out = layout in FOUR_GPU_HELD_OUT or f"{dtype}-{layout}" in FOUR_GPU_HELD_OUT
+    return Case(f"{model}-{dtype}-{layout}", name, model, overrides, "held_out" if held_out else "fit", 4, FOUR_GPU)
+
+
 def fits_one_gpu(overrides: list[str]) -> bool:
     """The plan's memory estimate for the case fits the GPU (without the auto-configurator's headroom)."""
     from launcher.config.compose import compose
@@ -177,19 +260,24 @@ def fits_one_gpu(overrides: list[str]) -> bool:
 def fits_two_gpus(overrides: list[str]) -> bool:
     """parallelism=auto would keep the layout on 2 H100: the plan's layout checks pass (the splits, the batch, the
     memory estimate) and the estimate leaves the search's memory headroom free."""
+    return fits_gpus(overrides, 2, TWO_GPU)
+
+
+def fits_gpus(overrides: list[str], gpus: int, gpu: str) -> bool:
+    """parallelism=auto would keep the layout on `gpus` `gpu`s of one node (fits_two_gpus's checks)."""
     from launcher.autoconf.search import auto_settings
     from launcher.config.compose import compose
     from launcher.plan.errors import PlanError
     from launcher.plan.hardware import gpu_spec
     from launcher.plan.validate import LAYOUT_CHECKS, validate
 
-    cfg = compose([*overrides, *_cluster(2, TWO_GPU)])
+    cfg = compose([*overrides, *_cluster(gpus, gpu)])
     try:
         plan = validate(cfg, None, checks=LAYOUT_CHECKS).plan
     except PlanError:
         return False
     headroom = auto_settings(compose(["parallelism=auto"])).memory_headroom
-    return plan.est_memory_gib_per_gpu <= (1 - headroom) * gpu_spec(TWO_GPU).memory_gib
+    return plan.est_memory_gib_per_gpu <= (1 - headroom) * gpu_spec(gpu).memory_gib
 
 
 def _cluster(gpus: int = GPUS_PER_NODE, gpu: str = GPU) -> list[str]:
@@ -215,9 +303,24 @@ def two_gpu_cases() -> tuple[Case, ...]:
     return tuple(c for c in candidates if fits_two_gpus(c.overrides))
 
 
+@functools.lru_cache(maxsize=None)
+def four_gpu_cases() -> tuple[Case, ...]:
+    """Both four-GPU proxies in their bf16 layouts, then fp8 in theirs, each kept only where the search would keep
+    it on 4 H100 (a layout dropped there is a test failure, not a silent gap)."""
+    candidates = [
+        _four_gpu_case(model, layers, dtype, layout)
+        for dtype, chosen in (("bf16", FOUR_GPU_BF16), ("fp8", FOUR_GPU_FP8))
+        for model, layers in FOUR_GPU_PROXIES
+        for layout in chosen[model]
+    ]
+    return tuple(c for c in candidates if fits_gpus(c.overrides, 4, FOUR_GPU))
+
+
 def cases(gpus: int = 1) -> list[Case]:
     if gpus == 2:
         return list(two_gpu_cases())
+    if gpus == 4:
+        return list(four_gpu_cases())
     out = [
         _case(model, layers, dtype, mbs, recompute)
         for model, layers in PROXIES
@@ -265,8 +368,8 @@ def to_yaml(rows: list[dict]) -> str:
 
 
 def pick(all_cases: list[Case], which: str, shard: str | None) -> list[Case]:
-    if which == "default" and all_cases and all_cases[0].gpus == 2:
-        chosen = list(all_cases)  # the two-GPU set is measured whole: its ranking needs every layout
+    if which == "default" and all_cases and all_cases[0].gpus > 1:
+        chosen = list(all_cases)  # the two- and four-GPU sets are measured whole: their ranking needs every layout
     elif which == "default":
         chosen = [c for c in all_cases if c.key in DEFAULT]
     elif which == "all":
@@ -332,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         "--gpus",
         type=int,
         default=None,
-        choices=[1, 2],
-        help="the one-GPU (default) or the two-GPU cases; --rank: rows on these",
+        choices=[1, 2, 4],
+        help="the one-GPU (default), two-GPU or four-GPU cases; --rank: rows on these",
     )
     parser.add_argument("--cases", default="default", help="default, all, or comma-separated keys (see --list)")
     parser.add_argument("--shard", default=None, help="I/N: every N-th case from the I-th, to split --cases all")

@@ -1,8 +1,9 @@
 """Every config the GPU tests train passes the plan here, without a GPU: a value the plan refuses (a warmup longer
 than a one-step run, FP8 attention on heads cuDNN cannot train) fails in seconds on CPU instead of after the
-device's set-up. Data is mock where the GPU tests tokenize a corpus; the declared machine is two H200. Fine-tuning
-data cannot be mock: test_gpu_sft's samples are prepared here as there, and its runs' premise (packed and padded
-runs train and evaluate on the same samples) is checked on the sequences the trainer would read."""
+device's set-up. Data is mock where the GPU tests tokenize a corpus; the declared machine is two H200 (four for the
+four-GPU layouts). Fine-tuning data cannot be mock: test_gpu_sft's samples are prepared here as there, and its runs'
+premise (packed and padded runs train and evaluate on the same samples) is checked on the sequences the trainer
+would read."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from launcher.plan.hardware import LocalGpus
 from launcher.plan.validate import validate
 
 TWO_H200 = LocalGpus(2, "h200", ("NVIDIA H200",) * 2)
+FOUR_H200 = LocalGpus(4, "h200", ("NVIDIA H200",) * 4)
 MOCK_CORPUS = {"overrides": ["training.data.mock=true"]}
 
 
@@ -62,6 +64,20 @@ CONFIGS = {
     **{
         f"training: {name}": tiny("training.train_steps=40", *extra)
         for name, extra in test_gpu_training.FP8_AND_OVERLAP.items()
+    },
+    **{
+        f"training: 4-GPU layout {name}": tiny("training.train_steps=40", "training.deterministic=true", *layout)
+        for name, layout in test_gpu_training.FOUR_GPU_LAYOUTS.items()
+    },
+    **{
+        f"training: 4-GPU {name}": tiny("training.train_steps=40", *extra)
+        for name, extra in test_gpu_training.FOUR_GPU_FP8.items()
+    },
+    **{
+        f"training: 4-GPU kill and resume {name}": tiny(
+            *test_gpu_training.RESUME_STEPS, *test_gpu_training.FOUR_GPU_LAYOUTS[name]
+        )
+        for name in test_gpu_training.FOUR_GPU_RESUMED
     },
     "perf: initial weights": tiny(*test_gpu_perf.INIT_RUN),
     **{
@@ -108,7 +124,8 @@ def test_the_gpu_tests_configs_pass_the_plan(name, monkeypatch, tmp_path):
     overrides = CONFIGS[name]() if callable(CONFIGS[name]) else CONFIGS[name]
     if not any(o.startswith("results_dir=") for o in overrides):  # not the checkout's results/, which runs fill
         overrides = [*overrides, f"results_dir={tmp_path}"]
-    validate(compose([*overrides, "memory_check=false"]), TWO_H200)
+    cfg = compose([*overrides, "memory_check=false"])
+    validate(cfg, FOUR_H200 if cfg.parallelism.num_gpus > 2 else TWO_H200)
 
 
 @pytest.fixture(scope="module")

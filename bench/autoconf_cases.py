@@ -28,14 +28,14 @@ command measured:
     python bench/autoconf_cases.py --rank OUT/2gpu-*/measured_rows.yaml  # the ranking table (no GPU)
     python bench/fit_steptime.py --rows OUT/2gpu-*/measured_rows.yaml    # the fit with them, held-out error per row
 
-Four GPUs (`--gpus 4`): the 8B proxy (16 layers) and the 70B shape with 10 layers (issue 33's 70B proxy: 2 layers
+Four GPUs (`--gpus 4`): the 8B proxy (16 layers) and the 70B shape with 10 layers (the four-GPU table's 70B proxy: 2 layers
 leave 4 GPUs nothing but data parallelism), seq 8192, GBS 8, in layouts parallelism=auto keeps on 4 H100 (80 GB),
 chosen from its ranking to spread over every dimension, each planned as the search's candidate of its layout (TP4 at
 hidden 8192 with the h8192_tp4 userbuffer preset, pipelines of the 70B shape with the embedding's wgrad deferred).
 8B: DP4, DP4 full recompute, CP2 x DP2, CP4, TP2 x DP2, TP4, TP2 x CP2, PP2 VP8 x DP2; 70B: TP2 x DP2 (the search's
 first), TP2 full recompute, TP4, TP2 x CP2, PP2 x DP2, PP2 VP5 x DP2, TP2 x PP2 VP5 (DP4 and CP alone exceed 80 GB);
 bf16; fp8 in the three layouts the search ranks first in fp8 at MBS 1 for the 8B (DP4, CP2, TP2) and its first two
-for the 70B (CP2, TP2) with TP4 (the issue's table layout) in place of its third (CP4). 21 cases,
+for the 70B (CP2, TP2) with TP4 (the four-GPU table's layout) in place of its third (CP4). 21 cases,
 about 27 minutes on 4 H100 or H200 (~65 s a run of the 8B proxy, ~85 s of the 70B one), in four commands:
 
     bash bench/gpu_autoconf_cases.sh OUT/4gpu-1 --gpus 4 --shard 1/4 --budget-s 450 --timeout-s 180   # ~7 min each
@@ -115,7 +115,7 @@ TWO_GPU_FP8 = ("dp2", "tp2-overlap", "cp2")
 # held-out error is the VP bubble term's on a layout it was not fit to), MBS 2 (as on one GPU) and fp8 CP2 (the fit
 # has fp8 only without CP on our stack, and CP2 in bf16).
 TWO_GPU_HELD_OUT = ("pp2-vp2", "pp2-vp2-asym", "dp2-mbs2", "fp8-cp2")
-# The four-GPU cases are checked against H100 (80 GB) too; the 70B proxy has 10 layers there (issue 33's).
+# The four-GPU cases are checked against H100 (80 GB) too; the 70B proxy has 10 layers there (the four-GPU table's).
 FOUR_GPU = "h100"
 FOUR_GPU_PROXIES = (("8b", 16), ("70b", 10))
 _SP = ["parallelism.sequence_parallel=true", "parallelism.tp_comm_overlap=true"]
@@ -140,7 +140,7 @@ FOUR_GPU_BF16 = {
     "8b": ("dp4", "dp4-full", "cp2", "cp4", "tp2", "tp4", "tp2-cp2", "pp2-vp8"),
     "70b": ("tp2", "tp2-full", "tp4", "tp2-cp2", "pp2", "pp2-vp5", "tp2-pp2-vp5"),
 }
-# ... and in fp8 the three it ranks first in fp8 at MBS 1 (70B: the first two, and TP4, issue 33's table layout).
+# ... and in fp8 the three it ranks first in fp8 at MBS 1 (70B: the first two, and TP4, the four-GPU table's layout).
 FOUR_GPU_FP8 = {"8b": ("dp4", "cp2", "tp2"), "70b": ("cp2", "tp2", "tp4")}
 FOUR_GPU_LABELS = {
     "dp4-full": "dp4 full recompute",

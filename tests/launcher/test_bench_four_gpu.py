@@ -1,4 +1,4 @@
-"""The four-GPU measurements, checked without a GPU (issue 33): bench/four_gpu.py's groups and bench/autoconf_cases.py
+"""The four-GPU measurements, checked without a GPU: bench/four_gpu.py's groups and bench/autoconf_cases.py
 --gpus 4. Every main.py command they would run (the exact command bench_train.run_case builds) passes the plan on 4
 H200, so a bad override fails here, not after a device's start-up; each command stays within a 10-minute device
 call by the estimates; each variant differs from its group's defaults in what it measures; the table's and the
@@ -230,7 +230,7 @@ def test_both_proxies_have_six_layouts_or_more_in_bf16_and_fp8_in_the_searchs_fi
 @pytest.mark.parametrize("model,layers", cases.FOUR_GPU_PROXIES)
 def test_the_searchs_pick_is_measured_and_fp8_has_its_first_two(model, layers):
     """In each dtype the search's first layout on 4 H100 is among the cases; in fp8 its first two at MBS 1 are (the
-    70B's third fp8 case is TP4, the issue's table layout, where the search's third is CP4)."""
+    70B's third fp8 case is TP4, the four-GPU table's layout, where the search's third is CP4)."""
     ours = defaultdict(set)
     for case, check in zip(FOUR, _checks(FOUR)):
         if case.model == model:

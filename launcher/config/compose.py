@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
+from collections import Counter
+from contextlib import ExitStack, contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
@@ -12,12 +13,15 @@ import omegaconf._utils
 import yaml
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+from hydra._internal import defaults_list
 from hydra._internal.defaults_list import Overrides
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import DictConfig, OmegaConf, read_write
+from hydra.plugins.config_source import ConfigResult
+from omegaconf import DictConfig, OmegaConf, flag_override, read_write
 
 from common.config import Config, DefaultLayout, DtypeConfig, load_config
 from common.typed import from_plain
@@ -62,7 +66,6 @@ def _composed(overrides: Sequence[str], bases: Bases | None = None) -> DictConfi
         return cfg
     merged = _layout_merged(cfg, overrides, layout)
     if merged is not None:
-        HydraConfig.instance().set_config(merged)
         return merged
     try:
         return _compose_once(with_layout(overrides, layout), bases)
@@ -101,9 +104,16 @@ def _layout_merged(cfg: DictConfig, overrides: Sequence[str], layout: str) -> Di
         return None
     cfg.parallelism.merge_with(common.config, own.config)
     ConfigLoaderImpl._apply_overrides_to_config(again, cfg)
-    with read_write(cfg.hydra):  # Hydra's node is read-only once composed
-        cfg.hydra.runtime.choices.parallelism = layout
-        _record_overrides(cfg, named)
+    # Hydra's node, and the copy of it that HydraConfig keeps for ${hydra:...} (as set_config(cfg) would make it
+    # again, without a second deep copy of the node)
+    kept: Any = HydraConfig.instance().cfg
+    is_kept = kept is not None and kept.hydra._get_parent() is cfg
+    for node in (cfg, kept) if is_kept else (cfg,):
+        with read_write(node.hydra):  # Hydra's node is read-only once composed
+            node.hydra.runtime.choices.parallelism = layout
+            _record_overrides(node, named)
+    if not is_kept:
+        HydraConfig.instance().set_config(cfg)
     return cfg
 
 
@@ -146,12 +156,81 @@ def search_path(config_dirs: Sequence[Path]) -> list[str]:
 
 
 def _hydra_composed(overrides: Sequence[str]) -> DictConfig:
+    with _without_needless_copies():
+        try:
+            with _libyaml_parsing():
+                return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        except yaml.YAMLError:
+            pass  # libyaml words a file that does not parse its own way: PyYAML's words, which the error lines quote
+        return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+@contextmanager
+def _without_needless_copies() -> Iterator[None]:
+    """Three things Hydra's compose does whose results the composition never reads (a fifth of a dry run's
+    compose), left out within this block, which changes nothing else:
+    - the deep copy of its repository (to re-initialize the copy's sources) copies the ConfigStore singleton with
+      every stored node, which the copy only reads from, deep-copying each node it loads: the copy shares it;
+    - every config with a defaults list makes an OmegaConf node of the choices so far, which only an interpolation
+      in that list (`- x: ${y}`) reads: made for such a list only;
+    - a config placed at a package (`cluster`, `training`, ...) is deep-copied into a node holding it there, before
+      that node is merged as every config is: placed without a copy where the defaults list names it once (a config
+      named twice, as `- db@a: x` and `- db@b: x` may, is copied each time)."""
+    make_map = defaults_list._create_interpolation_map
+    embed = ConfigLoaderImpl._embed_result_config
+    compose_from = ConfigLoaderImpl._compose_config_from_defaults_list
+    named_once: set[int] = set()  # the loaded configs (by id) that the defaults list being composed names once
+
+    def interpolation_map(overrides: Any, defaults: list[Any], self_added: bool) -> Any:
+        if any(not d.is_self() and d.is_interpolation() for d in defaults):
+            return make_map(overrides, defaults, self_added)
+        return None  # read by nothing: _create_defaults_tree_impl resolves the interpolations of `defaults` only
+
+    def composed_from(loader: ConfigLoaderImpl, defaults: list[Any], repo: Any) -> DictConfig:
+        named_once.clear()
+        for path, times in Counter(d.config_path for d in defaults).items():
+            loaded = repo.load_config(path) if path is not None and times == 1 else None  # each already loaded
+            if loaded is not None:
+                named_once.add(id(loaded.config))
+        return compose_from(loader, defaults, repo)
+
+    def placed_uncopied(ret: ConfigResult, package_override: str | None) -> ConfigResult:
+        package = ret.header["package"] if package_override is None else package_override
+        if not package or id(ret.config) not in named_once:
+            return embed(ret, package_override)
+        cfg = OmegaConf.create()
+        with flag_override(cfg, "no_deepcopy_set_nodes", True):
+            OmegaConf.update(cfg, package, ret.config, merge=False)
+        ret = copy.copy(ret)
+        ret.config = cfg
+        return ret
+
+    with ExitStack() as replaced:
+        replaced.enter_context(_replaced(ConfigStore, "__deepcopy__", _the_store))
+        replaced.enter_context(_replaced(defaults_list, "_create_interpolation_map", interpolation_map))
+        replaced.enter_context(_replaced(ConfigLoaderImpl, "_embed_result_config", staticmethod(placed_uncopied)))
+        replaced.enter_context(_replaced(ConfigLoaderImpl, "_compose_config_from_defaults_list", composed_from))
+        yield
+
+
+@contextmanager
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` (a class's own attribute, a module's global) is `value` within this block."""
+    missing = object()
+    before = vars(owner).get(name, missing)
+    setattr(owner, name, value)
     try:
-        with _libyaml_parsing():
-            return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
-    except yaml.YAMLError:
-        pass  # libyaml words a file that does not parse its own way: PyYAML's words, which the error lines quote
-    return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        yield
+    finally:
+        if before is missing:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, before)
+
+
+def _the_store(store: ConfigStore, memo: dict[int, Any]) -> ConfigStore:
+    """ConfigStore's deep copy: the singleton itself."""
+    return store
 
 
 @contextmanager

@@ -82,3 +82,34 @@ def test_the_default_layout_of_a_plain_run_is_merged_not_composed_again():
 
     first = _compose_once([], None)
     assert _layout_merged(first, [], "tp1") is not None  # the equality above is then the merge's, not Hydra's
+
+
+@pytest.mark.parametrize("overrides", DEFAULT_LAYOUT_RUNS[:4], ids=lambda o: " ".join(o) or "defaults")
+def test_hydras_compose_without_its_needless_copies_is_the_same_config(overrides, monkeypatch):
+    # _without_needless_copies leaves out copies and a node Hydra makes that the composition never reads: the config,
+    # Hydra's node included, is the one Hydra composes with them
+    import contextlib
+
+    from omegaconf import OmegaConf
+
+    from launcher.config import compose as composing
+
+    composing._hydra_over_conf()
+    fast = composing._hydra_composed(overrides)
+    monkeypatch.setattr(composing, "_without_needless_copies", contextlib.nullcontext)
+    hydras = composing._hydra_composed(overrides)
+    assert OmegaConf.to_yaml(fast) == OmegaConf.to_yaml(hydras)
+    assert OmegaConf.get_type(fast.cluster) is OmegaConf.get_type(hydras.cluster)
+
+
+def test_the_default_layout_merge_keeps_hydraconfig_the_copy_of_the_runs_node():
+    # ${hydra:...} reads HydraConfig's copy of the node: after the merge it names the layout, as set_config would
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from launcher.config.compose import _composed
+
+    cfg = _composed(["seed=3"])
+    kept = HydraConfig.get()
+    assert kept.runtime.choices.parallelism == cfg.hydra.runtime.choices.parallelism != "default"
+    assert OmegaConf.to_yaml(kept) == OmegaConf.to_yaml(cfg.hydra)

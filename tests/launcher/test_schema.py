@@ -109,3 +109,38 @@ def test_registering_again_keeps_the_stored_schema():
     stored = ConfigStore.instance().repo["config_schema.yaml"]
     register()
     assert ConfigStore.instance().repo["config_schema.yaml"] is stored
+
+
+def _nodes(node, path=""):
+    """Every node of an OmegaConf tree with its type, metadata, parent and value: what two conversions must share."""
+    from omegaconf import DictConfig
+    from omegaconf.basecontainer import BaseContainer
+
+    md = node._metadata
+    rows = [(path, type(node).__name__, md.ref_type, md.object_type, md.key, md.optional, repr(md.flags))]
+    rows.append((path, "parent", node._get_parent()._get_full_key(None) if node._get_parent() is not None else None))
+    if isinstance(node, BaseContainer) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
+        keys = list(node.keys()) if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            child = node._get_node(key)
+            assert child._get_parent() is node, f"{path}.{key}"
+            rows += _nodes(child, f"{path}.{key}")
+    else:
+        rows.append((path, repr(node._value())))
+    return rows
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [schema.Config, *schema.CLUSTERS.values(), *schema.DATA_SOURCES.values(), *schema.PEFT_METHODS.values()],
+    ids=lambda kind: kind.__name__,
+)
+def test_the_stored_schema_nodes_are_omegaconfs_conversion(kind):
+    # structured() leaves out OmegaConf's copies of the nodes it has just made: the same tree, no node shared
+    from omegaconf import OmegaConf
+
+    from launcher.config.schema import structured
+
+    ours, omegaconfs = structured(kind), OmegaConf.structured(kind)
+    assert _nodes(ours) == _nodes(omegaconfs)
+    assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(omegaconfs)

@@ -28,8 +28,8 @@ command measured:
     python bench/autoconf_cases.py --rank OUT/2gpu-*/measured_rows.yaml  # the ranking table (no GPU)
     python bench/fit_steptime.py --rows OUT/2gpu-*/measured_rows.yaml    # the fit with them, held-out error per row
 
-Four GPUs (`--gpus 4`): the 8B proxy (16 layers) and the 70B shape with 10 layers (the four-GPU table's 70B proxy: 2 layers
-leave 4 GPUs nothing but data parallelism), seq 8192, GBS 8, in layouts parallelism=auto keeps on 4 H100 (80 GB),
+Four GPUs (`--gpus 4`): the 8B proxy (16 layers) and the 70B shape with 10 layers (not 2 as on two GPUs:
+2 layers leave 4 GPUs only data parallelism), seq 8192, GBS 8, in layouts parallelism=auto keeps on 4 H100 (80 GB),
 chosen from its ranking to spread over every dimension, each planned as the search's candidate of its layout (TP4 at
 hidden 8192 with the h8192_tp4 userbuffer preset, pipelines of the 70B shape with the embedding's wgrad deferred).
 8B: DP4, DP4 full recompute, CP2 x DP2, CP4, TP2 x DP2, TP4, TP2 x CP2, PP2 VP8 x DP2; 70B: TP2 x DP2 (the search's

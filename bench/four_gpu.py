@@ -1,4 +1,4 @@
-"""The four-GPU measurements (docs/performance.md's four-GPU table): seq 8192, MBS 1, mock data, the current defaults, each group one
+"""The four-GPU measurements: seq 8192, MBS 1, mock data, the current defaults, each group one
 bench/bench_train.py run of its cases on 4 GPUs. `--list` plans every case of a group on 4 H200 (no GPU: a bad
 override fails here in seconds) and prints its memory estimate, whether it fits an H100 too, and the estimated wall
 time (start-up plus the step-time model's step on H200 x steps; a guess until measured).

@@ -206,7 +206,7 @@ LAYOUTS = {
 }
 
 
-# Four GPUs (the four-GPU table's sizes): TP4 and TP2 x PP2 with sequence parallelism (no userbuffers: the comparison is of
+# Four GPUs: TP4 and TP2 x PP2 with sequence parallelism (no userbuffers: the comparison is of
 # the layout's arithmetic, as tp2_sp above; FOUR_GPU_FP8 has them), and DP4. The tiny model's 8 heads and 4 KV groups
 # split over TP4, its 6 layers over PP2, and its GBS 8 of MBS 2 over DP4.
 FOUR_GPU_LAYOUTS = {

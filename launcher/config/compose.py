@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, flag_override, read_write
 
 from common.config import Config, DefaultLayout, DtypeConfig, load_config
 from common.typed import from_plain
-from launcher.config.schema import register
+from launcher.config.schema import knows_the_internals, register
 from launcher.config.sweep import parse
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -176,6 +176,9 @@ def _without_needless_copies() -> Iterator[None]:
     - a config placed at a package (`cluster`, `training`, ...) is deep-copied into a node holding it there, before
       that node is merged as every config is: placed without a copy where the defaults list names it once (a config
       named twice, as `- db@a: x` and `- db@b: x` may, is copied each time)."""
+    if not knows_the_internals():
+        yield
+        return
     make_map = defaults_list._create_interpolation_map
     embed = ConfigLoaderImpl._embed_result_config
     compose_from = ConfigLoaderImpl._compose_config_from_defaults_list

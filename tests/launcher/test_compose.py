@@ -113,3 +113,22 @@ def test_the_default_layout_merge_keeps_hydraconfig_the_copy_of_the_runs_node():
     kept = HydraConfig.get()
     assert kept.runtime.choices.parallelism == cfg.hydra.runtime.choices.parallelism != "default"
     assert OmegaConf.to_yaml(kept) == OmegaConf.to_yaml(cfg.hydra)
+
+
+def test_with_other_hydra_or_omegaconf_releases_the_shortcuts_are_left_out(monkeypatch):
+    # The shortcuts mirror Hydra 1.3 and OmegaConf 2.3 internals; another release composes at the libraries' pace
+    import hydra
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from launcher.config import compose as composing
+    from launcher.config import schema
+
+    assert schema.knows_the_internals()  # the installed releases are the ones the other tests check
+    embed = ConfigLoaderImpl._embed_result_config
+    with composing._without_needless_copies():
+        assert ConfigLoaderImpl._embed_result_config is not embed
+    monkeypatch.setattr(hydra, "__version__", "1.4.0")
+    assert not schema.knows_the_internals()
+    with composing._without_needless_copies():
+        assert ConfigLoaderImpl._embed_result_config is embed
+    assert composing.compose(["training=llama31/tiny", "cluster=local"]).training.name

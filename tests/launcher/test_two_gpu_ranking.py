@@ -186,15 +186,18 @@ def test_the_table_reads_the_benchs_rows_and_groups_them_by_proxy(tmp_path, caps
 def test_measured_yaml_ranks_its_two_gpu_rows_and_pending_entries_are_left_out(capsys):
     assert cases.main(["--rank", "--gpus", "2"]) == 0
     out = capsys.readouterr().out
-    assert "llama31_8b 32-layer bf16 on 2 h200 GPUs, GBS 32" in out and "(2 GPUs)" not in out
+    assert "llama31_8b 32-layer bf16 on 2 h200 GPUs, GBS 32" in out
+    measured = {r["name"] for r in perfdata.measured_rows()}
+    assert all((c.name in out) == (c.name in measured) for c in TWO)
 
 
 # --------------------------------------------------------------------------- the fit
 def test_new_rows_join_the_fit_replacing_measured_yaml_rows_of_their_name(tmp_path):
     first = perfdata.measured_rows()[0]
-    new = {**cases.pending_entry(TWO[0]), "gpu": "h200", "step_time_s": 1.7}
+    unmeasured = [c for c in TWO if c.name not in {r["name"] for r in perfdata.measured_rows()}]
+    new = {**cases.pending_entry(unmeasured[0]), "gpu": "h200", "step_time_s": 1.7}
     path = tmp_path / "measured_rows.yaml"
-    path.write_text(cases.to_yaml([{**first, "tokens_per_s_per_gpu": 1}, new, cases.pending_entry(TWO[1])]))
+    path.write_text(cases.to_yaml([{**first, "tokens_per_s_per_gpu": 1}, new, cases.pending_entry(unmeasured[1])]))
     rows = fit.all_rows([str(path)])
     names = [r["name"] for r in rows]
     assert len(names) == len(set(names)) == len(perfdata.measured_rows()) + 1  # the pending entry is left out

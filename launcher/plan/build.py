@@ -46,6 +46,11 @@ def build_plan(cfg: Config, local_gpus: LocalGpus | None = None) -> Plan:
         grad_fp32=reduces_grads_in_fp32(cfg),
         recompute=par.recompute_granularity,
         peft=cfg.peft,
+        fp8=bool(fp8),
+        num_microbatches=_accepted(sizes.num_microbatches, "num_microbatches"),
+        sequence_parallel=par.sequence_parallel,
+        defer_embedding_wgrad=par.defer_embedding_wgrad_compute,
+        wgrad_deferral_limit=par.wgrad_deferral_limit,
     )
     fp8_param_gather = resolve_fp8_param_gather(dtype, par, sizes, lambda: memory_of(fp8_params=False))
     memory = memory_of(fp8_params=fp8_param_gather)

@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 from common.config import LoraConfig, ModelConfig, PeftConfig, Recompute
-from launcher.plan.formulas import lora_layer_parameters, stage_parameters
+from launcher.plan.formulas import lora_layer_parameters, lora_target_features, stage_parameters
 
 GIB = 1024**3
+# Bytes per logit (tokens x padded vocabulary / TP) that megatron-core's native fused cross entropy
+# (megatron/core/fusions/fused_cross_entropy.py, the default training.model.cross_entropy_fusion) holds at once on
+# the last stage. Forward: the output layer's bf16 logits (2) and `calculate_logits_max`'s `.float()` copy (4), which
+# the compiled functions turn in place into the softmax that `save_for_backward` keeps (4). Backward:
+# `calculate_gradients` is torch.compile'd, so its in-place edits of the saved fp32 softmax (subtract 1 at the target,
+# scale by the loss gradient) are functionalised into a new fp32 tensor (4) before its bf16 cast (2) is returned: 4 +
+# 4 + 2. Counting only the bf16 logits and one fp32 copy (6) left the two-GPU DP2 rows 5-14% under their measured
+# peaks (70B 2-layer DP2 MBS 2: 58.1 against 67.6 GiB); with 10 they are within 2.6%. Transformer Engine's loss
+# (cross_entropy_fusion=te, which deterministic runs take) needs less: the full 8B DP2 and TP2 rows peaked 5.9 and
+# 3.0 GiB (6 bytes a logit) lower with it than with the native loss; the estimate keeps the native count for both.
+LOGIT_BYTES = 10
+# Bytes per weight of a Transformer Engine linear layer that FP8 training keeps beside bf16 weights (no FP8 param
+# gather): the FP8 copy for the forward GEMM and its transpose for the backward's (Hopper's FP8 GEMMs take no
+# transposed operand), cast at a step's first microbatch and cached for the rest (is_first_microbatch). Without
+# them the two-GPU fp8 DP2 rows were 9-10% under their peaks. FP8 weights (FP8 param gather) get a transpose too
+# (megatron-core's post_all_gather_processing), not counted: the one measured row with FP8 weights (8B DP2 on 2
+# H200, earlier code) is -2.9% without it and +3.0% with it, so no measurement decides it yet.
+FP8_WEIGHT_CACHE_BYTES = 2
 
 
 def estimate_memory_gib(
@@ -25,10 +43,16 @@ def estimate_memory_gib(
     fp8_params: bool,
     recompute: Recompute | None,
     peft: PeftConfig | None = None,
+    fp8: bool = False,
+    num_microbatches: int = 1,
+    sequence_parallel: bool = False,
+    defer_embedding_wgrad: bool = False,
+    wgrad_deferral_limit: int = 0,
 ) -> float:
     """Peak memory of the most loaded GPU, roughly: weights, gradient buffer and optimizer shard, plus the larger
     of two transient peaks, and a fixed allowance for the CUDA context and workspaces:
-    - forward/backward: activations of the microbatches in flight and the logits;
+    - forward/backward: activations of the microbatches in flight, the loss's logits and, with
+      defer_embedding_wgrad_compute, the output layer's deferred weight-gradient operands;
     - the optimizer step: megatron's distributed optimizer copies this rank's shard of the bf16 gradient buffer
       into fp32 `.grad` tensors of the main parameters (`_copy_model_grads_to_main_grads`: `.float()`), which
       live until the next step's `zero_grad`. With few data-parallel shards (a DP1 proxy) this is the peak.
@@ -36,6 +60,7 @@ def estimate_memory_gib(
     adapters count as trained weights; activations are counted as for full training."""
     h, ffn = model.hidden_size, model.ffn_hidden_size
     groups, heads = model.num_query_groups, model.num_attention_heads
+    linear_weights = sum(n_in * n_out for n_in, n_out in lora_target_features(model).values())  # QKV, proj, fc1, fc2
     worst = 0.0
     for stage, n_layers in enumerate(stage_layers):
         first, last = stage == 0, stage == pp - 1
@@ -44,6 +69,8 @@ def estimate_memory_gib(
         adapters = n_layers * lora_layer_parameters(model, peft, tp) if isinstance(peft, LoraConfig) else 0.0
         trained = adapters if isinstance(peft, LoraConfig) else params
         weight_bytes = params * (1 if fp8_params else 2) + adapters * 2
+        if fp8 and not fp8_params:
+            weight_bytes += n_layers * linear_weights / tp * FP8_WEIGHT_CACHE_BYTES
         grad_bytes = trained * (4 if grad_fp32 else 2)
         shards = dp * cp if distributed_optimizer else 1
         optim_bytes = trained * 12 / shards  # fp32 master weights + Adam m and v
@@ -53,6 +80,10 @@ def estimate_memory_gib(
         # fc1 input/output and SwiGLU output; the s^2 attention scores are never stored (flash/fused).
         tokens = seq_length * micro_batch_size / cp
         per_layer = 2 * tokens * (5 * h + 2 * h * groups / heads + 3 * ffn) / tp
+        if fp8:
+            # Transformer Engine keeps the inputs of the GEMMs it runs in FP8 for their weight gradient as FP8 (1
+            # byte, not 2): the attention output (proj), fc1's input and the SwiGLU output (fc2).
+            per_layer -= tokens * (2 * h + ffn) / tp
         if recompute == Recompute.full:
             per_layer = 2 * tokens * h / tp
         in_flight: float = 1
@@ -61,8 +92,19 @@ def estimate_memory_gib(
             if vp:
                 in_flight = in_flight + (pp - 1) / vp
         activation_bytes = per_layer * n_layers * in_flight
-        logits_bytes = tokens * padded_vocab / tp * (2 + 4) if last else 0.0  # bf16 logits + fp32 softmax
-        transient = max(activation_bytes + logits_bytes, step_grad_bytes)
+        logits_bytes = tokens * padded_vocab / tp * LOGIT_BYTES if last else 0.0
+        # defer_embedding_wgrad_compute: the output layer keeps each microbatch's input (the final norm's output,
+        # sequence-parallel shard) and bf16 output gradient, up to wgrad_deferral_limit of them (0: all), for the
+        # weight-gradient GEMMs the schedule drains after the last backward (megatron/core/tensor_parallel/
+        # layers.py: embedding_activation_buffer, grad_output_buffer). All of them are counted beside the loss's
+        # logits: at the last microbatch's loss backward the buffer holds one gradient fewer, but the measured PP2
+        # peaks of the 70B proxy (60.5 and 62.6 GiB) lie 2.6 and 3.8 GiB above that count and within 3% of this one.
+        deferred_bytes = 0.0
+        if last and pp > 1 and defer_embedding_wgrad:
+            kept = num_microbatches if wgrad_deferral_limit == 0 else min(num_microbatches, wgrad_deferral_limit)
+            kept_input = tokens * h / (tp if sequence_parallel else 1)
+            deferred_bytes = kept * 2 * (kept_input + tokens * padded_vocab / tp)
+        transient = max(activation_bytes + logits_bytes + deferred_bytes, step_grad_bytes)
         total = weight_bytes + grad_bytes + optim_bytes + transient + 3 * GIB
         worst = max(worst, total)
     return round(worst / GIB, 1)

@@ -74,3 +74,25 @@ def test_fp32_gradient_buffers_need_no_copy_in_the_step():
     # the peak (DP1), dearer where activations are (DP4).
     assert estimate(*PROXY_405B, "parallelism.grad_reduce_in_fp32=true") < estimate(*PROXY_405B)
     assert estimate(*DP4_8B, "parallelism.grad_reduce_in_fp32=true") > estimate(*DP4_8B)
+
+
+PP2_70B = [
+    "training=llama31/70b",
+    "training.model.num_layers=2",
+    "parallelism=custom",
+    "parallelism.num_gpus=2",
+    "parallelism.pp=2",
+    "cluster=bcm",
+    "cluster.gpu_type=h200",
+    "cluster.gpus_per_node=2",
+    "training.global_batch_size=8",
+]
+
+
+def test_deferred_output_layer_weight_gradients_keep_every_microbatchs_operands_up_to_the_limit():
+    # The last stage keeps each microbatch's bf16 output gradient ([8192, 128256]: 1.96 GiB) and input ([8192,
+    # 8192]: 0.125 GiB) until the drain: 8 microbatches (GBS 8, DP1), or wgrad_deferral_limit of them.
+    defer = ["parallelism.defer_embedding_wgrad_compute=true"]
+    plain = estimate(*PP2_70B)
+    assert estimate(*PP2_70B, *defer, "parallelism.wgrad_deferral_limit=22") - plain == pytest.approx(8 * 2.08, abs=0.2)
+    assert estimate(*PP2_70B, *defer, "parallelism.wgrad_deferral_limit=2") - plain == pytest.approx(2 * 2.08, abs=0.2)

@@ -33,7 +33,8 @@ Four GPUs (`--gpus 4`): the 8B proxy (16 layers) and the 70B shape with 10 layer
 chosen from its ranking to spread over every dimension, each planned as the search's candidate of its layout (TP4 at
 hidden 8192 with the h8192_tp4 userbuffer preset, pipelines of the 70B shape with the embedding's wgrad deferred).
 8B: DP4, DP4 full recompute, CP2 x DP2, CP4, TP2 x DP2, TP4, TP2 x CP2, PP2 VP8 x DP2; 70B: TP2 x DP2 (the search's
-first), TP2 full recompute, TP4, TP2 x CP2, PP2 x DP2, PP2 VP5 x DP2, TP2 x PP2 VP5 (DP4 and CP alone exceed 80 GB);
+first), TP2 full recompute, TP4, TP2 x CP2, PP2 x CP2, PP2 VP5 x CP2, TP2 x PP2 VP5 (DP4, CP alone and PP2 x DP2
+exceed 80 GB);
 bf16; fp8 in the three layouts the search ranks first in fp8 at MBS 1 for the 8B (DP4, CP2, TP2) and its first two
 for the 70B (CP2, TP2) with TP4 (the four-GPU table's layout) in place of its third (CP4). 21 cases,
 about 27 minutes on 4 H100 or H200 (~65 s a run of the 8B proxy, ~85 s of the 70B one), in four commands:
@@ -133,12 +134,16 @@ FOUR_GPU_LAYOUTS: dict[str, list[str]] = {
     "pp2": [*_CUSTOM4, "parallelism.pp=2"],
     "pp2-vp5": [*_CUSTOM4, "parallelism.pp=2", "parallelism.vp=5"],
     "pp2-vp8": [*_CUSTOM4, "parallelism.pp=2", "parallelism.vp=8"],
+    "pp2-cp2": [*_CUSTOM4, "parallelism.pp=2", "parallelism.cp=2"],
+    "pp2-cp2-vp5": [*_CUSTOM4, "parallelism.pp=2", "parallelism.cp=2", "parallelism.vp=5"],
     "tp2-pp2-vp5": [*_CUSTOM4, "parallelism.tp=2", "parallelism.pp=2", "parallelism.vp=5", *_SP],
 }
 # Per proxy, in bf16: layouts the search keeps on 4 H100, spread over every dimension (its first ones included) ...
 FOUR_GPU_BF16 = {
     "8b": ("dp4", "dp4-full", "cp2", "cp4", "tp2", "tp4", "tp2-cp2", "pp2-vp8"),
-    "70b": ("tp2", "tp2-full", "tp4", "tp2-cp2", "pp2", "pp2-vp5", "tp2-pp2-vp5"),
+    # The 70B's pipelines split its sequence too (CP2): PP2 x DP2 holds the deferred output-layer gradients of every
+    # microbatch and no longer fits an H100 by the memory estimate.
+    "70b": ("tp2", "tp2-full", "tp4", "tp2-cp2", "pp2-cp2", "pp2-cp2-vp5", "tp2-pp2-vp5"),
 }
 # ... and in fp8 the three it ranks first in fp8 at MBS 1 (70B: the first two, and TP4, the four-GPU table's layout).
 FOUR_GPU_FP8 = {"8b": ("dp4", "cp2", "tp2"), "70b": ("cp2", "tp2", "tp4")}

@@ -20,7 +20,7 @@ Groups (python bench/four_gpu.py GROUP --out OUT [bench_train.py arguments, e.g.
                   (default) / per layer / full iteration, 2 runs each.                        6 runs, ~8 min
   rank-order      data-parallel-last rank order: 70B, 10 layers, bf16, PP2 VP5 x DP2 (the only 4-GPU split of the
                   proxy where the order changes which ranks pair), GBS 8, 8 steps: pp_last (default) / dp_last,
-                  3 runs each.                                                                6 runs, ~8 min
+                  3 runs each. ~83 GiB a GPU: H200 only.                                      6 runs, ~8 min
 
 The minutes are `--list`'s estimates. The variant groups (all but table-*) run their cases --repeat times
 interleaved, with a table of medians against the first case, the defaults (a larger --repeat and --previous of the
@@ -174,6 +174,8 @@ GROUPS: dict[str, Group] = {
             "70b10-bf16-pp2-dp2": f"{PP2_70B} dtype=bf16",
             "70b10-bf16-pp2-dp2-dp-last": f"{PP2_70B} dtype=bf16 parallelism.rank_order=dp_last",
         },
+        # 82.6 GiB with the deferred output-layer gradients counted (launcher/plan/memory.py)
+        h200_only=True,
     ),
 }
 

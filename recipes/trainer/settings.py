@@ -151,9 +151,9 @@ TRANSFORMER_FIELDS: dict[str, Source] = {
     "attention_backend": lambda run: AttnBackend[run.model.attention_backend],
     # Precision: bf16 weights and activations, fp32 master weights in the optimizer; dtype=fp32: fp32 throughout.
     "bf16": lambda run: bool(run.cfg.dtype.bf16),
-    "params_dtype": lambda run: _weights_dtype(run),
-    "pipeline_dtype": lambda run: _weights_dtype(run),
-    "autocast_dtype": lambda run: _weights_dtype(run),
+    "params_dtype": _weights_dtype,
+    "pipeline_dtype": _weights_dtype,
+    "autocast_dtype": _weights_dtype,
     # Low precision: FP8 (its recipe, FP8 weights, FP8 attention and output layer), FP4, and the Transformer
     # Engine kernels that write the FP8 copies themselves.
     "fp8": lambda run: run.plan.fp8,
@@ -231,7 +231,7 @@ OPTIMIZER_FIELDS: dict[str, Source] = {
     "adam_eps": lambda run: run.cfg.training.optimizer.adam_eps,
     "clip_grad": lambda run: run.cfg.training.optimizer.clip_grad,
     "bf16": lambda run: bool(run.cfg.dtype.bf16),
-    "params_dtype": lambda run: _weights_dtype(run),
+    "params_dtype": _weights_dtype,
     "use_distributed_optimizer": lambda run: bool(run.par.use_distributed_optimizer),
     "overlap_param_gather": lambda run: bool(run.par.overlap_param_gather),
 }

@@ -24,7 +24,6 @@ adapter-level difference that is ours. Then:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -220,13 +219,9 @@ def comparison(ours: dict[int, dict], our_adapters: dict, reference: dict) -> li
 @pytest.fixture(scope="module", autouse=True)
 def no_tf32():
     """TF32 off for the runs this module starts (megatron-core and Transformer Engine GEMMs through cuBLAS)."""
-    before = os.environ.get("NVIDIA_TF32_OVERRIDE")
-    os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
-    yield
-    if before is None:
-        del os.environ["NVIDIA_TF32_OVERRIDE"]
-    else:
-        os.environ["NVIDIA_TF32_OVERRIDE"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+        yield
 
 
 @pytest.fixture(scope="module")

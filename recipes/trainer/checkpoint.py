@@ -304,7 +304,10 @@ class Checkpointer(Callback):
             path,
         )
         _load_model_state(self.chunks, loaded, adapters_only)
-        self.optimizer.load_state_dict(loaded["optimizer"])
+        # Without autograd: in fp32 the distributed optimizer's main parameters are the model's own (leaves that
+        # require grad), and its load copies into them in place.
+        with torch.no_grad():
+            self.optimizer.load_state_dict(loaded["optimizer"])
         self.scheduler.load_state_dict(loaded["scheduler"])
         _set_rng_state(loaded["rng_state"])
         return read_train_state(path)

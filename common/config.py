@@ -459,7 +459,10 @@ class DtypeConfig:
     fp8_amax_history_len: int = key("delayed scaling: amax history length", within=COUNT)
     fp8_amax_compute_algo: str = key("delayed scaling: max or most_recent")
     fp8_margin: int = key("FP8 scaling margin (powers of two)", within=NON_NEGATIVE)
-    fp8_dot_product_attention: bool = key("attention in FP8")
+    fp8_dot_product_attention: Optional[bool] = key(
+        "attention in FP8 (cuDNN); null: on with delayed scaling where the GPU's FP8 attention trains the head size, "
+        "off otherwise (plan.json fp8_dot_product_attention)"
+    )
     fp8_output_layer: bool = key("the output layer's GEMM in FP8 (megatron-core offers it with mxfp8 only)")
     te_op_fuser: bool = key(
         "the MLP as Transformer Engine fused ops: SwiGLU writes FP8 for fc2, its backward "

@@ -36,6 +36,7 @@ class Plan:
     asymmetric_pipeline: bool
     fp8: str | None
     fp8_param_gather: bool
+    fp8_dot_product_attention: bool
     tp_comm_overlap: bool
     model_flops_per_sample: float
     est_memory_gib_per_gpu: float

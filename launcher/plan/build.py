@@ -6,7 +6,18 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from common.config import Config, DtypeConfig, ParallelismConfig, RankOrder, reduces_grads_in_fp32
+from common.config import (
+    AttentionBackend,
+    Config,
+    DataConfig,
+    DataFormat,
+    DtypeConfig,
+    Fp8Recipe,
+    ParallelismConfig,
+    RankOrder,
+    reduces_grads_in_fp32,
+)
+from launcher.plan.checks.precision import fp8_attention_head_sizes
 from common.plan import Plan
 from launcher.plan.env import training_env
 from launcher.plan.formulas import layers_per_pipeline_stage, model_flops_per_sample, num_parameters, padded_vocab_size
@@ -81,6 +92,7 @@ def build_plan(cfg: Config, local_gpus: LocalGpus | None = None) -> Plan:
         asymmetric_pipeline=par.asymmetric_pipeline,
         fp8=fp8,
         fp8_param_gather=fp8_param_gather,
+        fp8_dot_product_attention=resolve_fp8_attention(cfg, sizes),
         tp_comm_overlap=par.tp_comm_overlap,
         model_flops_per_sample=model_flops_per_sample(model, train.seq_length, cfg.peft),
         est_memory_gib_per_gpu=memory,
@@ -105,6 +117,31 @@ def _accepted(size: int | None, name: str) -> int:
 
 # From this many optimizer shards FP8 param gather is on by default; fewer were measured faster without it.
 MANY_OPTIMIZER_SHARDS = 4
+
+
+def resolve_fp8_attention(cfg: Config, sizes: Sizes) -> bool:
+    """What dtype.fp8_dot_product_attention means for this run: the user's true or false; for null, on where what was
+    measured holds: FP8 with delayed scaling, cuDNN's fused attention (the backend auto or fused), heads of a size the
+    GPU's FP8 attention trains, one context-parallel rank and no packed sequences. There its validation loss matched
+    the FP8 defaults' and a step ran 3% faster (conf/dtype/fp8.yaml has the measurements)."""
+    dtype, model = cfg.dtype, cfg.training.model
+    if dtype.fp8_dot_product_attention is not None:
+        return bool(dtype.fp8 and dtype.fp8_dot_product_attention)
+    spec = sizes.spec
+    return (
+        bool(dtype.fp8)
+        and dtype.fp8_recipe == Fp8Recipe.delayed
+        and model.attention_backend in (AttentionBackend.auto, AttentionBackend.fused)
+        and spec is not None
+        and fp8_attention_head_sizes(spec, model.kv_channels) is None
+        and (sizes.cp or 1) == 1
+        and not packs_sequences(cfg.training.data)
+    )
+
+
+def packs_sequences(data: DataConfig) -> bool:
+    """Several fine-tuning samples per sequence (THD): training.data.packing applies to SFT data only."""
+    return data.format == DataFormat.sft and data.packing
 
 
 def resolve_fp8_param_gather(

@@ -31,7 +31,12 @@ def format_plan(plan: Plan, cfg: Config) -> str:
             ("sequence parallel", plan.sequence_parallel),
             ("TP comm overlap", plan.tp_comm_overlap),
             ("asymmetric pipeline", plan.asymmetric_pipeline),
-            (f"fp8 {plan.fp8}" + (" + param gather" if plan.fp8_param_gather else ""), bool(plan.fp8)),
+            (
+                f"fp8 {plan.fp8}"
+                + (" + param gather" if plan.fp8_param_gather else "")
+                + (" + attention" if plan.fp8_dot_product_attention else ""),
+                bool(plan.fp8),
+            ),
             ("data-parallel-last ranks", plan.rank_order.endswith("-dp")),
             (f"CUDA graphs {plan.cuda_graphs}", plan.cuda_graphs != "none"),
         )

@@ -40,7 +40,7 @@ SUCCESS, ABORTED = "success", "aborted"
 def precision_keys(cfg: Config, plan: Plan) -> list[tuple[str, str]]:
     """The lowest numerical precision in the linear layers, attention and communication (rules 6.1 onwards)."""
     fp8 = bool(plan.fp8)
-    attention_fp8 = fp8 and cfg.dtype.fp8_dot_product_attention
+    attention_fp8 = plan.fp8_dot_product_attention
     weights = "bfloat16" if cfg.dtype.bf16 else "fp32"
     return [
         ("lowest_numerical_precision_in_linear", "fp8" if fp8 else weights),

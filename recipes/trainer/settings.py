@@ -162,7 +162,7 @@ TRANSFORMER_FIELDS: dict[str, Source] = {
     "fp8_margin": lambda run: run.cfg.dtype.fp8_margin,
     "fp8_amax_history_len": lambda run: run.cfg.dtype.fp8_amax_history_len,
     "fp8_amax_compute_algo": lambda run: run.cfg.dtype.fp8_amax_compute_algo,
-    "fp8_dot_product_attention": lambda run: _in_fp8(run.cfg.dtype.fp8_dot_product_attention, run),
+    "fp8_dot_product_attention": lambda run: bool(run.plan.fp8_dot_product_attention),
     "fp8_output_proj": lambda run: _in_fp8(run.cfg.dtype.fp8_output_layer, run),
     "fp4": lambda run: _fp4(run)[0],
     "fp4_recipe": lambda run: _fp4(run)[1],

@@ -214,3 +214,6 @@ def test_the_two_gpu_variants_compare_with_the_defaults_and_keep_the_callers_arg
     )
     assert not plan.fp8_param_gather and plan.cuda_graphs == "none"
     assert "dtype.fp8_param_gather=true" in two_gpu.VARIANTS["fp8-param-gather-on"]
+    # FP8 attention is on in the defaults (delayed scaling, heads of 128): the variant is its "off" side.
+    assert plan.fp8_dot_product_attention
+    assert "dtype.fp8_dot_product_attention=false" in two_gpu.VARIANTS["fp8-attention-off"]

@@ -9,10 +9,13 @@ import json
 
 import pytest
 
+from common.config import DataFormat
+
 from common.stack import precision_of, problems
-from launcher.plan.build import build_plan
+from launcher.plan.build import build_plan, resolve_fp8_attention
 from launcher.plan.errors import PlanError
 from launcher.plan.hardware import GPUS, gpu_spec
+from launcher.plan.sizes import sizes_of
 
 from launcher_helpers import planned
 
@@ -260,6 +263,41 @@ def test_the_native_loss_fusion_is_the_default_everywhere(cfg_for):
     for model in ("tiny", "8b", "70b", "405b"):
         assert cfg_for(f"training=llama31/{model}").training.model.cross_entropy_fusion == "native"
     assert cfg_for("training=mlperf/llama31_8b").training.model.cross_entropy_fusion == "native"
+
+
+TWO_H200_DP2 = ("training=llama31/8b", "parallelism=tp1", "parallelism.num_gpus=2", "cluster.gpu_type=h200")
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # Delayed scaling, heads of 128 on Hopper, one context-parallel rank: on (measured as accurate and faster).
+        ([*TWO_H200_DP2, "dtype=fp8"], True),
+        (["training=llama31/70b", "dtype=fp8"], True),
+        # Each condition that was not measured or has no kernel turns it off.
+        ([*TWO_H200_DP2, "dtype=fp8", "dtype.fp8_recipe=tensorwise"], False),
+        (["training=llama31/tiny", "dtype=fp8", "cluster.gpu_type=h200"], False),  # heads of 64 on Hopper
+        (["training=llama31/8b", "dtype=fp8"], False),  # the 8B's default layout: CP2
+        ([*TWO_H200_DP2, "dtype=fp8", "training.model.attention_backend=flash"], False),
+        # What the user sets always wins; bf16 has no FP8 attention.
+        ([*TWO_H200_DP2, "dtype=fp8", "dtype.fp8_dot_product_attention=false"], False),
+        (["training=llama31/8b", "dtype=fp8", "dtype.fp8_dot_product_attention=true"], True),
+        (list(TWO_H200_DP2), False),
+    ],
+)
+def test_fp8_attention_is_decided_per_run_and_recorded(cfg_for, overrides, expected):
+    plan = planned(cfg_for("cluster=bcm", *overrides))
+    assert plan.fp8_dot_product_attention is expected
+    assert json.loads(json.dumps(plan.to_json_dict()))["fp8_dot_product_attention"] is expected
+
+
+def test_packed_fine_tuning_sequences_leave_fp8_attention_off(cfg_for):
+    cfg = cfg_for("cluster=bcm", *TWO_H200_DP2, "dtype=fp8", "training.data.packing=true")
+    assert resolve_fp8_attention(cfg, sizes_of(cfg)) is True  # pretraining data: packing does not apply
+    cfg.training.data.format = DataFormat.sft
+    assert resolve_fp8_attention(cfg, sizes_of(cfg)) is False
+    cfg.training.data.packing = False
+    assert resolve_fp8_attention(cfg, sizes_of(cfg)) is True
 
 
 def test_fp8_attention_is_refused_for_head_sizes_cudnn_cannot_train(cfg_for):

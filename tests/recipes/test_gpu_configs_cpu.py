@@ -84,8 +84,9 @@ CONFIGS = {
         f"perf: cuda graphs {mode}": tiny(*test_gpu_perf.GRAPH_RUN, f"training.cuda_graphs={mode}")
         for mode in ("per_layer", "full_iteration")
     },
-    "perf: fp8 attention accuracy": tiny(
-        *test_gpu_perf.ACCURACY_RUN, "dtype=fp8", "dtype.fp8_dot_product_attention=true"
+    "perf: fp8 accuracy, the defaults (FP8 attention on)": tiny(*test_gpu_perf.ACCURACY_RUN, "dtype=fp8"),
+    "perf: fp8 accuracy, bf16 attention": tiny(
+        *test_gpu_perf.ACCURACY_RUN, "dtype=fp8", "dtype.fp8_dot_product_attention=false"
     ),
     **{
         f"hf: layout {name}": [*test_gpu_hf.COMMON, "cluster=local", "training.data.mock=true", *layout]

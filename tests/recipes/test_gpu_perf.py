@@ -4,13 +4,14 @@ sources, tokenized by the data-preparation stage; test_gpu_training's corpus):
 - CUDA graphs (per-layer and full-iteration) in a run that evaluates mid-run, checkpoints, is stopped by SIGTERM
   after capturing, and resumes: it must finish (no hang at evaluation, at the stop or at teardown) with the losses
   of the same run without graphs, bitwise where the graphs replay the same kernels in deterministic mode;
-- the FP8 defaults reach a validation loss within 0.05 of bf16 after 300 steps, and FP8 attention (whose default
-  waits on this) within 0.05 of the FP8 defaults and of bf16.
+- the FP8 defaults, which include FP8 attention where the plan turns it on (as here: delayed scaling, heads of
+  128), reach a validation loss within 0.05 of bf16 after 300 steps, and within 0.05 of FP8 with bf16 attention.
 
 About 10 minutes on one H200, the corpus included."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -100,8 +101,10 @@ def bf16_300(corpus, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fp8_300(corpus, bf16_300):
+    """The FP8 defaults; their plan turns FP8 attention on (the accuracy checked here is what that rests on)."""
     results, steps, _ = bf16_300
     main_py(*tiny(corpus, results, "fp8", *steps, "dtype=fp8"))
+    assert json.loads((results / "fp8" / "plan.json").read_text())["fp8_dot_product_attention"] is True
     return read_metrics(results / "fp8")
 
 
@@ -119,17 +122,16 @@ def test_fp8_defaults_reach_the_bf16_validation_loss(bf16_300, fp8_300):
     assert abs(diffs[300]) < 0.05
 
 
-def test_fp8_attention_reaches_the_fp8_defaults_validation_loss(corpus, bf16_300, fp8_300):
-    """FP8 attention's default waits on this: its validation loss after 300 steps within 0.05 of the FP8
-    defaults' (and of bf16's)."""
+def test_fp8_attention_reaches_the_validation_loss_of_bf16_attention(corpus, bf16_300, fp8_300):
+    """FP8 attention's default rests on this: the FP8 defaults' validation loss after 300 steps within 0.05 of the
+    same FP8 run with bf16 attention."""
     results, steps, bf16 = bf16_300
-    main_py(*tiny(corpus, results, "fp8_attention", *steps, "dtype=fp8", "dtype.fp8_dot_product_attention=true"))
-    attention = read_metrics(results / "fp8_attention")
-    diffs = validation_differences(attention, fp8_300)
+    main_py(*tiny(corpus, results, "fp8_bf16_attention", *steps, "dtype=fp8", "dtype.fp8_dot_product_attention=false"))
+    bf16_attention = read_metrics(results / "fp8_bf16_attention")
+    diffs = validation_differences(fp8_300, bf16_attention)
     print(
-        f"\nfp8 attention: validation loss {attention[300]['val_loss']:.4f}, fp8 defaults "
-        f"{fp8_300[300]['val_loss']:.4f}, bf16 {bf16[300]['val_loss']:.4f}; difference from the fp8 defaults at "
+        f"\nfp8 attention: validation loss {fp8_300[300]['val_loss']:.4f}, with bf16 attention "
+        f"{bf16_attention[300]['val_loss']:.4f}, bf16 {bf16[300]['val_loss']:.4f}; difference from bf16 attention at "
         "steps 100/200/300: " + " / ".join(f"{d:+.4f}" for d in diffs.values())
     )
     assert abs(diffs[300]) < 0.05
-    assert abs(validation_differences(attention, bf16)[300]) < 0.05

@@ -56,8 +56,14 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
             f"dtype.fp8_recipe={recipe} needs {_blackwell()}; cluster.gpu_type={gpu_type} has no "
             "MXFP8 tensor cores; use dtype.fp8_recipe=delayed or tensorwise"
         )
-    if fp8 and dtype.fp8_dot_product_attention:
-        _fp8_attention_head_size(cfg.training.model.kv_channels, spec, gpu_type, found)
+    head_size = cfg.training.model.kv_channels
+    trained_sizes = fp8_attention_head_sizes(spec, head_size)
+    if fp8 and dtype.fp8_dot_product_attention and trained_sizes:
+        found.problem(
+            f"dtype.fp8_dot_product_attention=true needs attention heads of {trained_sizes} on cluster.gpu_type="
+            f"{gpu_type} (cuDNN's FP8 attention), but training.model.kv_channels={head_size}; set "
+            "dtype.fp8_dot_product_attention=false"
+        )
     if fp4 and not spec.block_scaled:
         found.problem(
             f"dtype.fp4={fp4} needs {_blackwell()}; cluster.gpu_type={gpu_type} has no FP4 tensor cores; use dtype=fp8"
@@ -78,18 +84,13 @@ def _op_fuser_param_gather(cfg: Config, sizes: Sizes, found: Findings) -> None:
         )
 
 
-def _fp8_attention_head_size(head_size: int, spec: GpuSpec, gpu_type: str, found: Findings) -> None:
-    """cuDNN's FP8 attention trains heads of exactly 128 on Hopper and of at most 128 (a multiple of 16) on Blackwell
-    (Transformer Engine 2.20's backend rules); with any other size no attention backend is left and every rank
-    stops at its first step."""
-    hopper = spec.compute_capability < (10, 0)
-    if (head_size != 128) if hopper else (head_size > 128 or head_size % 16):
-        need = "exactly 128" if hopper else "at most 128 and a multiple of 16"
-        found.problem(
-            f"dtype.fp8_dot_product_attention=true needs attention heads of {need} on cluster.gpu_type={gpu_type} "
-            f"(cuDNN's FP8 attention), but training.model.kv_channels={head_size}; set "
-            "dtype.fp8_dot_product_attention=false"
-        )
+def fp8_attention_head_sizes(spec: GpuSpec, head_size: int) -> str | None:
+    """None where cuDNN's FP8 attention trains heads of `head_size` on this GPU, else the sizes it trains: exactly 128
+    on Hopper, at most 128 and a multiple of 16 on Blackwell (Transformer Engine 2.20's backend rules). With any other
+    size no attention backend is left and every rank stops at its first step."""
+    if spec.compute_capability < (10, 0):
+        return None if head_size == 128 else "exactly 128"
+    return None if head_size <= 128 and head_size % 16 == 0 else "at most 128 and a multiple of 16"
 
 
 def _blackwell() -> str:

@@ -15,7 +15,7 @@ from hydra import compose as hydra_compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra._internal import defaults_list
 from hydra._internal.defaults_list import Overrides
-from hydra.core.config_store import ConfigStore
+from hydra.core.config_store import ConfigNode, ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.types import Override
@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, flag_override, read_write
 
 from common.config import Config, DefaultLayout, DtypeConfig, load_config
 from common.typed import from_plain
-from launcher.config.schema import knows_the_internals, register
+from launcher.config.schema import StoredDataclass, knows_the_internals, register
 from launcher.config.sweep import parse
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -167,7 +167,7 @@ def _hydra_composed(overrides: Sequence[str]) -> DictConfig:
 
 @contextmanager
 def _without_needless_copies() -> Iterator[None]:
-    """Three things Hydra's compose does whose results the composition never reads (a fifth of a dry run's
+    """Four things Hydra's compose does whose results the composition never reads (a fifth of a dry run's
     compose), left out within this block, which changes nothing else:
     - the deep copy of its repository (to re-initialize the copy's sources) copies the ConfigStore singleton with
       every stored node, which the copy only reads from, deep-copying each node it loads: the copy shares it;
@@ -175,13 +175,16 @@ def _without_needless_copies() -> Iterator[None]:
       in that list (`- x: ${y}`) reads: made for such a list only;
     - a config placed at a package (`cluster`, `training`, ...) is deep-copied into a node holding it there, before
       that node is merged as every config is: placed without a copy where the defaults list names it once (a config
-      named twice, as `- db@a: x` and `- db@b: x` may, is copied each time)."""
+      named twice, as `- db@a: x` and `- db@b: x` may, is copied each time);
+    - the ConfigStore hands out a deep copy of the node it keeps: a schema node not made yet is made for the load
+      that asks for it and handed out as it is (schema.py, StoredDataclass.loaded_uncopied)."""
     if not knows_the_internals():
         yield
         return
     make_map = defaults_list._create_interpolation_map
     embed = ConfigLoaderImpl._embed_result_config
     compose_from = ConfigLoaderImpl._compose_config_from_defaults_list
+    load = ConfigStore.load
     named_once: set[int] = set()  # the loaded configs (by id) that the defaults list being composed names once
 
     def interpolation_map(overrides: Any, defaults: list[Any], self_added: bool) -> Any:
@@ -208,8 +211,14 @@ def _without_needless_copies() -> Iterator[None]:
         ret.config = cfg
         return ret
 
+    def loaded(store: ConfigStore, config_path: str) -> ConfigNode:
+        entry = store._load(config_path)
+        made = entry.loaded_uncopied() if isinstance(entry, StoredDataclass) else None
+        return load(store, config_path) if made is None else made
+
     with ExitStack() as replaced:
         replaced.enter_context(_replaced(ConfigStore, "__deepcopy__", _the_store))
+        replaced.enter_context(_replaced(ConfigStore, "load", loaded))
         replaced.enter_context(_replaced(defaults_list, "_create_interpolation_map", interpolation_map))
         replaced.enter_context(_replaced(ConfigLoaderImpl, "_embed_result_config", staticmethod(placed_uncopied)))
         replaced.enter_context(_replaced(ConfigLoaderImpl, "_compose_config_from_defaults_list", composed_from))

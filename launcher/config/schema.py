@@ -25,7 +25,7 @@ def absolute_path(path: str) -> str:
     return str(Path(path).expanduser().absolute())
 
 
-class _StoredDataclass(ConfigNode):
+class StoredDataclass(ConfigNode):
     """A ConfigStore entry as ConfigStore.store makes it, except that its node (OmegaConf's conversion of the
     dataclass, up to 0.04 s each) is made when a composition first loads the entry: a run loads the schema and the
     one platform, data source and fine-tuning method its options name, not the other variants (0.06 s of a dry
@@ -37,6 +37,7 @@ class _StoredDataclass(ConfigNode):
         self._kind = kind
         self._made: list[DictConfig] = []  # shared with the shallow copies ConfigStore.load makes
         self._own: DictConfig | None = None  # the node set on a copy (ConfigStore.load's deep copy)
+        self._lent = False  # whether a node made for one load alone was handed out (loaded_uncopied)
 
     @property  # ConfigNode's field, made on first read
     def node(self) -> DictConfig:
@@ -49,6 +50,18 @@ class _StoredDataclass(ConfigNode):
     @node.setter
     def node(self, value: DictConfig) -> None:
         self._own = value
+
+    def loaded_uncopied(self) -> ConfigNode | None:
+        """ConfigStore.load's result for the entry's first load, before its node is made: a copy of the entry
+        holding a node made for this load alone, which nothing else holds, so ConfigStore.load's deep copy of it
+        is left out (a dry run loads each node once). None for any later load: ConfigStore.load then makes the
+        node the entry keeps (once) and hands out a deep copy of it, as before."""
+        if self._made or self._lent:
+            return None
+        self._lent = True
+        loaded = copy.copy(self)
+        loaded.node = structured(self._kind)
+        return loaded
 
 
 def knows_the_internals() -> bool:
@@ -101,7 +114,7 @@ def _store(store: ConfigStore, name: str, kind: type, group: str | None = None) 
     where: Any = store.repo
     for part in group.split("/") if group else ():
         where = where.setdefault(part, {})
-    where[f"{name}.yaml"] = _StoredDataclass(name, kind, group)
+    where[f"{name}.yaml"] = StoredDataclass(name, kind, group)
 
 
 def register() -> None:

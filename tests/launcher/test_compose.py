@@ -132,3 +132,39 @@ def test_with_other_hydra_or_omegaconf_releases_the_shortcuts_are_left_out(monke
     with composing._without_needless_copies():
         assert ConfigLoaderImpl._embed_result_config is embed
     assert composing.compose(["training=llama31/tiny", "cluster=local"]).training.name
+
+
+def test_a_schema_nodes_first_load_is_the_node_made_for_it_uncopied_and_later_loads_copy_the_kept_one():
+    # Within the composition the first load of a schema node not made yet hands out that node (ConfigStore.load would
+    # make it, keep it and hand out a deep copy); the loads after it copy the node then made and kept, as before
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from launcher.config import compose as composing
+    from launcher.config.schema import StoredDataclass, register
+
+    register()
+    store = ConfigStore.instance()
+    name = "schema/cluster/slurm.yaml"
+    kept = store.repo["schema"]["cluster"]["slurm.yaml"]
+    assert isinstance(kept, StoredDataclass)
+    fresh = StoredDataclass("slurm", kept._kind, group="schema/cluster")
+    store.repo["schema"]["cluster"]["slurm.yaml"] = fresh
+    try:
+        with composing._without_needless_copies():
+            first = store.load(name)
+            assert not fresh._made  # made for this load alone: nothing kept, nothing copied
+            second, third = store.load(name), store.load(name)
+        assert fresh._made  # the second load made the node kept from then on, and copied it
+        assert all(loaded.node is not fresh._made[0] for loaded in (first, second, third))
+        for loaded in (first, second, third):
+            assert (loaded.name, loaded.group, loaded.package, loaded.provider) == (
+                "slurm.yaml",
+                "schema/cluster",
+                None,
+                None,
+            )
+            assert OmegaConf.to_yaml(loaded.node) == OmegaConf.to_yaml(kept.node)
+            assert OmegaConf.get_type(loaded.node) is OmegaConf.get_type(kept.node)
+    finally:
+        store.repo["schema"]["cluster"]["slurm.yaml"] = kept

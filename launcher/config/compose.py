@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from enum import Enum
@@ -21,7 +22,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.plugins.config_source import ConfigResult
-from omegaconf import DictConfig, OmegaConf, flag_override, read_write
+from omegaconf import DictConfig, ListConfig, OmegaConf, flag_override, read_write
+from omegaconf.basecontainer import BaseContainer
+from omegaconf.errors import OmegaConfBaseException
 
 from common.config import Config, DefaultLayout, DtypeConfig, load_config
 from common.typed import from_plain
@@ -156,7 +159,7 @@ def search_path(config_dirs: Sequence[Path]) -> list[str]:
 
 
 def _hydra_composed(overrides: Sequence[str]) -> DictConfig:
-    with _without_needless_copies():
+    with _reparented_once(), _without_needless_copies():  # this order: the second wraps the first's composition
         try:
             with _libyaml_parsing():
                 return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
@@ -223,6 +226,83 @@ def _without_needless_copies() -> Iterator[None]:
         replaced.enter_context(_replaced(ConfigLoaderImpl, "_embed_result_config", staticmethod(placed_uncopied)))
         replaced.enter_context(_replaced(ConfigLoaderImpl, "_compose_config_from_defaults_list", composed_from))
         yield
+
+
+@contextmanager
+def _reparented_once() -> Iterator[None]:
+    """OmegaConf's merge ends by setting the parent of every node of the config merged into (a node moved there, or
+    an item of a list merged anew, may still point at the node it came from), and so does each nested merge within
+    it; Hydra merges the 30 configs of a composition into one config in turn, each merge setting every parent of all
+    merged so far. Within this block each nested node's parents are set once, by the merge it is part of, and the
+    configs of a composition are merged in turn with every parent set once after the last (6% of a dry run). The
+    parents are right before anything reads them: a merge reads none that this leaves pointing elsewhere (items of
+    a merged list: a list is merged by replacing its items, not reading them), nor does anything between the merges
+    of a composition."""
+    if not knows_the_internals():
+        yield
+        return
+
+    def merged(self: BaseContainer, *others: Any) -> None:
+        try:
+            _merged_without_reparenting(self, *others)
+            self._re_parent()
+        except Exception as e:
+            self._format_and_raise(key=None, value=None, cause=e)
+
+    with ExitStack() as replaced:
+        replaced.enter_context(_replaced(BaseContainer, "merge_with", merged))
+        replaced.enter_context(_replaced(BaseContainer, "_merge_with", _merged_without_reparenting))
+        replaced.enter_context(_replaced(ConfigLoaderImpl, "_compose_config_from_defaults_list", _merged_in_turn))
+        yield
+
+
+def _merged_without_reparenting(self: BaseContainer, *others: Any) -> None:
+    """OmegaConf 2.3's BaseContainer._merge_with without its last line, self._re_parent()."""
+    for other in others:
+        if other is None:
+            raise ValueError("Cannot merge with a None config")
+        flags = {"allow_objects": True} if self._get_flag("allow_objects") is True else {}
+        other = omegaconf._utils._ensure_container(other, flags=flags)
+        if isinstance(self, DictConfig) and isinstance(other, DictConfig):
+            BaseContainer._map_merge(self, other)
+        elif isinstance(self, ListConfig) and isinstance(other, ListConfig):
+            BaseContainer._list_merge(self, other)
+        else:
+            raise TypeError("Cannot merge DictConfig with ListConfig")
+
+
+def _merged_in_turn(loader: ConfigLoaderImpl, defaults: list[Any], repo: Any) -> DictConfig:
+    """Hydra 1.3's ConfigLoaderImpl._compose_config_from_defaults_list, the parents set once after the last merge
+    (cfg.merge_with sets them after each)."""
+    cfg = OmegaConf.create()
+    with flag_override(cfg, "no_deepcopy_set_nodes", True):
+        for default in defaults:
+            loaded = loader._load_single_config(default=default, repo=repo)
+            try:
+                try:
+                    _merged_without_reparenting(cfg, loaded.config)
+                except Exception as e:  # as cfg.merge_with raises it
+                    cfg._format_and_raise(key=None, value=None, cause=e)
+            except OmegaConfBaseException as e:  # as Hydra raises it, the merge's error its __context__
+                raise ConfigCompositionException(  # noqa: B904
+                    f"In '{default.config_path}': {type(e).__name__} raised while composing config:\n{e}"
+                ).with_traceback(sys.exc_info()[2])
+    cfg._re_parent()
+    _strip_defaults(cfg)
+    return cfg
+
+
+def _strip_defaults(cfg: Any) -> None:
+    """The defaults lists left in the composed config removed (strip_defaults of Hydra's function above)."""
+    if isinstance(cfg, DictConfig):
+        if cfg._is_missing() or cfg._is_none():
+            return
+        with flag_override(cfg, ["readonly", "struct"], False):
+            if cfg._get_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS"):
+                cfg._set_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS", None)
+                cfg.pop("defaults", None)
+        for _key, value in cfg.items_ex(resolve=False):
+            _strip_defaults(value)
 
 
 @contextmanager

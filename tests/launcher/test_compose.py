@@ -168,3 +168,46 @@ def test_a_schema_nodes_first_load_is_the_node_made_for_it_uncopied_and_later_lo
             assert OmegaConf.get_type(loaded.node) is OmegaConf.get_type(kept.node)
     finally:
         store.repo["schema"]["cluster"]["slurm.yaml"] = kept
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [*DEFAULT_LAYOUT_RUNS, ["cluster=k8s", "data_preparation=files"], ["training.seq_length=abc"], ["peft.nosuch=1"]],
+    ids=lambda o: " ".join(o) or "defaults",
+)
+def test_merges_that_set_the_parents_once_compose_the_same_nodes(overrides, monkeypatch):
+    # _reparented_once sets the parents once per composition rather than at the end of every merge and nested merge:
+    # the same nodes (types, flags, parents, values) as Hydra's and OmegaConf's merges give, or the same error
+    import contextlib
+
+    from omegaconf import OmegaConf
+
+    from launcher.config import compose as composing
+
+    def composed():
+        try:
+            cfg = composing._hydra_composed(overrides)
+        except Exception as err:  # the same error, in the same words
+            return type(err), str(err)
+        return OmegaConf.to_yaml(cfg), _tree(cfg)
+
+    composing._hydra_over_conf()
+    once = composed()
+    monkeypatch.setattr(composing, "_reparented_once", contextlib.nullcontext)
+    assert once == composed()
+
+
+def _tree(node, path=""):
+    """Every node below `node`: its path, type, flags, the path of its parent, and a leaf's value."""
+    from omegaconf.basecontainer import BaseContainer
+
+    parent = node._get_parent()
+    rows = [(path, type(node).__name__, repr(node._metadata.flags), parent is None or parent._get_full_key(None))]
+    if isinstance(node, BaseContainer) and not (node._is_none() or node._is_missing() or node._is_interpolation()):
+        content = node.__dict__["_content"]
+        for key, child in content.items() if isinstance(content, dict) else enumerate(content):
+            assert child._get_parent() is node, f"{path}.{key}"
+            rows += _tree(child, f"{path}.{key}")
+    else:
+        rows.append((path, repr(node._value())))
+    return rows

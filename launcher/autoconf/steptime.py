@@ -8,10 +8,10 @@
   token with CP, which splits it into chunks), and memory-bound elementwise work at the HBM bandwidth; the output
   layer and loss on the last stage; full recomputation adds a forward.
 - pipeline bubble: (pp - 1) / vp of the slowest stage's time per microbatch (the interleaved 1F1B schedule).
-- exposed communication: TP all-gathers/reduce-scatters (a fraction of them with userbuffer overlap, plus GEMMs slowed
-  by the SMs the overlap takes), CP's KV exchange, pipeline sends, and the data-parallel gradient reduce-scatter and
-  parameter all-gather beyond what the last (first) microbatch's backward (forward) hides; NVLink inside a node,
-  the network between nodes.
+- exposed communication: TP all-gathers/reduce-scatters (a fraction of the decoder layers' with userbuffer overlap,
+  plus GEMMs slowed by the SMs the overlap takes; the embedding's and the output layer's all of them), CP's KV
+  exchange, pipeline sends, and the data-parallel gradient reduce-scatter and parameter all-gather beyond what the
+  last (first) microbatch's backward (forward) hides; NVLink inside a node, the network between nodes.
 - optimizer: the distributed optimizer's shard read and written at the HBM bandwidth.
 
 Every constant is data (conf/parallelism/auto.yaml: parallelism.auto.step_time) fit to measured runs
@@ -49,6 +49,10 @@ from launcher.plan.hardware import GpuSpec, gpu_spec
 
 GB = 1e9
 ACT_BYTES = 2  # bf16 activations
+# TP collectives of a [tokens, hidden] activation outside the decoder layers, per microbatch, forward + backward
+# (predict): the embedding's, and the output layer's with and without sequence parallel.
+EMBEDDING_TP_COLLECTIVES = 2
+OUTPUT_TP_COLLECTIVES = {True: 3, False: 2}
 
 
 @dataclass
@@ -188,6 +192,18 @@ def _output_layer_seconds(
     return gemm + loss
 
 
+def _tp_collective_seconds(
+    c: StepTimeConstants, gpu: GpuBandwidth, model: ModelConfig, plan: Plan, tokens: float
+) -> float:
+    """One TP all-gather or reduce-scatter of a [tokens, hidden] activation outside the decoder layers, all of it
+    exposed: the embedding and the output layer are Megatron's own layers, which userbuffer overlap leaves out."""
+    tp = plan.tp
+    if tp == 1:
+        return 0.0
+    volume = (tp - 1) / tp * tokens * model.hidden_size * ACT_BYTES
+    return volume / _link_bytes_per_s(c, gpu, True) + (tp - 1) * c.tp_ring_step_s
+
+
 def _stage_parameters(model: ModelConfig, plan: Plan) -> float:
     """Parameters on the most loaded pipeline stage, per TP rank."""
     stages = plan.layers_per_pipeline_stage
@@ -221,11 +237,19 @@ def predict(cfg: Config, plan: Plan, constants: StepTimeConstants) -> StepTime:
         raw /= _link_bytes_per_s(c, gpu, tp * cp * dp < per_node)
         overlapped = par.overlap_p2p_comm and plan.vp is not None
         pp_s = raw * _exposed(c.pp_exposed, overlapped)
-    stages = []  # (compute, comm, decoder layers) per microbatch
+    # TP outside the decoder layers, counted as the layers' (tp_collectives_per_layer) are. With sequence parallel
+    # the embedding reduce-scatters its output forward and all-gathers its gradient backward (2, on the first stage);
+    # the output layer all-gathers its input forward, gathers it again for its weight gradient and reduce-scatters
+    # its input's gradient backward (3, on the last stage). Without it, one all-reduce each (a pair's bytes): the
+    # embedding's output forward, the output layer's input gradient backward.
+    collective_s = _tp_collective_seconds(c, gpu, model, plan, tokens)
+    output_collectives = OUTPUT_TP_COLLECTIVES[bool(plan.sequence_parallel)]
+    stages = []  # (compute, comm, decoder layers, TP communication outside them) per microbatch
     for s, n in enumerate(plan.layers_per_pipeline_stage):
         compute = n * layer.compute_s + (output if s == pp - 1 else 0.0)
-        stages.append((compute, n * layer.comm_s + pp_s, n))
-    compute_mb, comm_mb, slowest_layers = max(stages, key=lambda st: st[0] + st[1])
+        edge = collective_s * (EMBEDDING_TP_COLLECTIVES * (s == 0) + output_collectives * (s == pp - 1))
+        stages.append((compute, n * layer.comm_s + pp_s + edge, n, edge))
+    compute_mb, comm_mb, slowest_layers, slowest_edge = max(stages, key=lambda st: st[0] + st[1])
     stage_mb = compute_mb + comm_mb
     bubble = (pp - 1) / chunks * stage_mb
 
@@ -252,7 +276,7 @@ def predict(cfg: Config, plan: Plan, constants: StepTimeConstants) -> StepTime:
 
     compute = micro * compute_mb
     comm_parts = {
-        "tp": micro * slowest_layers * layer.tp_s,
+        "tp": micro * (slowest_layers * layer.tp_s + slowest_edge),
         "cp": micro * slowest_layers * layer.cp_s,
         "pp": micro * pp_s,
         "dp": dp_s,

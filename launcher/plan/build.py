@@ -62,6 +62,7 @@ def build_plan(cfg: Config, local_gpus: LocalGpus | None = None) -> Plan:
         sequence_parallel=par.sequence_parallel,
         defer_embedding_wgrad=par.defer_embedding_wgrad_compute,
         wgrad_deferral_limit=par.wgrad_deferral_limit,
+        fp32=not dtype.bf16,
     )
     fp8_param_gather = resolve_fp8_param_gather(dtype, par, sizes, lambda: memory_of(fp8_params=False))
     memory = memory_of(fp8_params=fp8_param_gather)

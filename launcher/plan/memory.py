@@ -48,6 +48,7 @@ def estimate_memory_gib(
     sequence_parallel: bool = False,
     defer_embedding_wgrad: bool = False,
     wgrad_deferral_limit: int = 0,
+    fp32: bool = False,
 ) -> float:
     """Peak memory of the most loaded GPU, roughly: weights, gradient buffer and optimizer shard, plus the larger
     of two transient peaks, and a fixed allowance for the CUDA context and workspaces:
@@ -57,7 +58,9 @@ def estimate_memory_gib(
       into fp32 `.grad` tensors of the main parameters (`_copy_model_grads_to_main_grads`: `.float()`), which
       live until the next step's `zero_grad`. With few data-parallel shards (a DP1 proxy) this is the peak.
     With LoRA the frozen base is its weights only (no gradient buffer, no fp32 main weights, no Adam state) and the
-    adapters count as trained weights; activations are counted as for full training."""
+    adapters count as trained weights; activations are counted as for full training.
+    fp32 (dtype.bf16=false): weights, activations and gradients of 4 bytes, and no main-weight copy in the optimizer
+    (megatron-core's distributed optimizer steps fp32 weights through views of them): Adam's m and v alone."""
     h, ffn = model.hidden_size, model.ffn_hidden_size
     groups, heads = model.num_query_groups, model.num_attention_heads
     linear_weights = sum(n_in * n_out for n_in, n_out in lora_target_features(model).values())  # QKV, proj, fc1, fc2
@@ -68,24 +71,26 @@ def estimate_memory_gib(
         params = stage_parameters(model, n_layers, first, last, padded_vocab) / tp
         adapters = n_layers * lora_layer_parameters(model, peft, tp) if isinstance(peft, LoraConfig) else 0.0
         trained = adapters if isinstance(peft, LoraConfig) else params
-        weight_bytes = params * (1 if fp8_params else 2) + adapters * 2
+        element = 4 if fp32 else 2  # bytes of a weight, an activation or a gradient outside FP8
+        weight_bytes = params * (1 if fp8_params else element) + adapters * element
         if fp8 and not fp8_params:
             weight_bytes += n_layers * linear_weights / tp * FP8_WEIGHT_CACHE_BYTES
-        grad_bytes = trained * (4 if grad_fp32 else 2)
+        grads_fp32 = grad_fp32 or fp32
+        grad_bytes = trained * (4 if grads_fp32 else 2)
         shards = dp * cp if distributed_optimizer else 1
-        optim_bytes = trained * 12 / shards  # fp32 master weights + Adam m and v
+        optim_bytes = trained * (8 if fp32 else 12) / shards  # fp32 master weights (bf16 only) + Adam m and v
         # fp32 copy of the gradient shard during the step (`.float()` of an fp32 buffer copies nothing).
-        step_grad_bytes = 0.0 if grad_fp32 else trained * 4 / shards
-        # Activations per decoder layer per microbatch (bf16): norm inputs, QKV, attention output,
+        step_grad_bytes = 0.0 if grads_fp32 else trained * 4 / shards
+        # Activations per decoder layer per microbatch (`element` bytes each): norm inputs, QKV, attention output,
         # fc1 input/output and SwiGLU output; the s^2 attention scores are never stored (flash/fused).
         tokens = seq_length * micro_batch_size / cp
-        per_layer = 2 * tokens * (5 * h + 2 * h * groups / heads + 3 * ffn) / tp
+        per_layer = element * tokens * (5 * h + 2 * h * groups / heads + 3 * ffn) / tp
         if fp8:
             # Transformer Engine keeps the inputs of the GEMMs it runs in FP8 for their weight gradient as FP8 (1
             # byte, not 2): the attention output (proj), fc1's input and the SwiGLU output (fc2).
             per_layer -= tokens * (2 * h + ffn) / tp
         if recompute == Recompute.full:
-            per_layer = 2 * tokens * h / tp
+            per_layer = element * tokens * h / tp
         in_flight: float = 1
         if pp > 1:  # 1F1B keeps pp - stage microbatches alive; interleaving adds a little more
             in_flight = pp - stage
@@ -103,7 +108,7 @@ def estimate_memory_gib(
         if last and pp > 1 and defer_embedding_wgrad:
             kept = num_microbatches if wgrad_deferral_limit == 0 else min(num_microbatches, wgrad_deferral_limit)
             kept_input = tokens * h / (tp if sequence_parallel else 1)
-            deferred_bytes = kept * 2 * (kept_input + tokens * padded_vocab / tp)
+            deferred_bytes = kept * element * (kept_input + tokens * padded_vocab / tp)
         transient = max(activation_bytes + logits_bytes + deferred_bytes, step_grad_bytes)
         total = weight_bytes + grad_bytes + optim_bytes + transient + 3 * GIB
         worst = max(worst, total)

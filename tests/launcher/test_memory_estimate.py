@@ -9,6 +9,8 @@ import pytest
 from launcher.autoconf.perfdata import measured_rows, row_overrides
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
+from launcher.plan.formulas import num_parameters
+from launcher.plan.memory import GIB, estimate_memory_gib
 
 WITH_PEAK = [row for row in measured_rows() if row.get("peak_memory_gib")]
 PROXY_405B = [
@@ -96,3 +98,33 @@ def test_deferred_output_layer_weight_gradients_keep_every_microbatchs_operands_
     plain = estimate(*PP2_70B)
     assert estimate(*PP2_70B, *defer, "parallelism.wgrad_deferral_limit=22") - plain == pytest.approx(8 * 2.08, abs=0.2)
     assert estimate(*PP2_70B, *defer, "parallelism.wgrad_deferral_limit=2") - plain == pytest.approx(2 * 2.08, abs=0.2)
+
+
+@pytest.mark.parametrize(
+    "fp32, grad_fp32, bytes_per_parameter",
+    [
+        # bf16: bf16 weight, fp32 gradient buffer, fp32 main weight and Adam's m and v.
+        (False, True, 2 + 4 + 12),
+        # bf16 gradients: the buffer is half, but the step copies this rank's shard to fp32 (transient, 4).
+        (False, False, 2 + 2 + 12 + 4),
+        # fp32 throughout: fp32 weight and gradient, and Adam's m and v; the optimizer steps the weight itself.
+        (True, False, 4 + 4 + 8),
+    ],
+)
+def test_the_estimate_counts_each_weights_state_in_its_dtype(fp32, grad_fp32, bytes_per_parameter):
+    """One GPU, one token a step: activations and logits vanish beside the weights' state, which is then the
+    plain count of bytes per parameter, plus the fixed allowance of 3 GiB."""
+    model = compose(["training=llama31/8b"]).training.model
+    vocab = model.vocab_size  # a multiple of 128: no padding
+    gib = estimate_memory_gib(
+        model, tp=1, pp=1, cp=1, dp=1, vp=None, stage_layers=[model.num_layers], padded_vocab=vocab, seq_length=1,
+        micro_batch_size=1, distributed_optimizer=True, grad_fp32=grad_fp32, fp8_params=False, recompute=None,
+        fp32=fp32,
+    )  # fmt: skip
+    assert gib == pytest.approx(num_parameters(model) * bytes_per_parameter / GIB + 3, abs=0.11)
+
+
+def test_the_plan_of_an_fp32_run_counts_fp32():
+    bf16 = build_plan(compose(["training=llama31/tiny", "cluster=bcm"]))
+    fp32 = build_plan(compose(["training=llama31/tiny", "cluster=bcm", "dtype=fp32"]))
+    assert fp32.est_memory_gib_per_gpu > bf16.est_memory_gib_per_gpu

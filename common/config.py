@@ -1091,6 +1091,12 @@ def load_config(plain: Mapping[str, Any]) -> Config:
     return from_plain(Config, plain, VARIANTS)
 
 
+def packs_sequences(cfg: Config) -> bool:
+    """The run trains on packed fine-tuning sequences (THD with cu_seqlens) rather than one sequence per row:
+    training.data.packing applies to SFT data only."""
+    return cfg.training.data.format == DataFormat.sft and bool(cfg.training.data.packing)
+
+
 def reduces_grads_in_fp32(cfg: Config) -> bool:
     """parallelism.grad_reduce_in_fp32, and always for LoRA: its gradient buffers hold the adapters' alone (megabytes
     where the base has gigabytes), so summing every microbatch's gradient in bf16 would cost the adapters precision

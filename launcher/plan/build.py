@@ -9,16 +9,15 @@ from typing import Callable
 from common.config import (
     AttentionBackend,
     Config,
-    DataConfig,
-    DataFormat,
     DtypeConfig,
     Fp8Recipe,
     ParallelismConfig,
     RankOrder,
+    packs_sequences,
     reduces_grads_in_fp32,
 )
-from launcher.plan.checks.precision import fp8_attention_head_sizes
 from common.plan import Plan
+from launcher.plan.checks.precision import fp8_attention_head_sizes
 from launcher.plan.env import training_env
 from launcher.plan.formulas import layers_per_pipeline_stage, model_flops_per_sample, num_parameters, padded_vocab_size
 from launcher.plan.hardware import LocalGpus
@@ -136,13 +135,8 @@ def resolve_fp8_attention(cfg: Config, sizes: Sizes) -> bool:
         and spec is not None
         and fp8_attention_head_sizes(spec, model.kv_channels) is None
         and (sizes.cp or 1) == 1
-        and not packs_sequences(cfg.training.data)
+        and not packs_sequences(cfg)
     )
-
-
-def packs_sequences(data: DataConfig) -> bool:
-    """Several fine-tuning samples per sequence (THD): training.data.packing applies to SFT data only."""
-    return data.format == DataFormat.sft and data.packing
 
 
 def resolve_fp8_param_gather(

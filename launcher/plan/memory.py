@@ -64,6 +64,8 @@ def estimate_memory_gib(
     h, ffn = model.hidden_size, model.ffn_hidden_size
     groups, heads = model.num_query_groups, model.num_attention_heads
     linear_weights = sum(n_in * n_out for n_in, n_out in lora_target_features(model).values())  # QKV, proj, fc1, fc2
+    element = 4 if fp32 else 2  # bytes of a weight, an activation or a gradient outside FP8
+    grads_fp32 = grad_fp32 or fp32
     worst = 0.0
     for stage, n_layers in enumerate(stage_layers):
         first, last = stage == 0, stage == pp - 1
@@ -71,11 +73,9 @@ def estimate_memory_gib(
         params = stage_parameters(model, n_layers, first, last, padded_vocab) / tp
         adapters = n_layers * lora_layer_parameters(model, peft, tp) if isinstance(peft, LoraConfig) else 0.0
         trained = adapters if isinstance(peft, LoraConfig) else params
-        element = 4 if fp32 else 2  # bytes of a weight, an activation or a gradient outside FP8
         weight_bytes = params * (1 if fp8_params else element) + adapters * element
         if fp8 and not fp8_params:
             weight_bytes += n_layers * linear_weights / tp * FP8_WEIGHT_CACHE_BYTES
-        grads_fp32 = grad_fp32 or fp32
         grad_bytes = trained * (4 if grads_fp32 else 2)
         shards = dp * cp if distributed_optimizer else 1
         optim_bytes = trained * (8 if fp32 else 12) / shards  # fp32 master weights (bf16 only) + Adam m and v

@@ -12,7 +12,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from common.checkpoints import BaseRecord, TrainState, base_record, random_base_record
-from common.config import Config, LoraConfig
+from common.config import Config, LoraConfig, packs_sequences
 from common.plan import Plan
 from common.run import load_run_or_exit
 from recipes.hf import importer
@@ -109,7 +109,7 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
     observers.model_ready(config, state.step)
 
     tokenizer = data.build_tokenizer(cfg)
-    reads = reads_data(chunks, data.packs(cfg))
+    reads = reads_data(chunks, packs_sequences(cfg))
     datasets = data.build_datasets(cfg, plan, tokenizer, reads, data.dataset_cache_dir(run_dir))
     steps = Steps(
         chunks,

@@ -230,11 +230,6 @@ def close_sources(sources) -> None:
             source.close()
 
 
-def packs(cfg: Config) -> bool:
-    """The run trains on packed fine-tuning sequences (THD with cu_seqlens) rather than one sequence per row."""
-    return cfg.training.data.format == DataFormat.sft and bool(cfg.training.data.packing)
-
-
 class MicrobatchSource:
     """One rank's microbatches. TP rank 0 of a stage that needs data reads them; the other TP ranks receive
     them by broadcast. Every rank of the stage then keeps its context-parallel share of the sequence. Packed

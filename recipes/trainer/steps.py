@@ -13,7 +13,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 import torch
 
-from common.config import Config, DataFormat, ParallelismConfig
+from common.config import Config, DataFormat, ParallelismConfig, packs_sequences
 from common.evaluation import eval_microbatches, eval_samples
 from common.plan import Plan
 from recipes.runtime.callbacks import Callback, Stop
@@ -110,7 +110,7 @@ class Steps(Callback):
         self.schedule, self.training_schedule = schedule, training_schedule
         self.ranges = ranges
         self._configure_overlap(cfg.parallelism)
-        self.packing = data.packs(cfg)
+        self.packing = packs_sequences(cfg)
         self.needs_data = stages_needing_data(chunks, self.packing)
         self.reads = reads_data(chunks, self.packing)
         self.sft = cfg.training.data.format == DataFormat.sft

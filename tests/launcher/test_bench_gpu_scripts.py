@@ -217,3 +217,10 @@ def test_the_two_gpu_variants_compare_with_the_defaults_and_keep_the_callers_arg
     # FP8 attention is on in the defaults (delayed scaling, heads of 128): the variant is its "off" side.
     assert plan.fp8_dot_product_attention
     assert "dtype.fp8_dot_product_attention=false" in two_gpu.VARIANTS["fp8-attention-off"]
+
+
+def test_only_keeps_the_defaults_beside_the_named_variants_and_refuses_an_unknown_name():
+    argv = two_gpu.bench_argv("variants", [], ["fp8-op-fuser", "fp8-tensorwise"])
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--case"] == ["fp8", "fp8-op-fuser", "fp8-tensorwise"]
+    with pytest.raises(SystemExit, match="--only fp8-nope: not a variants case"):
+        two_gpu.bench_argv("variants", [], ["fp8-nope"])

@@ -12,7 +12,8 @@ Transformer Engine picked is printed); and a large copy, the bandwidth memory-bo
 
 Join (CPU is enough with --ceilings): a torch-profiler trace of a run (profile.enabled=true, profile.tool=torch)
 grouped by bench/profile_breakdown.py, per class of one step against what the class's kernels would take at the
-measured ceilings, from the run's own shapes (its config.yaml and plan.json):
+measured ceilings, from the run's own shapes (its config.yaml and plan.json; a LoRA run's frozen base computes
+no weight gradients, so its step has no wgrad GEMMs, and the adapters' own small GEMMs are left out):
 
     python bench/bench_kernels.py --trace RUN/profile/rank0_steps6-6.pt.trace.json.gz --ceilings OUT/kernels.json
 
@@ -39,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import profile_breakdown  # noqa: E402
-from common.config import ModelConfig, StepTimeConstants  # noqa: E402
+from common.config import ModelConfig, PeftMethod, StepTimeConstants  # noqa: E402
 from common.plan import Plan  # noqa: E402
 from launcher.autoconf.steptime import default_constants, elementwise_bytes, linear_shapes, loss_bytes  # noqa: E402
 from launcher.plan.formulas import padded_vocab_size  # noqa: E402
@@ -160,6 +161,8 @@ class StepShape:
     fp8: bool
     sequence_parallel: bool
     padded_vocab: int
+    # LoRA: the base's weights (the decoder layers' and the output layer's) are frozen and get no weight gradients.
+    frozen_base: bool = False
 
     @property
     def tokens(self) -> int:
@@ -167,8 +170,9 @@ class StepShape:
         return _whole(self.mbs * self.seq / self.cp, "micro batch x seq / cp")
 
 
-def shape_of_run(plan: Plan, rank: int) -> StepShape:
-    """The shape of `rank`'s step; megatron-core's rank order puts pipeline parallelism outermost."""
+def shape_of_run(plan: Plan, rank: int, frozen_base: bool = False) -> StepShape:
+    """The shape of `rank`'s step; megatron-core's rank order puts pipeline parallelism outermost. `frozen_base`:
+    a LoRA run (the adapters' own GEMMs are left out: at r=16 under 0.5% of the FLOPs)."""
     if plan.pp > 1 and not plan.rank_order.endswith("pp"):
         raise SystemExit(f"rank order {plan.rank_order}: only orders with pp outermost are known here")
     stage = rank // (plan.num_gpus // plan.pp)
@@ -183,7 +187,13 @@ def shape_of_run(plan: Plan, rank: int) -> StepShape:
         fp8=bool(plan.fp8),
         sequence_parallel=plan.sequence_parallel,
         padded_vocab=plan.padded_vocab_size,
+        frozen_base=frozen_base,
     )
+
+
+def trained(gemms: list[Gemm], shape: StepShape) -> list[Gemm]:
+    """The GEMMs the step runs: a frozen base computes no weight gradients."""
+    return [g for g in gemms if not (shape.frozen_base and g.pass_ == "wgrad")]
 
 
 @dataclass
@@ -201,11 +211,11 @@ def step_work(model: ModelConfig, shape: StepShape, c: StepTimeConstants) -> dic
     """Per class, one step of one GPU: every microbatch's decoder layers (and the output layer and loss on the last
     pipeline stage). Context parallelism leaves each rank 1/cp of the causal attention."""
     per = shape.layers * shape.microbatches
-    gemms = layer_gemms(model, shape.tp, shape.tokens, shape.fp8)
+    gemms = trained(layer_gemms(model, shape.tp, shape.tokens, shape.fp8), shape)
     calls = {g.name: float(per) for g in gemms}
     flops = per * sum(g.flops for g in gemms)
     if shape.last_stage:
-        for g in output_gemms(model, shape.tp, shape.tokens, shape.padded_vocab):
+        for g in trained(output_gemms(model, shape.tp, shape.tokens, shape.padded_vocab), shape):
             calls[g.name] = float(shape.microbatches)
             flops += shape.microbatches * g.flops
     attention = layer_attention(model, shape.tp, shape.mbs, shape.seq)
@@ -272,7 +282,7 @@ def wanted_kernels(model: ModelConfig, shape: StepShape) -> tuple[list[Gemm], At
     gemms = layer_gemms(model, shape.tp, shape.tokens, shape.fp8)
     if shape.last_stage:
         gemms += output_gemms(model, shape.tp, shape.tokens, shape.padded_vocab)
-    return gemms, layer_attention(model, shape.tp, shape.mbs, shape.seq)
+    return trained(gemms, shape), layer_attention(model, shape.tp, shape.mbs, shape.seq)
 
 
 def peak_ceilings(gemms: list[Gemm], attention: Attention, spec: GpuSpec, hbm_gb_s: float) -> Ceilings:
@@ -634,7 +644,8 @@ def run_trace(args: argparse.Namespace) -> int:
         run = load_run(trace.parent.parent)
     except RunDirError as err:
         raise SystemExit(f"the trace's run directory: {err}") from None
-    model, shape = run.config.training.model, shape_of_run(run.plan, rank)
+    frozen_base = run.config.peft.method == PeftMethod.lora
+    model, shape = run.config.training.model, shape_of_run(run.plan, rank, frozen_base)
     gemms, attention = wanted_kernels(model, shape)
     spec = gpu_spec(run.plan.gpu_type) if run.plan.gpu_type else None
     if args.ceilings == "peak":
@@ -652,7 +663,8 @@ def run_trace(args: argparse.Namespace) -> int:
     print(
         f"{trace} ({steps} step{'s' if steps > 1 else ''}, rank {rank}): {model.num_layers} layers, "
         f"{shape.layers} on this rank, TP{shape.tp} CP{shape.cp}, {shape.microbatches} microbatches of "
-        f"{shape.mbs} x {shape.seq}, {'fp8' if shape.fp8 else 'bf16'}; ceilings: {ceilings.gpu}"
+        f"{shape.mbs} x {shape.seq}, {'fp8' if shape.fp8 else 'bf16'}{', LoRA (frozen base)' if frozen_base else ''}; "
+        f"ceilings: {ceilings.gpu}"
     )
     print(format_join(rows, b.span_ms / steps))
     for note in ceilings.notes:

@@ -30,6 +30,12 @@ estimate assumes the 8-GPU layout runs at the proxy's per-GPU rate.
     python bench/bench_lora.py --print-commands      # the main.py commands, without running them
     python bench/bench_lora.py --only ours-bf16 --ours-extra "parallelism=tp1" --tag dp2 --merge R/bench_lora.json
 
+--profile traces step 4 of our runs with the torch profiler (before the timing window of the last 6 of 12 steps;
+the cases are named ours-bf16-profiled, ...), and prints the bench/bench_kernels.py commands that put each kernel class
+of that step beside its ceiling on this GPU (the frozen base without weight-gradient GEMMs):
+
+    python bench/bench_lora.py --only ours-bf16 --only ours-fp8 --profile --results R
+
 --ours-extra adds overrides to our runs (another layout of the proxy on the 2 GPUs, CUDA graphs, ...), --tag names
 those cases (ours-bf16-dp2); the table's stack column says each run's layout. Their time to train still assumes the
 8-GPU layout runs at the proxy's per-GPU rate, which a layout other than CP2 represents less closely.
@@ -61,6 +67,9 @@ FP8 = [
     "dtype.fp8_amax_history_len=4",
     "dtype.fp8_dot_product_attention=true",
 ]
+PROFILED_STEP = 4
+PROFILE = ["profile.enabled=true", "profile.tool=torch", f"profile.start_step={PROFILED_STEP}",
+           f"profile.end_step={PROFILED_STEP + 1}"]  # fmt: skip
 
 
 def our_overrides(layers: int, steps: int, results: Path, name: str, fp8: bool, extra: Sequence[str] = ()) -> list[str]:
@@ -260,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="space-separated overrides added to our runs (another layout or setting); give it a --tag",
     )
+    parser.add_argument("--profile", action="store_true", help="trace step 4 of our runs (cases tagged profiled)")
     parser.add_argument("--tag", default="", help="suffix of our cases' names (ours-bf16-TAG), to merge beside others")
     parser.add_argument(
         "--merge", action="append", default=[], help="rows of an earlier run's bench_lora.json to add (parts run apart)"
@@ -273,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = Path(args.results or tempfile.mkdtemp(prefix="bench_lora_"))
     results.mkdir(parents=True, exist_ok=True)
-    extra, suffix = args.ours_extra.split(), f"-{args.tag}" if args.tag else ""
+    if args.profile and args.window > args.steps - PROFILED_STEP:
+        raise SystemExit(f"--profile traces step {PROFILED_STEP}: --window {args.window} would time it")
+    tag = args.tag or ("profiled" if args.profile else "")
+    extra, suffix = args.ours_extra.split() + (PROFILE if args.profile else []), f"-{tag}" if tag else ""
     if args.print_commands:
         for name, fp8 in (("ours-bf16", False), ("ours-fp8", True)):
             print(shlex.join(main_command(our_overrides(args.layers, args.steps, results, name + suffix, fp8, extra))))
@@ -285,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_ours(name + suffix, args.layers, args.steps, args.window, results, fp8, extra))
     if "hf" in parts:
         rows.append(run_hf_subprocess(args, results))
+    if args.profile:
+        for row in [r for r in rows if r["case"].startswith("ours-")]:
+            trace = results / row["case"] / "profile" / f"rank0_steps{PROFILED_STEP}-{PROFILED_STEP}.pt.trace.json.gz"
+            print(f"{row['case']}: python bench/bench_kernels.py --trace {trace}")
     (results / "bench_lora.json").write_text(json.dumps(rows, indent=1))
     for earlier in args.merge:
         rows += [r for r in json.loads(Path(earlier).read_text()) if r["case"] not in {x["case"] for x in rows}]

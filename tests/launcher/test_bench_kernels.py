@@ -16,7 +16,7 @@ from launcher.autoconf.perfdata import training_model
 from launcher.autoconf.steptime import default_constants
 from launcher.config.compose import compose
 from launcher.jobs.rundir import write_run_dir
-from launcher.plan.formulas import model_flops_per_sample, padded_vocab_size
+from launcher.plan.formulas import lora_layer_parameters, model_flops_per_sample, padded_vocab_size
 from launcher.plan.hardware import gpu_spec
 from launcher.cli import prepare
 
@@ -82,6 +82,22 @@ def test_a_steps_gemm_and_attention_flops_are_the_mfu_formulas(model, tp, cp):
     )
     weights = arch.num_layers * (h * (heads + 2 * groups) * d + heads * d * h + 3 * h * ffn) + padded.vocab_size * h
     assert work["GEMM"].flops * tp * cp == pytest.approx(6 * 4 * 8192 * weights, rel=1e-12)
+
+
+@pytest.mark.parametrize("tp,cp", [(1, 1), (1, 2), (4, 2)])
+def test_a_lora_steps_flops_are_the_plans_lora_formula_without_the_adapters(tp, cp):
+    """A frozen base has no weight-gradient GEMMs: the step's GEMMs and attention are the plan's LoRA FLOPs less
+    the adapters' own (6 per adapter parameter per token), which the join leaves out."""
+    lora = compose(["training=llama2/70b", "peft=lora", "peft.target_modules=[linear_qkv,linear_proj]"]).peft
+    arch = dataclasses.replace(training_model("llama2_70b"), num_layers=20)
+    shape = dataclasses.replace(_shape(arch, tp=tp, cp=cp, microbatches=8), frozen_base=True)
+    work = kernels.step_work(arch, shape, default_constants())
+    assert not [name for name in work["GEMM"].calls if name.endswith("wgrad")]
+    per_gpu = work["GEMM"].flops + 2 * (work["attention fwd"].flops + work["attention bwd"].flops)
+    padded = dataclasses.replace(arch, vocab_size=shape.padded_vocab)
+    adapters = 6 * arch.num_layers * lora_layer_parameters(padded, lora) * 8192
+    assert per_gpu * tp * cp == pytest.approx(8 * (model_flops_per_sample(padded, 8192, lora) - adapters), rel=1e-12)
+    assert not [g for g in kernels.wanted_kernels(arch, shape)[0] if g.pass_ == "wgrad"]
 
 
 def test_stages_without_the_output_layer_have_no_loss_and_fp8_has_casts():
@@ -223,6 +239,36 @@ def test_a_trace_of_a_run_directory_joins_with_the_datasheet_peaks(tmp_path, cap
     assert rows["FP8 cast/transpose/amax"]["trace_ms"] == 0.0 and rows["FP8 cast/transpose/amax"]["bytes"] > 0
     with pytest.raises(SystemExit, match="not a profile.tool=torch trace"):
         kernels.main(["--trace", str(tmp_path / "x.json.gz"), "--ceilings", "peak"])
+
+
+def test_a_lora_runs_trace_joins_without_the_bases_weight_gradients(tmp_path, capsys):
+    cfg = compose(
+        [
+            "training=llama2/70b",
+            "peft=lora",
+            "peft.random_base=true",
+            "training.model.num_layers=2",
+            "parallelism=tp1_cp2",
+            "parallelism.num_gpus=2",
+            "cluster=bcm",
+            "cluster.gpu_type=h200",
+            "cluster.gpus_per_node=2",
+            "training.global_batch_size=8",
+            f"results_dir={tmp_path}",
+            "run_name=r",
+            "dry_run=true",
+        ]
+    )
+    prepared = prepare(cfg)
+    write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs, prepared.platform)
+    trace = _trace(prepared.run_dir / "profile" / "rank0_steps6-7.pt.trace.json.gz", TWO_STEPS)
+    out_json = tmp_path / "join.json"
+    assert kernels.main(["--trace", str(trace), "--ceilings", "peak", "--json", str(out_json)]) == 0
+    assert "TP1 CP2, 8 microbatches of 1 x 4096, bf16, LoRA (frozen base)" in capsys.readouterr().out
+    gemm = next(r for r in json.loads(out_json.read_text()) if r["cls"] == "GEMM")
+    # Each GEMM's three passes cost the same: without weight gradients, two thirds of a full step's.
+    full = kernels.step_work(cfg.training.model, kernels.shape_of_run(prepared.plan, 0), default_constants())
+    assert gemm["flops"] == pytest.approx(2 / 3 * full["GEMM"].flops, rel=1e-12)
 
 
 def test_the_module_imports_without_torch():

@@ -115,6 +115,27 @@ def test_another_layout_runs_as_a_tagged_case_beside_the_default_one(tmp_path, c
     assert "ours-bf16 / HF PEFT bf16 tokens/s/GPU: 1.00x" in printed
 
 
+def test_profiled_runs_trace_a_step_before_the_timing_window_and_name_the_kernel_join(tmp_path, capsys, monkeypatch):
+    bench = bench_script("bench_lora")
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_lora.py"), "--print-commands", "--results", str(tmp_path),
+         "--profile"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    for line in out.stdout.splitlines():
+        run = subprocess.run([*shlex.split(line), "dry_run=true"], cwd=REPO, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+    written = (tmp_path / "ours-fp8-profiled" / "config.yaml").read_text()
+    assert "tool: torch" in written and "start_step: 4" in written and "end_step: 5" in written
+    monkeypatch.setattr(bench, "run_ours", lambda name, *a: bench.row(name, "ours", "bf16", 2, 2.0, 1e15))
+    monkeypatch.setattr(bench, "lora_flops", lambda layers: (1e15, 1.5e15))
+    assert bench.main(["--only", "ours-bf16", "--profile", "--results", str(tmp_path / "r")]) == 0
+    trace = tmp_path / "r" / "ours-bf16-profiled" / "profile" / "rank0_steps4-4.pt.trace.json.gz"
+    assert f"ours-bf16-profiled: python bench/bench_kernels.py --trace {trace}" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--profile traces step 4: --window 9 would time it"):
+        bench.main(["--profile", "--window", "9", "--results", str(tmp_path / "r")])
+
+
 def test_time_to_train_is_the_whole_models_not_the_proxys(tmp_path, capsys, monkeypatch):
     """The proxy has 20 of the 80 layers: the time to train divides its rate by the FLOPs per sample it lacks."""
     bench = bench_script("bench_lora")

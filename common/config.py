@@ -528,6 +528,10 @@ class StepTimeConstants:
     gemm_half_dim: int = key("GEMM efficiency x d / (d + this), d the narrowest dimension", within=NON_NEGATIVE)
     attention_efficiency: float = key("causal attention core as a share of the bf16 peak", within=SHARE_ABOVE_0)
     cp_attention_penalty: float = key("attention slower per token by this x log2(cp)", within=NON_NEGATIVE)
+    fp8_attention_speedup: float = key(
+        "the attention core this many times faster with FP8 attention (plan.json fp8_dot_product_attention)",
+        within=POSITIVE,
+    )
     elementwise_bytes: ElementwiseBytes = group(ElementwiseBytes, "elementwise kernels' memory traffic")
     memory_efficiency: float = key("share of HBM bandwidth elementwise kernels reach", within=SHARE_ABOVE_0)
     fp8_elementwise_factor: float = key("elementwise traffic factor with FP8 casts", within=POSITIVE)

@@ -154,6 +154,8 @@ def _decoder_layer(
     attn_flops = 0.5 * 12 * (q / tp) * plan.seq_length * tokens
     attn_s = attn_flops / (spec.bf16_peak_flops * c.attention_efficiency)
     attn_s *= 1 + c.cp_attention_penalty * math.log2(cp)
+    if plan.fp8_dot_product_attention:
+        attn_s /= c.fp8_attention_speedup
     elem_s = elementwise_bytes(c, model, tp, plan.sequence_parallel, tokens) / _hbm_bytes_per_s(c, gpu)
     if fp8:
         elem_s *= c.fp8_elementwise_factor

@@ -93,7 +93,11 @@ CONFIGS = {
         for name, layout in test_gpu_hf.LAYOUTS.items()
     },
     "hf: tied embeddings": tiny(*test_gpu_hf.TIED),
-    **{f"lora: {name}": lora(name, *layout) for name, layout in test_gpu_lora.LAYOUTS.items()},
+    **{f"lora: {name}": lora(name, *test_gpu_lora.COMPARED, *layout) for name, layout in test_gpu_lora.LAYOUTS.items()},
+    **{
+        f"lora: {dtype}": lora(f"lora_{dtype}", f"dtype={dtype}", *test_gpu_lora.LAYOUTS["tp1"])
+        for dtype in ("bf16", "fp8")
+    },
     "lora: alpha doubled": lora(
         "alpha_doubled", *test_gpu_lora.LAYOUTS["tp1"], f"peft.alpha={2 * test_gpu_lora.ALPHA}"
     ),

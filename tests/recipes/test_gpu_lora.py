@@ -14,6 +14,8 @@ adapter-level difference that is ours. Then:
 - the evaluation loss beats the frozen base's by at least 0.3;
 - the negative control, alpha doubled on our side only, fails the same comparison;
 - all of that at TP1, and at TP2 with sequence parallelism on two GPUs;
+- the same comparison with PEFT through a pipeline (PP2, two virtual chunks per stage, the asymmetric split);
+- FP8 for the base's GEMMs: its evaluation loss within 0.05 of the same run in bf16, and beating the frozen base;
 - the PEFT export on the base (peft) and the merged export (plain transformers) give the run's last evaluation
   loss within 0.01;
 - the run killed with SIGKILL after its step-50 checkpoint and started again gives the same losses bit for bit;
@@ -72,7 +74,13 @@ COMPARED = ["dtype=fp32"]
 LAYOUTS = {
     "tp1": ["parallelism=tp1"],
     "tp2_sp": ["parallelism=tp2_sp", "parallelism.tp_comm_overlap=false"],
+    # Two stages of two virtual chunks each, the first stage a layer short for the embedding: adapters on every
+    # chunk, the frozen base's activations crossing stages.
+    "pp2_vp2_asym": ["parallelism=pp2_vp2_asym"],
 }
+# FP8 for the frozen base's GEMMs (the adapters stay bf16) against the same run in bf16: the evaluation losses after
+# STEPS steps within this (FP8's own rounding: not a comparison with PEFT's fp32 run).
+FP8_EVAL_ATOL = 0.05
 # A full run (every weight trains) at the same shape: the size of its checkpoint.
 FULL_RUN = [
     *COMPARED,
@@ -300,6 +308,23 @@ def test_tp1_equals_peft(tp1, work):
 
 def test_tp2_with_sequence_parallelism_equals_peft(work):
     check_equal_to_peft(run_and_reference(work, "tp2_sp"), "tp2_sp")
+
+
+def test_a_pipeline_with_virtual_chunks_and_the_asymmetric_split_equals_peft(work):
+    check_equal_to_peft(run_and_reference(work, "pp2_vp2_asym"), "pp2_vp2_asym")
+
+
+def test_fp8_base_gemms_train_the_adapters_as_bf16_does(work, tp1):
+    root = work["root"]
+    evals = {}
+    for dtype in ("bf16", "fp8"):
+        main_py(*lora_run(work["corpus"], root, f"lora_{dtype}", work["base"], f"dtype={dtype}", *LAYOUTS["tp1"]))
+        evals[dtype] = read_metrics(root / f"lora_{dtype}")[STEPS]["val_loss"]
+    frozen = tp1["ref"]["base_eval_loss"]
+    print(f"\nLoRA eval loss after {STEPS} steps: bf16 {evals['bf16']:.4f}, fp8 base GEMMs {evals['fp8']:.4f}, "
+          f"frozen base {frozen:.4f}")  # fmt: skip
+    assert abs(evals["fp8"] - evals["bf16"]) <= FP8_EVAL_ATOL
+    assert frozen - evals["fp8"] >= EVAL_GAIN
 
 
 def test_the_negative_control_alpha_doubled_fails_the_comparison(work):

@@ -389,7 +389,14 @@ def _rate(value: float | None, row: ClassGap) -> str:
     return f"{value:,.0f} TFLOP/s" if row.flops else f"{value:,.0f} GB/s"
 
 
-def format_join(rows: list[ClassGap], span_ms: float | None = None) -> str:
+def format_join(
+    rows: list[ClassGap],
+    span_ms: float | None = None,
+    timeline: profile_breakdown.Breakdown | None = None,
+    steps: int = 1,
+) -> str:
+    """The table; with `timeline` (the trace's breakdown over `steps` steps) also its communication, the part of it
+    exposed, and the idle time, per step."""
     header = (
         f"{'kernel class':<24} {'work per step':>14} {'trace ms':>9} {'achieved':>14} {'ceiling':>14} "
         f"{'at ceiling ms':>13} {'gap ms':>8}"
@@ -411,6 +418,13 @@ def format_join(rows: list[ClassGap], span_ms: float | None = None) -> str:
     )
     if span_ms is not None:
         lines.append(f"{'first to last kernel':<24} {'':>14} {span_ms:>9.1f}")
+    if timeline is not None:
+        for label, ms in (
+            ("communication", timeline.communication_ms),
+            ("  exposed", timeline.exposed_communication_ms),
+            ("idle (no kernel)", timeline.idle_ms),
+        ):
+            lines.append(f"{label:<24} {'':>14} {ms / steps:>9.1f}")
     lines.append("per step of one GPU; at ceiling: each class's work at its ceiling, 'other' at its trace time")
     return "\n".join(lines)
 
@@ -666,7 +680,7 @@ def run_trace(args: argparse.Namespace) -> int:
         f"{shape.mbs} x {shape.seq}, {'fp8' if shape.fp8 else 'bf16'}{', LoRA (frozen base)' if frozen_base else ''}; "
         f"ceilings: {ceilings.gpu}"
     )
-    print(format_join(rows, b.span_ms / steps))
+    print(format_join(rows, b.span_ms / steps, b, steps))
     for note in ceilings.notes:
         print(note)
     if args.json:

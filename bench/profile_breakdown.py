@@ -2,6 +2,11 @@
 GEMM, attention, FP8 cast/transpose/amax, norm/RoPE/SwiGLU, loss, other; one column per trace, so a step before and
 after a change compare side by side. bench/bench_kernels.py --trace sets each group against its ceiling.
 
+Beside the groups, from the kernels' intervals: the communication kernels' time (NCCL's and Transformer Engine's
+userbuffers kernels, and peer-to-peer copies; inside "other"), the part of it no other kernel overlaps (exposed
+communication: what TP overlap or the gradient reduction's overlap leaves on the critical path), and the time within
+the span that no kernel runs at all (idle: launch gaps, the CPU, a pipeline bubble waiting on another rank).
+
     python bench/profile_breakdown.py before=RUN_A/profile/rank0_steps6-6.pt.trace.json.gz \\
         after=RUN_B/profile/rank0_steps6-6.pt.trace.json.gz
 """
@@ -16,6 +21,7 @@ import json
 from pathlib import Path
 import re
 import sys
+from typing import Callable
 
 # First match wins. Attention before GEMM (cuDNN's attention kernels carry sm90_ and xmma in their names); GEMM
 # before the casts (FP8 GEMMs carry e4m3 in theirs); norm, RoPE and SwiGLU before the casts, so a kernel that
@@ -49,6 +55,8 @@ GROUPS: tuple[tuple[str, re.Pattern], ...] = (
 )
 OTHER = "other"
 ORDER = [name for name, _ in GROUPS] + [OTHER]
+COMMUNICATION = re.compile(r"nccl|userbuffers|allgather|all_gather|reducescatter|reduce_scatter|allreduce|sendrecv"
+                           r"|memcpy ptop", re.I)  # fmt: skip
 
 
 def group_of(kernel: str) -> str:
@@ -65,6 +73,9 @@ class Breakdown:
     ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     kernels: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     span_ms: float = 0.0
+    communication_ms: float = 0.0
+    exposed_communication_ms: float = 0.0  # communication while no other kernel runs
+    idle_ms: float = 0.0  # within the span, no kernel running
 
     @property
     def total_ms(self) -> float:
@@ -78,19 +89,35 @@ def load_events(path: Path) -> list[dict]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
+def covered_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def breakdown(events: list[dict]) -> Breakdown:
     out = Breakdown()
-    first, last = None, None
+    compute, communication = [], []
     for event in events:
-        if event.get("ph") != "X" or event.get("cat") != "kernel":
+        copy = event.get("cat") == "gpu_memcpy" and COMMUNICATION.search(event.get("name", ""))
+        if event.get("ph") != "X" or not (event.get("cat") == "kernel" or copy):
             continue
         name, start, dur = event["name"], float(event["ts"]), float(event.get("dur", 0.0))
-        group = group_of(name)
-        out.ms[group] += dur / 1e3
-        out.kernels[group][name] += dur / 1e3
-        first = start if first is None else min(first, start)
-        last = start + dur if last is None else max(last, start + dur)
-    out.span_ms = 0.0 if first is None else (last - first) / 1e3
+        if not copy:  # a peer-to-peer copy is communication, not a kernel of a group
+            group = group_of(name)
+            out.ms[group] += dur / 1e3
+            out.kernels[group][name] += dur / 1e3
+        (communication if COMMUNICATION.search(name) else compute).append((start, start + dur))
+    every = compute + communication
+    if every:
+        out.span_ms = (max(end for _, end in every) - min(start for start, _ in every)) / 1e3
+        out.communication_ms = sum(end - start for start, end in communication) / 1e3
+        out.exposed_communication_ms = (covered_us(every) - covered_us(compute)) / 1e3
+        out.idle_ms = out.span_ms - covered_us(every) / 1e3
     return out
 
 
@@ -107,7 +134,14 @@ def format_breakdowns(named: list[tuple[str, Breakdown]], top: int = 3) -> str:
         if len(named) == 2:
             row += f"{named[1][1].ms.get(group, 0.0) - named[0][1].ms.get(group, 0.0):>+8.1f}ms"
         lines.append(row)
-    for label, getter in (("kernels, total", lambda b: b.total_ms), ("first to last kernel", lambda b: b.span_ms)):
+    rows: tuple[tuple[str, Callable[[Breakdown], float]], ...] = (
+        ("kernels, total", lambda b: b.total_ms),
+        ("first to last kernel", lambda b: b.span_ms),
+        ("communication", lambda b: b.communication_ms),
+        ("  exposed", lambda b: b.exposed_communication_ms),
+        ("idle (no kernel)", lambda b: b.idle_ms),
+    )
+    for label, getter in rows:
         row = f"{label:<26}" + "".join(f"{getter(b):>11.1f} ms {'':>6}" for _, b in named)
         if len(named) == 2:
             row += f"{getter(named[1][1]) - getter(named[0][1]):>+8.1f}ms"

@@ -134,6 +134,33 @@ def test_a_profile_breakdown_before_and_after(tmp_path, capsys):
     assert "the 3 longest kernels of each group" in out
 
 
+def test_exposed_communication_is_what_no_other_kernel_overlaps_and_idle_what_no_kernel_covers(tmp_path, capsys):
+    """A hand-made timeline (ms): GEMMs 0-10 and 12-20 on one stream; on another, a reduce-scatter 8-14 (2 ms of it
+    alone, 10-12), a userbuffers exchange 15-17 (all under the second GEMM), a peer-to-peer copy 21-22 (alone); an
+    all-gather 25-27 after 3 ms with nothing running (22-25)."""
+    spans = [
+        ("kernel", "nvjet_tst_gemm", 0, 10),
+        ("kernel", "nvjet_tst_gemm", 12, 20),
+        ("kernel", "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", 8, 14),
+        ("kernel", "userbuffers_fp16_sum_inplace_gpu_rr_rs", 15, 17),
+        ("gpu_memcpy", "Memcpy PtoP (Device -> Device)", 21, 22),
+        ("kernel", "ncclDevKernel_AllGather_RING_LL", 25, 27),
+    ]
+    events = [{"ph": "X", "cat": c, "name": n, "ts": a * 1e3, "dur": (b - a) * 1e3} for c, n, a, b in spans]
+    path = tmp_path / "t.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    b = breakdown.breakdown(breakdown.load_events(path))
+    assert b.span_ms == pytest.approx(27)
+    assert b.communication_ms == pytest.approx(6 + 2 + 1 + 2)
+    assert b.exposed_communication_ms == pytest.approx(2 + 1 + 2)  # 10-12, 21-22, 25-27
+    assert b.idle_ms == pytest.approx(1 + 3)  # 20-21, 22-25
+    assert b.ms["GEMM"] == pytest.approx(18) and b.total_ms == pytest.approx(18 + 10)  # the copy is no kernel
+    assert breakdown.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert next(line for line in out.splitlines() if line.startswith("  exposed")).split()[1:3] == ["5.0", "ms"]
+
+
 def test_a_hung_case_is_killed_with_its_whole_process_group(tmp_path, monkeypatch):
     fake = tmp_path / "repo"
     fake.mkdir()

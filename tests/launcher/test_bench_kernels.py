@@ -227,7 +227,7 @@ def test_a_trace_of_a_run_directory_joins_with_the_datasheet_peaks(tmp_path, cap
     assert kernels.main(["--trace", str(trace), "--ceilings", "peak", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "(2 steps, rank 0): 2 layers, 2 on this rank, TP1 CP1, 4 microbatches of 1 x 8192, fp8" in out
-    assert "datasheet" in out
+    assert "datasheet" in out and "idle (no kernel)" in out and "  exposed" in out
     rows = {r["cls"]: r for r in json.loads(out_json.read_text())}
     h200 = gpu_spec("h200")
     work = kernels.step_work(prepared.cfg.training.model, kernels.shape_of_run(prepared.plan, 0), default_constants())

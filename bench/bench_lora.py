@@ -36,6 +36,13 @@ of that step beside its ceiling on this GPU (the frozen base without weight-grad
 
     python bench/bench_lora.py --only ours-bf16 --only ours-fp8 --profile --results R
 
+`variants` measures ours in FP8 with NVIDIA's settings beside each setting changed alone (FP8_VARIANTS: amax history
+1024, FP8 attention off, the op fuser, CUDA graphs per layer, the frozen base's weights in FP8), every case 3 times
+interleaved, through bench_train.py, whose arguments pass on (--only NAME to split the list over two GPU pairs,
+--budget-s, --previous, --timeout-s, --results, --json):
+
+    python bench/bench_lora.py variants --timeout-s 300 --results R --json R/variants.json
+
 --ours-extra adds overrides to our runs (another layout of the proxy on the 2 GPUs, CUDA graphs, ...), --tag names
 those cases (ours-bf16-dp2); the table's stack column says each run's layout. Their time to train still assumes the
 8-GPU layout runs at the proxy's per-GPU rate, which a layout other than CP2 represents less closely.
@@ -72,9 +79,25 @@ PROFILE = ["profile.enabled=true", "profile.tool=torch", f"profile.start_step={P
            f"profile.end_step={PROFILED_STEP + 1}"]  # fmt: skip
 
 
-def our_overrides(layers: int, steps: int, results: Path, name: str, fp8: bool, extra: Sequence[str] = ()) -> list[str]:
+# Each of NVIDIA's FP8 settings for this benchmark, and the others a LoRA step might gain from, against all of them
+# (`variants`): the first case is what the others are compared with.
+FP8_VARIANTS: dict[str, list[str]] = {
+    "fp8": [],
+    "fp8-amax-history-1024": ["dtype.fp8_amax_history_len=1024"],
+    "fp8-attention-off": ["dtype.fp8_dot_product_attention=false"],
+    # The plan refuses the fused MLP with the overlapped parameter gather over several optimizer shards (CP2 is two);
+    # with LoRA only the small adapters are gathered, so gathering after the step costs nothing here.
+    "fp8-op-fuser": ["dtype.te_op_fuser=true", "parallelism.overlap_param_gather=false"],
+    "fp8-graphs-per-layer": ["training.cuda_graphs=per_layer"],
+    # The frozen base's weights stored in FP8: no cast of them in any step, and half their memory.
+    "fp8-params": ["dtype.fp8_param_gather=true"],
+}
+
+
+def lora_shape(layers: int) -> list[str]:
+    """The benchmark's LoRA on the 70B-shaped proxy with CP2: what a run of it sets beyond the model, GPUs and
+    steps."""
     return [
-        "training=llama2/70b",
         "peft=lora",
         "peft.random_base=true",
         f"peft.rank={RANK}",
@@ -83,14 +106,30 @@ def our_overrides(layers: int, steps: int, results: Path, name: str, fp8: bool, 
         "peft.target_modules=[linear_qkv,linear_proj]",
         f"training.model.num_layers={layers}",
         f"training.seq_length={SEQ}",
-        f"training.global_batch_size={GBS}",
         "training.micro_batch_size=1",
+        "parallelism=tp1_cp2",
+    ]
+
+
+def variants_argv(layers: int, steps: int, window: int, rest: list[str]) -> list[str]:
+    """bench_train.py's arguments for the FP8 variants: each case interleaved 3 times (a --repeat in `rest` wins)."""
+    argv = ["--model", "llama2/70b", "--gpus", "2", "--gbs", str(GBS), "--steps", str(steps), "--window", str(window)]
+    argv += ["--repeat", "3"]
+    for name, extra in FP8_VARIANTS.items():
+        argv += ["--case", name, " ".join([*lora_shape(layers), *FP8, *extra])]
+    return argv + rest
+
+
+def our_overrides(layers: int, steps: int, results: Path, name: str, fp8: bool, extra: Sequence[str] = ()) -> list[str]:
+    return [
+        "training=llama2/70b",
+        *lora_shape(layers),
+        f"training.global_batch_size={GBS}",
         f"training.train_steps={steps}",
         "training.val_interval=0",
         "training.data.mock=true",
         "training.checkpoint.interval=0",
         "training.checkpoint.save_at_end=false",
-        "parallelism=tp1_cp2",
         "parallelism.num_gpus=2",
         "cluster=local",
         f"results_dir={results}",
@@ -257,11 +296,30 @@ def print_table(rows: list[dict]) -> None:
               f"{r['tokens_per_s_per_gpu']:>10,.0f} {r['mfu_bf16_peak'] * 100:>8.1f}%")  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=20, help="decoder layers of the 70B-shaped proxy")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--window", type=int, default=6, help="average the step time over the last N steps")
+
+
+def run_variants(argv: list[str]) -> int:
+    """`variants`: bench_train.py over FP8_VARIANTS; its own arguments (--only, --repeat, --budget-s, ...) pass on."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import bench_train
+
+    parser = argparse.ArgumentParser(prog="bench_lora.py variants")
+    add_shape_arguments(parser)
+    args, rest = parser.parse_known_args(argv)
+    bench_train.main(variants_argv(args.layers, args.steps, args.window, rest))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["variants"]:
+        return run_variants(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shape_arguments(parser)
     parser.add_argument("--only", action="append", choices=["ours-bf16", "ours-fp8", "hf"])
     parser.add_argument("--hf-no-checkpointing", action="store_true")
     parser.add_argument(

@@ -323,6 +323,12 @@ def main(argv: list[str] | None = None) -> None:
         required=True,
         help="a name and space-separated Hydra overrides; repeat for more cases",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="run only this case beside the first (repeat for more): halves of a list on two GPU sets of one host",
+    )
     parser.add_argument("--results", default=None, help="where run directories go (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the rows (and with --repeat the medians) here")
     parser.add_argument("--repeat", type=int, default=1, help="run every case N times, interleaved; table of medians")
@@ -339,6 +345,12 @@ def main(argv: list[str] | None = None) -> None:
     names = [case for case, _ in args.case]
     if len(set(names)) != len(names):
         parser.error(f"case names repeat ({', '.join(names)}): give each --case its own name")
+    unknown = sorted(set(args.only or []) - set(names))
+    if unknown:
+        parser.error(f"--only {', '.join(unknown)}: not a case (one of {', '.join(names)})")
+    if args.only:
+        args.case = [case for case in args.case if case[0] == names[0] or case[0] in args.only]
+        names = [case for case, _ in args.case]
     results = Path(args.results or tempfile.mkdtemp(prefix="bench_train_"))
     results.mkdir(parents=True, exist_ok=True)
     previous = read_previous(args.previous or [])

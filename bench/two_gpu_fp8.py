@@ -10,13 +10,14 @@ default) with a table of medians against the defaults. At DP2 the plan leaves FP
 fit) and turns FP8 attention on (delayed scaling, heads of 128), so the defaults are the "off" side of the one and
 the "on" side of the other, as they are graphs off, the delayed recipe and the op fuser off.
 `profiled`: one bf16 and one FP8 run with the torch profiler on step 4, before the timing window, for
-bench/bench_kernels.py --trace (RUN/profile/rank0_steps4-4.pt.trace.json.gz). `--only NAME` (repeatable) keeps the
-defaults and the named variants, so that two GPU pairs of one host can each measure half of them beside the defaults:
+bench/bench_kernels.py --trace (RUN/profile/rank0_steps4-4.pt.trace.json.gz). bench_train.py's `--only NAME`
+(repeatable) keeps the defaults and the named variants, so that two GPU pairs of one host can each measure half of
+them beside the defaults:
 
     CUDA_VISIBLE_DEVICES=0,1 python bench/two_gpu_fp8.py variants --only fp8-param-gather-on --only fp8-tensorwise
     CUDA_VISIBLE_DEVICES=2,3 python bench/two_gpu_fp8.py variants --only fp8-graphs-per-layer --only fp8-op-fuser ...
 
-Other arguments after the subcommand go to bench_train.py (--budget-s, --timeout-s, --previous, --repeat).
+Other arguments after the subcommand go to bench_train.py (--only, --budget-s, --timeout-s, --previous, --repeat).
 """
 
 from __future__ import annotations
@@ -54,16 +55,9 @@ PROFILED: dict[str, str] = {
 REPEAT = {"variants": 3, "profiled": 1}
 
 
-def bench_argv(which: str, rest: list[str], only: list[str] | None = None) -> list[str]:
-    """bench_train.py's arguments: the shape, the cases (with `only`, the first case and those named), the default
-    repeat (a --repeat in `rest` wins)."""
+def bench_argv(which: str, rest: list[str]) -> list[str]:
+    """bench_train.py's arguments: the shape, the cases, the default repeat (a --repeat in `rest` wins)."""
     cases = VARIANTS if which == "variants" else PROFILED
-    unknown = sorted(set(only or []) - set(cases))
-    if unknown:
-        raise SystemExit(f"--only {', '.join(unknown)}: not a {which} case (one of {', '.join(cases)})")
-    if only:
-        first = next(iter(cases))
-        cases = {name: overrides for name, overrides in cases.items() if name == first or name in only}
     argv = ["--model", MODEL, "--gpus", str(GPUS), "--gbs", str(GBS), "--steps", str(STEPS), "--window", str(WINDOW)]
     argv += ["--repeat", str(REPEAT[which])]
     for name, overrides in cases.items():
@@ -74,9 +68,8 @@ def bench_argv(which: str, rest: list[str], only: list[str] | None = None) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", choices=["variants", "profiled"])
-    parser.add_argument("--only", action="append", metavar="NAME", help="measure only this case beside the first")
     args, rest = parser.parse_known_args(argv)
-    bench_train.main(bench_argv(args.which, rest, args.only))
+    bench_train.main(bench_argv(args.which, rest))
     return 0
 
 

@@ -246,8 +246,13 @@ def test_the_two_gpu_variants_compare_with_the_defaults_and_keep_the_callers_arg
     assert "dtype.fp8_dot_product_attention=false" in two_gpu.VARIANTS["fp8-attention-off"]
 
 
-def test_only_keeps_the_defaults_beside_the_named_variants_and_refuses_an_unknown_name():
-    argv = two_gpu.bench_argv("variants", [], ["fp8-op-fuser", "fp8-tensorwise"])
-    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--case"] == ["fp8", "fp8-op-fuser", "fp8-tensorwise"]
-    with pytest.raises(SystemExit, match="--only fp8-nope: not a variants case"):
-        two_gpu.bench_argv("variants", [], ["fp8-nope"])
+def test_only_keeps_the_defaults_beside_the_named_variants_and_refuses_an_unknown_name(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(bench_train, "run_case", lambda name, *a, **k: ran.append(name) or {"case": name, "error": "x"})
+    rest = ["--only", "fp8-op-fuser", "--only", "fp8-tensorwise", "--results", str(tmp_path)]
+    bench_train.main(two_gpu.bench_argv("variants", rest))
+    assert ran == ["fp8-r1", "fp8-op-fuser-r1", "fp8-tensorwise-r1", "fp8-r2", "fp8-op-fuser-r2", "fp8-tensorwise-r2",
+                   "fp8-r3", "fp8-op-fuser-r3", "fp8-tensorwise-r3"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        bench_train.main(two_gpu.bench_argv("variants", ["--only", "fp8-nope", "--results", str(tmp_path / "b")]))
+    assert "--only fp8-nope: not a case (one of fp8, fp8-param-gather-on" in capsys.readouterr().err

@@ -148,3 +148,39 @@ def test_time_to_train_is_the_whole_models_not_the_proxys(tmp_path, capsys, monk
     expected = bench.time_to_train_minutes(proxy_rate * 20 / 80, 3072.0, eval_cost=0.5)["total_min"]
     assert f"ours-bf16: {expected:.1f} min" in out
     assert f"({proxy_rate / 4:,.0f} tokens/s/GPU)" in out
+
+
+@pytest.mark.parametrize("name", list(bench_script("bench_lora").FP8_VARIANTS))
+def test_every_fp8_variant_plans_on_two_h100s_with_the_benchmarks_settings(name, tmp_path):
+    bench = bench_script("bench_lora")
+    argv = bench.variants_argv(20, 12, 6, [])
+    cases = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--case"}
+    assert list(cases)[0] == "fp8" and argv[:2] == ["--model", "llama2/70b"] and argv[argv.index("--gbs") + 1] == "8"
+    cmd = [sys.executable, str(REPO / "main.py"), "training=llama2/70b", "cluster=bcm", "cluster.gpu_type=h100",
+           "cluster.gpus_per_node=2", "parallelism.num_gpus=2", "training.global_batch_size=8",
+           "training.data.mock=true", *shlex.split(cases[name]), f"results_dir={tmp_path}", "run_name=r",
+           "dry_run=true"]  # fmt: skip
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    written = (tmp_path / "r" / "config.yaml").read_text()
+    assert (plan["cp"], plan["tp"], plan["seq_length"]) == (2, 1, 8192) and "rank: 16" in written
+    assert plan["est_memory_gib_per_gpu"] < 79.6
+    # NVIDIA's settings in every case but the one each variant changes.
+    settings = {
+        "fp8_amax_history_len: 4": "fp8-amax-history-1024",
+        "fp8_dot_product_attention: true": "fp8-attention-off",
+    }
+    for setting, changed_by in settings.items():
+        assert (setting in written) == (name != changed_by), setting
+
+
+def test_variants_pass_bench_trains_arguments_on(tmp_path, monkeypatch):
+    bench = bench_script("bench_lora")
+    sys.path.insert(0, str(REPO / "bench"))
+    import bench_train
+
+    ran = []
+    monkeypatch.setattr(bench_train, "run_case", lambda name, *a, **k: ran.append(name) or {"case": name, "error": "x"})
+    assert bench.main(["variants", "--only", "fp8-params", "--repeat", "2", "--results", str(tmp_path)]) == 0
+    assert ran == ["fp8-r1", "fp8-params-r1", "fp8-r2", "fp8-params-r2"]

@@ -44,7 +44,8 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"cd ", "changes into a workspace of a Base Command cluster"),
     (r"(tensorboard|vllm|lm_eval) ", "a server or an evaluation reading what training wrote (a GPU)"),
     (
-        r"python bench/(bench_train|bench_lora|bench_sft|two_gpu_fp8|four_gpu)\.py|bash bench/gpu_",
+        r"(CUDA_VISIBLE_DEVICES=\S+ )?python bench/(bench_train|bench_lora|bench_sft|two_gpu_fp8|four_gpu)\.py"
+        r"|bash bench/gpu_",
         "trains on GPUs (tests/launcher/test_bench_*.py cover the rest)",
     ),
     (

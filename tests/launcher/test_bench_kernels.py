@@ -203,32 +203,34 @@ def test_a_measurement_of_other_shapes_is_refused_in_one_line(tmp_path):
         kernels.read_ceilings(path)
 
 
-def test_a_trace_of_a_run_directory_joins_with_the_datasheet_peaks(tmp_path, capsys):
+def _join_of_a_dry_run(tmp_path, *overrides: str):
+    """A run directory of these overrides (a dry run, cluster=bcm on H200) with a two-step trace of TWO_STEPS,
+    joined with the datasheet peaks: the prepared run and the join's rows by class."""
     cfg = compose(
-        [
-            "training=llama31/8b",
-            "training.model.num_layers=2",
-            "parallelism=tp1",
-            "parallelism.num_gpus=1",
-            "dtype=fp8",
-            "cluster=bcm",
-            "cluster.gpu_type=h200",
-            "cluster.gpus_per_node=1",
-            "training.global_batch_size=4",
-            f"results_dir={tmp_path}",
-            "run_name=r",
-            "dry_run=true",
-        ]
+        [*overrides, "cluster=bcm", "cluster.gpu_type=h200", f"results_dir={tmp_path}", "run_name=r", "dry_run=true"]
     )
     prepared = prepare(cfg)
     write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs, prepared.platform)
     trace = _trace(prepared.run_dir / "profile" / "rank0_steps6-7.pt.trace.json.gz", TWO_STEPS)
     out_json = tmp_path / "join.json"
     assert kernels.main(["--trace", str(trace), "--ceilings", "peak", "--json", str(out_json)]) == 0
+    return prepared, {r["cls"]: r for r in json.loads(out_json.read_text())}
+
+
+def test_a_trace_of_a_run_directory_joins_with_the_datasheet_peaks(tmp_path, capsys):
+    prepared, rows = _join_of_a_dry_run(
+        tmp_path,
+        "training=llama31/8b",
+        "training.model.num_layers=2",
+        "parallelism=tp1",
+        "parallelism.num_gpus=1",
+        "dtype=fp8",
+        "cluster.gpus_per_node=1",
+        "training.global_batch_size=4",
+    )
     out = capsys.readouterr().out
     assert "(2 steps, rank 0): 2 layers, 2 on this rank, TP1 CP1, 4 microbatches of 1 x 8192, fp8" in out
     assert "datasheet" in out and "idle (no kernel)" in out and "  exposed" in out
-    rows = {r["cls"]: r for r in json.loads(out_json.read_text())}
     h200 = gpu_spec("h200")
     work = kernels.step_work(prepared.cfg.training.model, kernels.shape_of_run(prepared.plan, 0), default_constants())
     gemms = kernels.wanted_kernels(prepared.cfg.training.model, kernels.shape_of_run(prepared.plan, 0))[0]
@@ -242,33 +244,21 @@ def test_a_trace_of_a_run_directory_joins_with_the_datasheet_peaks(tmp_path, cap
 
 
 def test_a_lora_runs_trace_joins_without_the_bases_weight_gradients(tmp_path, capsys):
-    cfg = compose(
-        [
-            "training=llama2/70b",
-            "peft=lora",
-            "peft.random_base=true",
-            "training.model.num_layers=2",
-            "parallelism=tp1_cp2",
-            "parallelism.num_gpus=2",
-            "cluster=bcm",
-            "cluster.gpu_type=h200",
-            "cluster.gpus_per_node=2",
-            "training.global_batch_size=8",
-            f"results_dir={tmp_path}",
-            "run_name=r",
-            "dry_run=true",
-        ]
+    prepared, rows = _join_of_a_dry_run(
+        tmp_path,
+        "training=llama2/70b",
+        "peft=lora",
+        "peft.random_base=true",
+        "training.model.num_layers=2",
+        "parallelism=tp1_cp2",
+        "parallelism.num_gpus=2",
+        "cluster.gpus_per_node=2",
+        "training.global_batch_size=8",
     )
-    prepared = prepare(cfg)
-    write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs, prepared.platform)
-    trace = _trace(prepared.run_dir / "profile" / "rank0_steps6-7.pt.trace.json.gz", TWO_STEPS)
-    out_json = tmp_path / "join.json"
-    assert kernels.main(["--trace", str(trace), "--ceilings", "peak", "--json", str(out_json)]) == 0
     assert "TP1 CP2, 8 microbatches of 1 x 4096, bf16, LoRA (frozen base)" in capsys.readouterr().out
-    gemm = next(r for r in json.loads(out_json.read_text()) if r["cls"] == "GEMM")
     # Each GEMM's three passes cost the same: without weight gradients, two thirds of a full step's.
-    full = kernels.step_work(cfg.training.model, kernels.shape_of_run(prepared.plan, 0), default_constants())
-    assert gemm["flops"] == pytest.approx(2 / 3 * full["GEMM"].flops, rel=1e-12)
+    full = kernels.step_work(prepared.cfg.training.model, kernels.shape_of_run(prepared.plan, 0), default_constants())
+    assert rows["GEMM"]["flops"] == pytest.approx(2 / 3 * full["GEMM"].flops, rel=1e-12)
 
 
 def test_the_module_imports_without_torch():

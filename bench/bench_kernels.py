@@ -389,14 +389,9 @@ def _rate(value: float | None, row: ClassGap) -> str:
     return f"{value:,.0f} TFLOP/s" if row.flops else f"{value:,.0f} GB/s"
 
 
-def format_join(
-    rows: list[ClassGap],
-    span_ms: float | None = None,
-    timeline: profile_breakdown.Breakdown | None = None,
-    steps: int = 1,
-) -> str:
-    """The table; with `timeline` (the trace's breakdown over `steps` steps) also its communication, the part of it
-    exposed, and the idle time, per step."""
+def format_join(rows: list[ClassGap], timeline: profile_breakdown.Breakdown | None = None, steps: int = 1) -> str:
+    """The table; with `timeline` (the trace's breakdown over `steps` steps) also its span from first to last
+    kernel, its communication, the part of that exposed, and the idle time, per step."""
     header = (
         f"{'kernel class':<24} {'work per step':>14} {'trace ms':>9} {'achieved':>14} {'ceiling':>14} "
         f"{'at ceiling ms':>13} {'gap ms':>8}"
@@ -416,10 +411,9 @@ def format_join(
         f"{'kernels, total':<24} {blank:>14} {total:>9.1f} {blank:>14} {blank:>14} {at_ceiling:>13.1f} "
         f"{total - at_ceiling:>+8.1f}"
     )
-    if span_ms is not None:
-        lines.append(f"{'first to last kernel':<24} {'':>14} {span_ms:>9.1f}")
     if timeline is not None:
         for label, ms in (
+            ("first to last kernel", timeline.span_ms),
             ("communication", timeline.communication_ms),
             ("  exposed", timeline.exposed_communication_ms),
             ("idle (no kernel)", timeline.idle_ms),
@@ -680,7 +674,7 @@ def run_trace(args: argparse.Namespace) -> int:
         f"{shape.mbs} x {shape.seq}, {'fp8' if shape.fp8 else 'bf16'}{', LoRA (frozen base)' if frozen_base else ''}; "
         f"ceilings: {ceilings.gpu}"
     )
-    print(format_join(rows, b.span_ms / steps, b, steps))
+    print(format_join(rows, b, steps))
     for note in ceilings.notes:
         print(note)
     if args.json:

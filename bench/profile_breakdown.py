@@ -103,15 +103,18 @@ def breakdown(events: list[dict]) -> Breakdown:
     out = Breakdown()
     compute, communication = [], []
     for event in events:
-        copy = event.get("cat") == "gpu_memcpy" and COMMUNICATION.search(event.get("name", ""))
-        if event.get("ph") != "X" or not (event.get("cat") == "kernel" or copy):
+        kernel = event.get("cat") == "kernel"
+        if event.get("ph") != "X" or not (kernel or event.get("cat") == "gpu_memcpy"):
             continue
         name, start, dur = event["name"], float(event["ts"]), float(event.get("dur", 0.0))
-        if not copy:  # a peer-to-peer copy is communication, not a kernel of a group
+        communicates = bool(COMMUNICATION.search(name))
+        if not (kernel or communicates):  # of the copies, only peer-to-peer ones count: as communication
+            continue
+        if kernel:
             group = group_of(name)
             out.ms[group] += dur / 1e3
             out.kernels[group][name] += dur / 1e3
-        (communication if COMMUNICATION.search(name) else compute).append((start, start + dur))
+        (communication if communicates else compute).append((start, start + dur))
     every = compute + communication
     if every:
         out.span_ms = (max(end for _, end in every) - min(start for start, _ in every)) / 1e3

@@ -162,7 +162,7 @@ def test_the_join_puts_each_class_of_one_step_beside_its_time_at_the_ceiling(tmp
     assert rows["loss"].trace_ms == 20.0 and rows["loss"].bytes > 0
     assert rows["other"].ceiling_ms is None and rows["other"].trace_ms == 30.0
     assert rows["GEMM"].rate(rows["GEMM"].trace_ms) == pytest.approx(work["GEMM"].flops / 1e12 / 1.0)
-    table = kernels.format_join(list(rows.values()), b.span_ms / 2)
+    table = kernels.format_join(list(rows.values()), b, steps=2)
     gemm_line = next(line for line in table.splitlines() if line.startswith("GEMM"))
     assert gemm_line.split()[-1] == "+919.0"
     assert "FP8 cast" not in table  # a bf16 step has no casts to show

@@ -65,6 +65,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common.run import trace_path  # noqa: E402
+
 SEQ, GBS, RANK, ALPHA, DROPOUT = 8192, 8, 16, 32, 0.1
 MODEL_LAYERS = 80  # Llama 2 70B
 BF16_PEAK = 989e12
@@ -358,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_hf_subprocess(args, results))
     if args.profile:
         for row in [r for r in rows if r["case"].startswith("ours-")]:
-            trace = results / row["case"] / "profile" / f"rank0_steps{PROFILED_STEP}-{PROFILED_STEP}.pt.trace.json.gz"
+            trace = trace_path(str(results / row["case"]), 0, PROFILED_STEP, PROFILED_STEP)
             print(f"{row['case']}: python bench/bench_kernels.py --trace {trace}")
     (results / "bench_lora.json").write_text(json.dumps(rows, indent=1))
     for earlier in args.merge:

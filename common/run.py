@@ -16,6 +16,12 @@ from common.typed import TypedConfigError
 CONFIG_FILE = "config.yaml"
 
 
+def trace_path(run_dir: str, rank: int, first: int, last: int) -> str:
+    """Where profile.tool=torch writes rank `rank`'s trace of steps first..last; *.pt.trace.json.gz is the name
+    TensorBoard's profiler plugin looks for."""
+    return os.path.join(run_dir, "profile", f"rank{rank}_steps{first}-{last}.pt.trace.json.gz")
+
+
 class RunDirError(ValueError):
     """A run directory this version cannot read; str() is one line."""
 

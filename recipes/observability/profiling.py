@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from common.config import ProfileConfig
+from common.run import trace_path
 
 # megatron-core timer names -> range names.
 RANGE_NAMES = {"forward-compute": "forward", "backward-compute": "backward"}
@@ -30,11 +31,6 @@ def window(profile_cfg: ProfileConfig) -> tuple[int, int]:
 
 def profiled_here(profile_cfg: ProfileConfig, rank: int) -> bool:
     return profile_cfg.enabled and rank in profile_cfg.ranks
-
-
-def trace_path(run_dir: str, rank: int, first: int, last: int) -> str:
-    # *.pt.trace.json.gz: the name TensorBoard's profiler plugin looks for.
-    return os.path.join(run_dir, "profile", f"rank{rank}_steps{first}-{last}.pt.trace.json.gz")
 
 
 class _Range:

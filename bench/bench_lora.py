@@ -64,8 +64,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from common.run import trace_path  # noqa: E402
+from bench_train import PROFILE, PROFILED_STEP  # noqa: E402
 
 SEQ, GBS, RANK, ALPHA, DROPOUT = 8192, 8, 16, 32, 0.1
 MODEL_LAYERS = 80  # Llama 2 70B
@@ -76,9 +78,6 @@ FP8 = [
     "dtype.fp8_amax_history_len=4",
     "dtype.fp8_dot_product_attention=true",
 ]
-PROFILED_STEP = 4
-PROFILE = ["profile.enabled=true", "profile.tool=torch", f"profile.start_step={PROFILED_STEP}",
-           f"profile.end_step={PROFILED_STEP + 1}"]  # fmt: skip
 
 
 # Each of NVIDIA's FP8 settings for this benchmark, and the others a LoRA step might gain from, against all of them
@@ -306,7 +305,6 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_variants(argv: list[str]) -> int:
     """`variants`: bench_train.py over FP8_VARIANTS; its own arguments (--only, --repeat, --budget-s, ...) pass on."""
-    sys.path.insert(0, str(REPO / "bench"))
     import bench_train
 
     parser = argparse.ArgumentParser(prog="bench_lora.py variants")

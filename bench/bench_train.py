@@ -13,6 +13,10 @@ directory that already holds metrics (from an earlier invocation with the same -
 so a measurement cut short by --budget-s goes on where it stopped when the same command runs again; where the run
 directories are gone (a machine given back in between), --previous names the --json files that earlier invocations
 wrote (after every run) and their finished runs count.
+
+`--profile` traces step 4 of every run with the torch profiler (before a timing window of the last 6 of 12
+steps, so the profiler's overhead stays out of it) and prints, per run, the bench/bench_kernels.py command that puts
+each kernel class of that step (communication and what of it is exposed included) beside its ceiling on this GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +42,12 @@ from common.plan import Plan  # noqa: E402
 from launcher.autoconf.perfdata import Reference, nvidia_reference, training_model  # noqa: E402
 from launcher.plan.hardware import gpu_spec  # noqa: E402
 from launcher.plan.table import layout  # noqa: E402
+from common.run import trace_path  # noqa: E402
 from launcher.report.throughput import RunInfo, read_metrics, summarize  # noqa: E402
+
+PROFILED_STEP = 4
+PROFILE = ["profile.enabled=true", "profile.tool=torch", f"profile.start_step={PROFILED_STEP}",
+           f"profile.end_step={PROFILED_STEP + 1}"]  # fmt: skip
 
 
 def run_case(name: str, overrides: list[str], args, results: Path, timeout: float | None = None) -> dict:
@@ -301,6 +310,14 @@ def run_repeats(
     return rows, left
 
 
+def print_join_commands(rows: list[dict], results: Path) -> None:
+    """--profile: per finished run, the command that joins its trace with the kernels' ceilings."""
+    print()
+    for row in [r for r in rows if "error" not in r]:
+        trace = trace_path(str(results / row["case"]), 0, PROFILED_STEP, PROFILED_STEP)
+        print(f"{row['case']}: python bench/bench_kernels.py --trace {trace}")
+
+
 def json_output(rows: list[dict], cases: list[str], repeat: int) -> dict | list:
     """--json: the rows as before for single runs; with --repeat the runs and the medians."""
     if repeat == 1:
@@ -336,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         "--budget-s", type=float, default=None, help="start no run that would end past this (the same command goes on)"
     )
     parser.add_argument("--timeout-s", type=float, default=None, help="kill a run's process group after this")
+    parser.add_argument("--profile", action="store_true", help=f"trace step {PROFILED_STEP} of every run")
     parser.add_argument(
         "--previous", nargs="+", default=None, help="--json files of earlier invocations: their finished runs count"
     )
@@ -351,6 +369,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.only:
         args.case = [case for case in args.case if case[0] == names[0] or case[0] in args.only]
         names = [case for case, _ in args.case]
+    if args.profile:
+        if args.window > args.steps - PROFILED_STEP:
+            parser.error(f"--profile traces step {PROFILED_STEP}: --window {args.window} would time it")
+        args.case = [(name, f"{overrides} {' '.join(PROFILE)}") for name, overrides in args.case]
     results = Path(args.results or tempfile.mkdtemp(prefix="bench_train_"))
     results.mkdir(parents=True, exist_ok=True)
     previous = read_previous(args.previous or [])
@@ -366,6 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeat > 1:
         print()
         print(format_repeats(summarize_repeats(names, rows), args.repeat))
+    if args.profile:
+        print_join_commands(rows, results)
     if left:
         print(
             f"\nnot run within --budget-s {args.budget_s:.0f}: {', '.join(left)}; run the same command again (with "

@@ -22,6 +22,10 @@ Groups (python bench/four_gpu.py GROUP --out OUT [bench_train.py arguments, e.g.
                   proxy where the order changes which ranks pair), GBS 8, 8 steps: pp_last (default) / dp_last,
                   3 runs each. ~83 GiB a GPU: H200 only.                                      6 runs, ~8 min
 
+`--profile` (bench_train.py's) traces step 4 of every run, outside the timing window, and prints the
+bench/bench_kernels.py --trace command per run: the account of a row that misses its target (communication and
+what of it is exposed, the FP8 casts, each kernel class against its ceiling).
+
 The minutes are `--list`'s estimates. The variant groups (all but table-*) run their cases --repeat times
 interleaved, with a table of medians against the first case, the defaults (a larger --repeat and --previous of the
 first command's --json adds runs without repeating the ones done). Every command below fits a 10-minute device call:

@@ -47,7 +47,7 @@ VARIANTS: dict[str, str] = {
     "fp8-tensorwise": f"{FP8} dtype.fp8_recipe=tensorwise",
 }
 # Step 4 profiled: after warm-up, before the window (steps 6-8), so the profiler's overhead stays out of it.
-PROFILE = "profile.enabled=true profile.tool=torch profile.start_step=4 profile.end_step=5"
+PROFILE = " ".join(bench_train.PROFILE)
 PROFILED: dict[str, str] = {
     "bf16-profiled": f"{PROXY} dtype=bf16 {PROFILE}",
     "fp8-profiled": f"{FP8} {PROFILE}",

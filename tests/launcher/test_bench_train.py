@@ -230,3 +230,26 @@ def test_runs_an_earlier_invocation_brought_back_count_as_done(tmp_path, monkeyp
     earlier.write_text("[1, 2")
     with pytest.raises(SystemExit, match="not a bench_train.py --json file"):
         bench.read_previous([str(earlier)])
+
+
+def test_profile_traces_a_step_before_the_window_of_every_run_and_names_its_join(tmp_path, monkeypatch, capsys):
+    bench = bench_script("bench_train")
+    ran = []
+
+    def fake_run_case(name, overrides, *args, **kwargs):
+        ran.append(overrides)
+        return _row(name, 90.0, 1.1) if name == "a" else {"case": name, "error": "exit 1"}
+
+    monkeypatch.setattr(bench, "run_case", fake_run_case)
+    monkeypatch.setattr(bench, "print_table", lambda rows: None)
+    monkeypatch.setattr(bench, "print_references", lambda rows: None)
+    common = ["--steps", "12", "--window", "6", "--results", str(tmp_path), "--profile"]
+    bench.main([*common, "--case", "a", "dtype=bf16", "--case", "b", ""])
+    traced = f"profile.start_step={bench.PROFILED_STEP}"
+    assert ran[0][0] == "dtype=bf16" and all(traced in run and "profile.enabled=true" in run for run in ran)
+    joins = [line for line in capsys.readouterr().out.splitlines() if "bench_kernels.py --trace" in line]
+    # Only the finished run has a trace to join; its name is the one the profiler writes.
+    assert joins == [f"a: python bench/bench_kernels.py --trace {tmp_path}/a/profile/rank0_steps4-4.pt.trace.json.gz"]
+    with pytest.raises(SystemExit):
+        bench.main([*common, "--window", "9", "--case", "a", ""])
+    assert "--window 9 would time it" in capsys.readouterr().err

@@ -502,6 +502,8 @@ def _fp8_gemm(g: Gemm) -> tuple[Callable[[Any], Any], str]:
         g.m, g.n, device="cuda", dtype=torch.float32 if wgrad else torch.bfloat16
     )
     try:
+        # The extension module is loaded by transformer_engine.pytorch, not found on the path by its own name.
+        import transformer_engine.pytorch  # noqa: F401
         import transformer_engine_torch as tex
         from transformer_engine.pytorch.cpp_extensions import general_gemm
         from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer

@@ -184,3 +184,18 @@ def test_variants_pass_bench_trains_arguments_on(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_train, "run_case", lambda name, *a, **k: ran.append(name) or {"case": name, "error": "x"})
     assert bench.main(["variants", "--only", "fp8-params", "--repeat", "2", "--results", str(tmp_path)]) == 0
     assert ran == ["fp8-r1", "fp8-params-r1", "fp8-r2", "fp8-params-r2"]
+
+
+def test_without_mlperf_logging_the_rows_stand_and_the_time_to_train_says_what_it_needs(tmp_path, capsys, monkeypatch):
+    """A GPU host without mlperf-logging still gets its measured rows (the time to train needs the RCP file)."""
+    bench = bench_script("bench_lora")
+
+    def no_package(gbs):
+        raise ModuleNotFoundError("No module named 'mlperf_logging'")
+
+    monkeypatch.setattr(bench, "run_ours", lambda name, *a: bench.row(name, "ours", "bf16", 2, 2.0, 1e15))
+    monkeypatch.setattr(bench, "rcp_samples_to_target", no_package)
+    assert bench.main(["--only", "ours-bf16", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ours-bf16" in out and "time to train: not computed, it needs mlperf-logging's RCP file" in out
+    assert [r["case"] for r in json.loads((tmp_path / "bench_lora.json").read_text())] == ["ours-bf16"]

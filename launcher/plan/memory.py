@@ -20,10 +20,13 @@ LOGIT_BYTES = 10
 # Bytes per weight of a Transformer Engine linear layer that FP8 training keeps beside bf16 weights (no FP8 param
 # gather): the FP8 copy for the forward GEMM and its transpose for the backward's (Hopper's FP8 GEMMs take no
 # transposed operand), cast at a step's first microbatch and cached for the rest (is_first_microbatch). Without
-# them the two-GPU fp8 DP2 rows were 9-10% under their peaks. FP8 weights (FP8 param gather) get a transpose too
-# (megatron-core's post_all_gather_processing), not counted: the one measured row with FP8 weights (8B DP2 on 2
-# H200, earlier code) is -2.9% without it and +3.0% with it, so no measurement decides it yet.
+# them the two-GPU fp8 DP2 rows were 9-10% under their peaks.
 FP8_WEIGHT_CACHE_BYTES = 2
+# FP8 weights (FP8 param gather) are their own forward operand but get a transpose for the backward (megatron-core's
+# post_all_gather_processing): 1 byte per weight of those layers. The full 8B at DP4 on 4 H200 (FP8 param gather on)
+# peaked at 90.8 GiB: 84.2 estimated without the transpose (-7.3%), 90.7 with it; the earlier code's 8B DP2 row is
+# +3.0% with it.
+FP8_WEIGHT_TRANSPOSE_BYTES = 1
 
 
 def estimate_memory_gib(
@@ -74,8 +77,9 @@ def estimate_memory_gib(
         adapters = n_layers * lora_layer_parameters(model, peft, tp) if isinstance(peft, LoraConfig) else 0.0
         trained = adapters if isinstance(peft, LoraConfig) else params
         weight_bytes = params * (1 if fp8_params else element) + adapters * element
-        if fp8 and not fp8_params:
-            weight_bytes += n_layers * linear_weights / tp * FP8_WEIGHT_CACHE_BYTES
+        if fp8 or fp8_params:
+            cache = FP8_WEIGHT_TRANSPOSE_BYTES if fp8_params else FP8_WEIGHT_CACHE_BYTES
+            weight_bytes += n_layers * linear_weights / tp * cache
         grad_bytes = trained * (4 if grads_fp32 else 2)
         shards = dp * cp if distributed_optimizer else 1
         optim_bytes = trained * (8 if fp32 else 12) / shards  # fp32 master weights (bf16 only) + Adam m and v

@@ -47,8 +47,8 @@ about 27 minutes on 4 H100 or H200 (~65 s a run of the 8B proxy, ~85 s of the 70
     python bench/autoconf_cases.py --gpus 4 --pending                             # their pending entries
 
 Held out of the fit, chosen before measuring (FOUR_GPU_HELD_OUT): TP2 x CP2 of each proxy and the 70B's TP2 x PP2
-VP5 (the fit has each dimension alone on 4 GPUs, never two model-parallel ones together) and fp8 CP2 of each proxy
-(as on 2 GPUs).
+VP5 (the fit has each dimension alone on 4 GPUs, never two model-parallel ones together) and fp8 CP2 of the 8B (as on
+2 GPUs; the 70B's fp8 context-parallel case is its TP2 x CP2, held out with the bf16 one).
 
 The ranking table (`--rank FILE...`: the printed rows, or measured.yaml; `--rank` alone reads measured.yaml) groups
 the rows by model proxy, dtype, GPU type and count and batch, orders each group by measured step time beside the
@@ -145,8 +145,9 @@ FOUR_GPU_BF16 = {
     # microbatch and no longer fits an H100 by the memory estimate.
     "70b": ("tp2", "tp2-full", "tp4", "tp2-cp2", "pp2-cp2", "pp2-cp2-vp5", "tp2-pp2-vp5"),
 }
-# ... and in fp8 the three it ranks first in fp8 at MBS 1 (70B: the first two, and TP4, the four-GPU table's layout).
-FOUR_GPU_FP8 = {"8b": ("dp4", "cp2", "tp2"), "70b": ("cp2", "tp2", "tp4")}
+# ... and in fp8 the three it ranks first in fp8 at MBS 1 (the 70B's second is TP4, the four-GPU table's layout; its
+# CP2 x DP2 no longer fits an H100 by the memory estimate once FP8 weights count their transpose).
+FOUR_GPU_FP8 = {"8b": ("dp4", "cp2", "tp2"), "70b": ("tp2", "tp4", "tp2-cp2")}
 FOUR_GPU_LABELS = {
     "dp4-full": "dp4 full recompute",
     "tp2": "tp2 sp overlap",

@@ -224,7 +224,7 @@ def test_both_proxies_have_six_layouts_or_more_in_bf16_and_fp8_in_the_searchs_fi
     assert all(c.gpus == 4 and c.gpu == "h100" for c in FOUR)
     assert len({c.name for c in FOUR}) == len({c.key for c in FOUR}) == len(FOUR)
     held_out = {c.key for c in FOUR if c.split == "held_out"}
-    assert held_out == {"8b-bf16-tp2-cp2", "70b-bf16-tp2-cp2", "70b-bf16-tp2-pp2-vp5", "8b-fp8-cp2", "70b-fp8-cp2"}
+    assert held_out == {"8b-bf16-tp2-cp2", "70b-bf16-tp2-cp2", "70b-bf16-tp2-pp2-vp5", "8b-fp8-cp2", "70b-fp8-tp2-cp2"}
 
 
 @pytest.mark.parametrize("model,layers", cases.FOUR_GPU_PROXIES)

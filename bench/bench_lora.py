@@ -66,8 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from common.run import trace_path  # noqa: E402
-from bench_train import PROFILE, PROFILED_STEP  # noqa: E402
+from bench_train import PROFILE, PROFILED_STEP, print_join_commands  # noqa: E402
 
 SEQ, GBS, RANK, ALPHA, DROPOUT = 8192, 8, 16, 32, 0.1
 MODEL_LAYERS = 80  # Llama 2 70B
@@ -357,9 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if "hf" in parts:
         rows.append(run_hf_subprocess(args, results))
     if args.profile:
-        for row in [r for r in rows if r["case"].startswith("ours-")]:
-            trace = trace_path(str(results / row["case"]), 0, PROFILED_STEP, PROFILED_STEP)
-            print(f"{row['case']}: python bench/bench_kernels.py --trace {trace}")
+        print_join_commands([r for r in rows if r["case"].startswith("ours-")], results)
     (results / "bench_lora.json").write_text(json.dumps(rows, indent=1))
     for earlier in args.merge:
         rows += [r for r in json.loads(Path(earlier).read_text()) if r["case"] not in {x["case"] for x in rows}]

@@ -39,10 +39,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from common.plan import Plan  # noqa: E402
+from common.run import trace_path  # noqa: E402
 from launcher.autoconf.perfdata import Reference, nvidia_reference, training_model  # noqa: E402
 from launcher.plan.hardware import gpu_spec  # noqa: E402
 from launcher.plan.table import layout  # noqa: E402
-from common.run import trace_path  # noqa: E402
 from launcher.report.throughput import RunInfo, read_metrics, summarize  # noqa: E402
 
 PROFILED_STEP = 4

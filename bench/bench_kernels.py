@@ -514,12 +514,12 @@ def _fp8_gemm(g: Gemm) -> tuple[Callable[[Any], Any], str]:
 
         a = quantize(a_bf16, tex.DType.kFloat8E5M2 if grad else tex.DType.kFloat8E4M3)
         b = quantize(b_bf16, tex.DType.kFloat8E4M3)
-        workspace = torch.empty(32 * 2**20, dtype=torch.uint8, device="cuda")
 
         def run(_: Any) -> Any:
-            # general_gemm(A, B) with layout TN computes B A^T: here a [m, k] times b [n, k]^T.
+            # general_gemm(A, B) with layout TN computes B A^T: here a [m, k] times b [n, k]^T. It takes its cuBLAS
+            # workspace itself (Transformer Engine 2.20: no workspace argument).
             return general_gemm(
-                b, a, workspace, out_dtype=out.dtype, layout="TN", out=out, accumulate=wgrad, use_split_accumulator=grad
+                b, a, out_dtype=out.dtype, layout="TN", out=out, accumulate=wgrad, use_split_accumulator=grad
             )
 
         run(None)

@@ -29,6 +29,19 @@ FP8_WEIGHT_CACHE_BYTES = 2
 FP8_WEIGHT_TRANSPOSE_BYTES = 1
 
 
+def microbatches_in_flight(pp: int, stage: int, vp: int | None, num_microbatches: int) -> float:
+    """How many microbatches' worth of a stage's activations are alive at its peak in megatron-core's 1F1B schedules
+    (pipeline_parallel/schedules.py, get_pp_rank_microbatches): the warmup forwards plus the one the first 1F1B step
+    adds, counted in model chunks of 1/vp of the stage and never more than every chunk of every microbatch. With
+    interleaving every stage holds about pp microbatches' worth, the last one too: the 70B proxy's PP2 VP5 x DP2 on 4
+    H200 (GBS 8) peaked at 89.2 GiB, where pp - stage for the last stage had estimated 82.6."""
+    if pp == 1:
+        return 1.0
+    chunks = vp or 1
+    warmup = pp - stage - 1 if chunks == 1 else (pp - stage - 1) * 2 + (chunks - 1) * pp
+    return min(warmup + 1, num_microbatches * chunks) / chunks
+
+
 def estimate_memory_gib(
     model: ModelConfig,
     *,
@@ -95,12 +108,7 @@ def estimate_memory_gib(
             per_layer -= tokens * (2 * h + ffn) / tp
         if recompute == Recompute.full:
             per_layer = element * tokens * h / tp
-        in_flight: float = 1
-        if pp > 1:  # 1F1B keeps pp - stage microbatches alive; interleaving adds a little more
-            in_flight = pp - stage
-            if vp:
-                in_flight = in_flight + (pp - 1) / vp
-        activation_bytes = per_layer * n_layers * in_flight
+        activation_bytes = per_layer * n_layers * microbatches_in_flight(pp, stage, vp, num_microbatches)
         logits_bytes = tokens * padded_vocab / tp * LOGIT_BYTES if last else 0.0
         # defer_embedding_wgrad_compute: the output layer keeps each microbatch's input (the final norm's output,
         # sequence-parallel shard) and bf16 output gradient, up to wgrad_deferral_limit of them (0: all), for the

@@ -453,8 +453,8 @@ class DtypeConfig:
     fp4: Optional[Fp4Format] = key("FP4 linear layers: nvfp4 (Blackwell; instead of dtype.fp8); null: none")
     fp8_param_gather: Optional[bool] = key(
         "FP8 weights, gathered in FP8 by the distributed optimizer; null: on where "
-        "it shards over several data-parallel ranks or bf16 weights would not "
-        "fit, off otherwise (plan.json fp8_param_gather)"
+        "it shards over 8 or more data-parallel x context-parallel ranks or bf16 "
+        "weights would not fit, off otherwise (plan.json fp8_param_gather)"
     )
     fp8_amax_history_len: int = key("delayed scaling: amax history length", within=COUNT)
     fp8_amax_compute_algo: str = key("delayed scaling: max or most_recent")

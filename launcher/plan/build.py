@@ -115,8 +115,9 @@ def _accepted(size: int | None, name: str) -> int:
     return size
 
 
-# From this many optimizer shards FP8 param gather is on by default; fewer were measured faster without it.
-MANY_OPTIMIZER_SHARDS = 4
+# From this many optimizer shards FP8 param gather is on by default (NVIDIA's reference setting, not yet measured
+# here); up to 4 shards were measured faster without it (conf/dtype/fp8.yaml).
+MANY_OPTIMIZER_SHARDS = 8
 
 
 def resolve_fp8_attention(cfg: Config, sizes: Sizes) -> bool:
@@ -143,10 +144,10 @@ def resolve_fp8_param_gather(
     dtype: DtypeConfig, par: ParallelismConfig, sizes: Sizes, memory_without: Callable[[], float]
 ) -> bool:
     """What dtype.fp8_param_gather means for this layout: the user's true or false; for null, on where the
-    distributed optimizer shards over 4 or more data-parallel x context-parallel ranks (its all-gather then moves
-    FP8 bytes: NVIDIA's reference setting), and with 1 or 2 shards only where bf16 weights would not fit the GPU
-    (`memory_without()`: the estimate without FP8 weights, GiB). There the all-gather is small or absent and FP8
-    weights cost a cast and transpose of every weight each step (conf/dtype/fp8.yaml has the measurements)."""
+    distributed optimizer shards over 8 or more data-parallel x context-parallel ranks (its all-gather then moves
+    FP8 bytes: NVIDIA's reference setting), and with fewer shards only where bf16 weights would not fit the GPU
+    (`memory_without()`: the estimate without FP8 weights, GiB). There FP8 weights cost a cast and transpose of
+    every weight each step, more than the smaller all-gather saves (conf/dtype/fp8.yaml has the measurements)."""
     if dtype.fp8_param_gather is not None:
         return dtype.fp8_param_gather
     if not dtype.fp8 or not par.use_distributed_optimizer:

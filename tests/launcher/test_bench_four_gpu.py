@@ -109,9 +109,9 @@ def _cfg(which: str, name: str):
 
 
 def test_each_variant_differs_from_its_defaults_in_what_it_measures():
-    # FP8 param gather: on by default from 4 optimizer shards (DP4), off in the variant.
-    assert _plan("param-gather", "8b16-fp8-dp4").fp8_param_gather
-    assert not _plan("param-gather", "8b16-fp8-dp4-param-gather-off").fp8_param_gather
+    # FP8 param gather: off by default at 4 optimizer shards (DP4) where bf16 weights fit, on in the variant.
+    assert not _plan("param-gather", "8b16-fp8-dp4").fp8_param_gather
+    assert _plan("param-gather", "8b16-fp8-dp4-param-gather-on").fp8_param_gather
     # Userbuffers at TP4 in FP8: the h8192_tp4 preset (the search's for 70B TP4), Transformer Engine's defaults,
     # and the preset with bf16 reduce-scatter buffers.
     preset, te, bf16_buf = (

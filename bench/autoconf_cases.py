@@ -37,12 +37,13 @@ first), TP2 full recompute, TP4, TP2 x CP2, PP2 x CP2, PP2 VP5 x CP2, TP2 x PP2 
 exceed 80 GB);
 bf16; fp8 in the three layouts the search ranks first in fp8 at MBS 1 for the 8B (DP4, CP2, TP2) and its first two
 for the 70B (CP2, TP2) with TP4 (the four-GPU table's layout) in place of its third (CP4). 21 cases,
-about 27 minutes on 4 H100 or H200 (~65 s a run of the 8B proxy, ~85 s of the 70B one), in four commands:
+about 32 minutes on 4 H100 or H200 (~85 s a run of the 8B proxy, ~95 s of the 70B one), in five commands:
 
-    bash bench/gpu_autoconf_cases.sh OUT/4gpu-1 --gpus 4 --shard 1/4 --budget-s 450 --timeout-s 180   # ~7 min each
-    bash bench/gpu_autoconf_cases.sh OUT/4gpu-2 --gpus 4 --shard 2/4 --budget-s 450 --timeout-s 180
-    bash bench/gpu_autoconf_cases.sh OUT/4gpu-3 --gpus 4 --shard 3/4 --budget-s 450 --timeout-s 180
-    bash bench/gpu_autoconf_cases.sh OUT/4gpu-4 --gpus 4 --shard 4/4 --budget-s 450 --timeout-s 180
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-1 --gpus 4 --shard 1/5 --budget-s 450 --timeout-s 180   # ~6.5 min each
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-2 --gpus 4 --shard 2/5 --budget-s 450 --timeout-s 180
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-3 --gpus 4 --shard 3/5 --budget-s 450 --timeout-s 180
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-4 --gpus 4 --shard 4/5 --budget-s 450 --timeout-s 180
+    bash bench/gpu_autoconf_cases.sh OUT/4gpu-5 --gpus 4 --shard 5/5 --budget-s 450 --timeout-s 180
     python bench/autoconf_cases.py --rank OUT/4gpu-*/measured_rows.yaml --gpus 4   # the ranking table (no GPU)
     python bench/autoconf_cases.py --gpus 4 --pending                             # their pending entries
 
@@ -90,9 +91,9 @@ RECOMPUTE = {
 # (model, layers): the shapes of NVIDIA's 8B and 70B layers, as many as one GPU holds with room for MBS 2.
 PROXIES = (("8b", 16), ("70b", 2))
 # Our estimate of one run's wall time (startup ~30 s + 12 steps), by GPU count and model, for the time budget.
-# Four GPUs: ~50 s start-up plus 12 steps of the 8B proxy (0.7-1 s at GBS 8 on H200 by the step-time model) and
-# ~60 s plus 12 of the 70B shape with 10 layers (1.5-2 s).
-ESTIMATE_S = {1: {"8b": 70, "70b": 52, "405b": 60}, 2: {"8b": 70, "70b": 55}, 4: {"8b": 65, "70b": 85}}
+# Four GPUs: ~75 s start-up (bench/four_gpu.py's STARTUP_S, measured) plus 12 steps of the 8B proxy (0.7-1 s at GBS 8
+# on H200 by the step-time model) and ~72 s plus 12 of the 70B shape with 10 layers (1.5-2 s).
+ESTIMATE_S = {1: {"8b": 70, "70b": 52, "405b": 60}, 2: {"8b": 70, "70b": 55}, 4: {"8b": 85, "70b": 95}}
 # The two-GPU layouts (main.py overrides after the model), each kept for a proxy only where the plan accepts it on
 # 2 H100 (fits_two_gpus): 8B's asymmetric PP2 VP2 does not split (18 stages' worth of layers over 4 chunks), 70B's
 # symmetric one neither (2 layers over 4 chunks), 8B's DP2 MBS 2 exceeds 80 GB.

@@ -6,22 +6,22 @@ time (start-up plus the step-time model's step on H200 x steps; a guess until me
 Groups (python bench/four_gpu.py GROUP --out OUT [bench_train.py arguments, e.g. --repeat, --previous]):
 
   table-8b        the full 8B, GBS 32, 12 steps (last 6 averaged): bf16 DP4 (the search's pick on 4 H200), fp8 DP4,
-                  bf16 CP2 x DP2 (the model's default layout): the "best layout" row.          3 runs, ~6 min, H200
+                  bf16 CP2 x DP2 (the model's default layout): the "best layout" row.          3 runs, ~7 min, H200
   table-70b       70B shape, 10 layers, TP4 + SP + userbuffer overlap (the preset parallelism=auto gives TP4 at hidden
                   8192: h8192_tp4), bf16 and fp8, GBS 32.                                     2 runs, ~5 min
   table-405b      405B shape, 4 layers, TP4 + SP + overlap (preset h16384_tp4_cp2, as the search sets TP4 at hidden
                   16384), bf16 and fp8, GBS 32. ~82 GiB a GPU: H200 only.                     2 runs, ~6 min, H200
   param-gather    FP8 param gather at DP4 (the plan leaves it off below 8 optimizer shards where bf16 weights fit):
-                  the 8B shape with 16 layers, fp8, DP4, GBS 16, 8 steps (last 3), off (default) / on, 3 runs
-                  each.                                                                        6 runs, ~6 min
+                  the 8B shape with 16 layers, fp8, DP4, GBS 16, 8 steps (last 3), off (default) / on, 2 runs
+                  each.                                                                        4 runs, ~6 min
   ub-fp8          the TP4 userbuffer settings for FP8 (h8192_tp4 is tuned for bf16): 70B, 10 layers, fp8, TP4, GBS 8,
                   8 steps: the preset (default) / Transformer Engine's defaults / the preset with bf16 reduce-scatter
-                  buffers (dtype.userbuffers_fp8_buf=false), 2 runs each.                     6 runs, ~7 min
+                  buffers (dtype.userbuffers_fp8_buf=false), 2 runs each.                     6 runs, ~8 min
   graphs-overlap  CUDA graphs with TP comm overlap: 70B, 10 layers, bf16, TP4 + overlap, GBS 8, 8 steps: graphs none
-                  (default) / per layer / full iteration, 2 runs each.                        6 runs, ~8 min
+                  (default) / per layer / full iteration, 2 runs each.                        6 runs, ~9 min
   rank-order      data-parallel-last rank order: 70B, 10 layers, bf16, PP2 VP5 x DP2 (the only 4-GPU split of the
                   proxy where the order changes which ranks pair), GBS 8, 8 steps: pp_last (default) / dp_last,
-                  3 runs each. ~89 GiB a GPU: H200 only.                                      6 runs, ~8 min
+                  2 runs each. ~89 GiB a GPU: H200 only.                                      4 runs, ~6 min
 
 `--profile` (bench_train.py's) traces step 4 of every run, outside the timing window, and prints the
 bench/bench_kernels.py --trace command per run: the account of a row that misses its target (communication and
@@ -46,7 +46,7 @@ directories are gone then):
     python bench/four_gpu.py rank-order --out OUT
     # cut short: the same command, another --out, and --previous OLD/GROUP.json
 
-Each group's --budget-s and --timeout-s are set here (table-*: 450 s and 200 / 220 / 290 s, param-gather 460 and
+Each group's --budget-s and --timeout-s are set here (table-*: 450 s and 210 / 230 / 290 s, param-gather 460 and
 180 s, the others 470 and 180 s; given on the command line they win).
 
 table-8b and table-405b need H200 (the full 8B at DP4 and the 405B proxy at TP4 estimate 86-93 and 82 GiB a GPU);
@@ -79,9 +79,10 @@ PP2_70B = (
     "parallelism.defer_embedding_wgrad_compute=true parallelism.wgrad_deferral_limit=22"
 )
 PROXY_8B = "training.model.num_layers=16 parallelism=tp1"
-# Wall time of a run besides its steps (processes, NCCL and userbuffer set-up, model build, the first steps' warm-up):
-# a guess from the two-GPU runs, for the estimates only.
-STARTUP_S = {"llama31/8b": 50, "llama31/70b": 60, "llama31/405b": 75}
+# Wall time of a run besides its steps (processes, NCCL and userbuffer set-up, model build, the first steps' warm-up),
+# for the estimates only: on 4 H200, unprofiled, the param-gather runs took 75 s beyond their steps (8B proxy), the
+# ub-fp8, graphs-overlap and rank-order ones 72-76 s (70B proxy); the profiled 405B table runs 73 s.
+STARTUP_S = {"llama31/8b": 75, "llama31/70b": 72, "llama31/405b": 75}
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ GROUPS: dict[str, Group] = {
         },
         h200_only=True,
         budget_s=450,
-        timeout_s=200,
+        timeout_s=210,
     ),
     "table-70b": Group(
         "llama31/70b",
@@ -121,7 +122,7 @@ GROUPS: dict[str, Group] = {
         1,
         {"70b10-bf16-tp4": f"{TP4_70B} dtype=bf16", "70b10-fp8-tp4": f"{TP4_70B} dtype=fp8"},
         budget_s=450,
-        timeout_s=220,
+        timeout_s=230,
     ),
     "table-405b": Group(
         "llama31/405b",
@@ -139,12 +140,12 @@ GROUPS: dict[str, Group] = {
         16,
         8,
         3,
-        3,
+        2,
         {
             "8b16-fp8-dp4": f"{PROXY_8B} dtype=fp8",
             "8b16-fp8-dp4-param-gather-on": f"{PROXY_8B} dtype=fp8 dtype.fp8_param_gather=true",
         },
-        budget_s=460,  # its shortest run is estimated at 60 s: the last starts by 400 s, ends by 580 s
+        budget_s=460,  # its shortest run is estimated at 85 s: the last starts by 375 s, ends by 555 s
     ),
     "ub-fp8": Group(
         "llama31/70b",
@@ -175,7 +176,7 @@ GROUPS: dict[str, Group] = {
         8,
         8,
         3,
-        3,
+        2,
         {
             "70b10-bf16-pp2-dp2": f"{PP2_70B} dtype=bf16",
             "70b10-bf16-pp2-dp2-dp-last": f"{PP2_70B} dtype=bf16 parallelism.rank_order=dp_last",

@@ -271,7 +271,7 @@ def test_a_four_gpu_case_plans_as_bench_train_runs_it(no_gpu, tmp_path, monkeypa
     """Every four-GPU case through autoconf_cases.main as the documented shard commands run it: the recorded main.py
     commands plan on 4 H200 (the H100 check is the test above's)."""
     monkeypatch.setitem(sys.modules, "bench_train", four.bench_train)
-    for shard in ("1/4", "2/4", "3/4", "4/4"):
+    for shard in ("1/5", "2/5", "3/5", "4/5", "5/5"):
         out = tmp_path / shard.replace("/", "of")
         assert cases.main(["--gpus", "4", "--shard", shard, "--out", str(out), "--budget-s", "1e9"]) == 1
     assert len(no_gpu) == len(FOUR)
@@ -283,11 +283,11 @@ def test_a_four_gpu_case_plans_as_bench_train_runs_it(no_gpu, tmp_path, monkeypa
 def test_a_shard_of_the_four_gpu_cases_fits_a_ten_minute_command():
     # --budget-s 450 --timeout-s 180 (the documented command): the last case starts by 450 s minus its estimate
     # and is killed 180 s after, so a command ends within 10 minutes even when a case hangs.
-    shards = [cases.pick(FOUR, "default", f"{i}/4") for i in (1, 2, 3, 4)]
+    shards = [cases.pick(FOUR, "default", f"{i}/5") for i in (1, 2, 3, 4, 5)]
     assert sorted(c.key for s in shards for c in s) == sorted(c.key for c in FOUR)
     assert all(sum(c.estimate_s for c in s) <= 450 for s in shards)
     assert 450 - min(c.estimate_s for c in FOUR) + 180 <= 570
-    assert "--gpus 4 --shard 1/4 --budget-s 450 --timeout-s 180" in cases.__doc__
+    assert "--gpus 4 --shard 1/5 --budget-s 450 --timeout-s 180" in cases.__doc__
 
 
 def test_the_pending_entries_print_for_four_gpus(capsys):

@@ -130,7 +130,9 @@ def test_the_plan_of_an_fp32_run_counts_fp32():
     assert fp32.est_memory_gib_per_gpu > bf16.est_memory_gib_per_gpu
 
 
-@pytest.mark.parametrize("pp,vp,num_microbatches", [(2, None, 8), (4, None, 2), (2, 2, 8), (2, 5, 4), (4, 5, 8), (4, 2, 4)])
+@pytest.mark.parametrize(
+    "pp,vp,num_microbatches", [(2, None, 8), (4, None, 2), (2, 2, 8), (2, 5, 4), (4, 5, 8), (4, 2, 4)]
+)
 def test_microbatches_in_flight_follow_megatrons_1f1b_warmup(pp, vp, num_microbatches):
     """Every stage's count against megatron-core's own warmup (get_pp_rank_microbatches), asked for each rank: the
     peak is the warmup forwards plus the one the first 1F1B step adds, or every chunk where all are warmup."""
@@ -138,7 +140,7 @@ def test_microbatches_in_flight_follow_megatrons_1f1b_warmup(pp, vp, num_microba
 
     schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
     for stage in range(pp):
-        group = SimpleNamespace(size=lambda: pp, rank=lambda: stage)
+        group = SimpleNamespace(size=lambda: pp, rank=lambda stage=stage: stage)
         communicator = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vp)
         total, all_warmup, warmup, _ = schedules.get_pp_rank_microbatches(
             num_microbatches, vp or 1, pp, p2p_communicator=communicator

@@ -301,8 +301,8 @@ FP8_AND_OVERLAP = {
 }
 
 
-# Four GPUs: FP8 at DP4 (FP8 param gather: the plan turns it on from 4 optimizer shards), and TP4 with userbuffer
-# overlap in bf16 and in FP8.
+# Four GPUs: FP8 at DP4 with FP8 param gather (the plan's choice from 8 optimizer shards, or where bf16 weights would
+# not fit: set here, as 4 shards of the tiny model leave it off), and TP4 with userbuffer overlap in bf16 and in FP8.
 TP4_USERBUFFERS = [
     "parallelism=custom",
     "parallelism.num_gpus=4",
@@ -310,7 +310,7 @@ TP4_USERBUFFERS = [
     "parallelism.sequence_parallel=true",
 ]
 FOUR_GPU_FP8 = {
-    "fp8_dp4": ["dtype=fp8", "parallelism=tp1", "parallelism.num_gpus=4"],
+    "fp8_dp4": ["dtype=fp8", "dtype.fp8_param_gather=true", "parallelism=tp1", "parallelism.num_gpus=4"],
     "tp4_userbuffers": [*TP4_USERBUFFERS, "parallelism.tp_comm_overlap=true"],
     "fp8_tp4_userbuffers": ["dtype=fp8", *TP4_USERBUFFERS, "parallelism.tp_comm_overlap=true"],
 }

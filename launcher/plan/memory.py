@@ -58,9 +58,9 @@ def estimate_memory_gib(
     grad_fp32: bool,
     fp8_params: bool,
     recompute: Recompute | None,
+    num_microbatches: int,  # no default: with pp > 1 it bounds the activations in flight
     peft: PeftConfig | None = None,
     fp8: bool = False,
-    num_microbatches: int = 1,
     sequence_parallel: bool = False,
     defer_embedding_wgrad: bool = False,
     wgrad_deferral_limit: int = 0,

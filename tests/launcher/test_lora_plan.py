@@ -75,6 +75,7 @@ def test_lora_memory_is_the_frozen_weights_and_the_trained_adapters(tp):
     kwargs = dict(
         tp=tp, pp=1, cp=1, dp=1, vp=None, stage_layers=[m.num_layers], padded_vocab=m.vocab_size, seq_length=8192,
         micro_batch_size=1, distributed_optimizer=True, grad_fp32=True, fp8_params=False, recompute=None,
+        num_microbatches=1,
     )  # fmt: skip
     full = estimate_memory_gib(m, **kwargs)  # type: ignore[arg-type]
     lora = estimate_memory_gib(m, **kwargs, peft=cfg.peft)  # type: ignore[arg-type]
@@ -110,7 +111,7 @@ def test_a_tied_embedding_is_one_frozen_matrix_under_lora():
     kwargs = dict(
         tp=1, pp=1, cp=1, dp=1, vp=None, stage_layers=[tied.num_layers], padded_vocab=tied.vocab_size,
         seq_length=8192, micro_batch_size=1, distributed_optimizer=True, grad_fp32=True, fp8_params=False,
-        recompute=None,
+        recompute=None, num_microbatches=1,
     )  # fmt: skip
     matrix = tied.vocab_size * tied.hidden_size
 

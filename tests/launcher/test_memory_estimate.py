@@ -119,6 +119,7 @@ def test_the_estimate_counts_each_weights_state_in_its_dtype(fp32, grad_fp32, by
     gib = estimate_memory_gib(
         model, tp=1, pp=1, cp=1, dp=1, vp=None, stage_layers=[model.num_layers], padded_vocab=vocab, seq_length=1,
         micro_batch_size=1, distributed_optimizer=True, grad_fp32=grad_fp32, fp8_params=False, recompute=None,
+        num_microbatches=1,
         fp32=fp32,
     )  # fmt: skip
     assert gib == pytest.approx(num_parameters(model) * bytes_per_parameter / GIB + 3, abs=0.11)

@@ -6,7 +6,9 @@ them as its callbacks. The training entry (recipes/train.py) calls `run` once th
 from __future__ import annotations
 
 import os
+import time
 
+import torch
 from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -24,6 +26,7 @@ from recipes.runtime.ranks import rank_info
 from recipes.trainer import cadence, checkpoint, data, distributed, graphs, metrics, settings, wgrad_fallback
 from recipes.trainer.loop import Trainer
 from recipes.trainer.model import build_model_chunks, count_parameters, init_userbuffers, wrap_data_parallel
+from recipes.trainer.startup import StartupClock
 from recipes.trainer.steps import Steps, overlaps_param_gather, reads_data
 
 
@@ -35,9 +38,12 @@ def _rank_zero_says(rank: int):
     return say
 
 
-def build_trainer(run_dir: str) -> Trainer:
+def build_trainer(run_dir: str, started: float | None = None) -> Trainer:
     """Everything a run's loop works with. What was started before a failure here (the guard's monitor, the
-    telemetry thread, an async writer) is released before the error goes on."""
+    telemetry thread, an async writer) is released before the error goes on. `started`: when the training entry
+    began (time.monotonic), the start of the start-up line's first phase; else now."""
+    clock = StartupClock(time.monotonic() if started is None else started)
+    clock.mark("stack check and imports")
     # Weight gradients accumulate straight into the DDP buffers (apex's kernel, or the stand-in). The training
     # entry installed it before megatron was imported; this covers a trainer built another way.
     wgrad_fallback.install()
@@ -46,13 +52,13 @@ def build_trainer(run_dir: str) -> Trainer:
     info = rank_info()
     built = Callbacks()
     try:
-        return _build(run_dir, cfg, plan, info, built)
+        return _build(run_dir, cfg, plan, info, built, clock)
     except BaseException as err:
         built.stops(Stop(ERROR, 0, 0, detail=f"{type(err).__name__}: {err}"))
         raise
 
 
-def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Trainer:
+def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks, clock: StartupClock) -> Trainer:
     # Hang detection (under ft_launcher), the injected fault, straggler reports, the run's events.
     guard = RunGuard(run_dir, cfg.resilience, info.rank, info.world_size, info.local_rank)
     built.append(guard)
@@ -63,7 +69,11 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
     # Tracking, profiling, GPU telemetry, MLPerf logging; a missing package stops every rank here.
     observers = Observers(run_dir, cfg, plan, info)
     built.append(observers)
+    clock.mark("guard, weights' source and observers")
     info = distributed.initialize(plan, cfg.seed)
+    if torch.cuda.is_available():  # only now: before, it would start a CUDA context on GPU 0 for every rank
+        clock.sync = torch.cuda.synchronize
+    clock.mark("process groups")
     say = _rank_zero_says(info.rank)
     if deterministic:
         fixed = " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items())
@@ -84,6 +94,7 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
         adapters = lora.apply_lora(chunks, cfg.peft, cfg.seed)
         trained = sum(p.numel() for adapter in adapters for p in adapter.parameters())
         say(f"LoRA: {len(adapters)} adapters, {trained / 1e6:.2f}M trained parameters on rank 0; the base is frozen")
+    clock.mark("model")
     chunks = wrap_data_parallel(chunks, config, settings.ddp_config(cfg, plan))
     optimizer = get_megatron_optimizer(settings.optimizer_config(cfg, plan), chunks)
     scheduler = OptimizerParamScheduler(optimizer, **settings.scheduler_kwargs(cfg))
@@ -93,6 +104,7 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
     )
     built.append(cuda_graphs)
     schedule = get_forward_backward_func()
+    clock.mark("DDP, optimizer and CUDA graphs")
 
     ckpt_cfg = cfg.training.checkpoint
     checkpointer = checkpoint.Checkpointer(
@@ -107,6 +119,7 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
     )
     state = _initial_state(cfg, plan, checkpointer, chunks, optimizer, hf_weights, say, info.rank)
     observers.model_ready(config, state.step)
+    clock.mark("checkpoint or initial weights")
 
     tokenizer = data.build_tokenizer(cfg)
     reads = reads_data(chunks, packs_sequences(cfg))
@@ -125,6 +138,8 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks) -> Tra
         ranges=observers.range,
     )
     built.extend([steps, cadence.GCPolicy(), checkpointer])
+    clock.mark("data")
+    say(clock.line(info.rank))
     return Trainer(
         steps,
         checkpointer,
@@ -185,10 +200,10 @@ def _initial_state(cfg: Config, plan: Plan, checkpointer, chunks, optimizer, hf_
     return TrainState(step=0, consumed_samples=0)
 
 
-def run(run_dir: str) -> int:
-    """Train RUN_DIR on this rank; the exit status."""
+def run(run_dir: str, started: float | None = None) -> int:
+    """Train RUN_DIR on this rank; the exit status (`started`: build_trainer's)."""
     try:
-        return build_trainer(run_dir).train()
+        return build_trainer(run_dir, started).train()
     except Exception as err:
         record_failure(run_dir, rank_info().rank, err)  # the report tells a crash with a message from a silent one
         raise

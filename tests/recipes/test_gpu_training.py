@@ -8,6 +8,7 @@ about 9 minutes (~80 s a run, nearly all start-up), so all of them take about 18
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -392,7 +393,10 @@ def test_tiny_trains_and_resumes_after_a_crash(corpus, tmp_path):
     # Synchronous saves: the crash falls between complete checkpoints here; a kill while an asynchronous save is
     # being written is test_gpu_resilience.py's.
     steps = [*DETERMINISTIC, "training.checkpoint.async_save=false"]
-    main_py(*tiny(corpus, tmp_path, "straight", *steps))
+    run = main_py(*tiny(corpus, tmp_path, "straight", *steps))
+    # Rank 0's start-up line: where the time before the first step went, by phase.
+    startup = r"\[recipes\] start-up on rank 0: [\d.]+ s \(stack check and imports [\d.]+, "
+    assert re.search(startup, run.stdout + run.stderr)
     straight = read_metrics(tmp_path / "straight")
     assert sorted(straight) == list(range(1, 201))
     first = sum(straight[s]["loss"] for s in range(1, 11)) / 10

@@ -258,7 +258,7 @@ def test_a_row_given_as_a_step_time_is_that_many_tokens_per_second():
 def test_the_pending_cases_are_the_ones_bench_autoconf_cases_measures():
     cases = bench_script("autoconf_cases")
     pending = [(r["name"], r["split"], r["overrides"], r["gpu"], r["gpus_per_node"]) for r in perfdata.pending_rows()]
-    both = [*cases.cases(), *cases.cases(2)]
+    both = [*cases.cases(), *cases.cases(2), *cases.cases(4)]
     # A measured case has moved into `rows` (with the card it ran on) and keeps its name, split and overrides there;
     # every other one is pending, in the script's order.
     measured = {r["name"]: r for r in perfdata.measured_rows()}

@@ -1,6 +1,5 @@
 """Where a rank's start-up goes: the seconds of each phase between the training entry's first line and the loop,
-printed by rank 0 as one line before the first step (a minute of start-up on a small run is mostly imports and the
-model's build; on a large one, loading a checkpoint)."""
+printed by rank 0 as one line before the first step."""
 
 from __future__ import annotations
 

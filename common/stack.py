@@ -2,6 +2,7 @@
 
     python -m recipes.stack                               # table: found versus declared
     python -m recipes.stack check --run-dir RUN           # what every rank checks first; exit 2 on a mismatch
+    python -m recipes.stack check --run-dir RUN --versions-only   # the same versions, nothing imported, no GPU
     python -m recipes.stack install [--wheel-dir DIR]     # pip-install what is missing or out of range
     python -m recipes.stack wheels DIR                    # the wheels install needs, for air-gapped machines
 
@@ -9,7 +10,10 @@ A mismatch found after the queue wait and the allocation of a thousand GPUs shou
 AttributeError deep inside the trainer: every training rank runs the check before it imports megatron-core, and
 data preparation before it starts. Imports only the standard library and yaml at module level; versions come from
 the installed packages' metadata, so the table and data preparation's check import neither torch nor megatron-core
-(seconds each): only a training rank's check imports the components, which it would import next anyway."""
+(seconds each): only a training rank's check imports the components, which it would import next anyway. A local
+launch script checks the versions once before torchrun (`--versions-only`, a fraction of a second against an import
+of the whole stack: 8 s on a CPU machine), so a mismatch is one line rather than one failure per rank; the ranks'
+own check then finds what only an import or the GPU shows."""
 
 from __future__ import annotations
 
@@ -272,17 +276,20 @@ def check_or_exit(
     local_rank: int = 0,
     components: Sequence[str] = COMPONENTS,
     say: Callable[[str], None] | None = None,
+    versions_only: bool = False,
 ) -> None:
     """Exit with status 2 (one line, printed on rank 0 only) when the stack does not match the run's `stack`
-    section (`cfg=None`: conf/stack.yaml). `precision=None`: no GPU needed (data preparation)."""
+    section (`cfg=None`: conf/stack.yaml). `precision=None`: no GPU needed (data preparation). `versions_only`:
+    the versions from the installed metadata and no GPU, as data preparation's check, for a run's precision."""
     if cfg is not None and not cfg.stack_check:
         return
     declared = load_declared(cfg)
     # A training rank (precision given) imports the components next: importing them here costs nothing more and
-    # finds one that is installed but broken. Data preparation needs only the versions.
-    found = discover_all(declared, components, imports=precision is not None)
+    # finds one that is installed but broken. Data preparation and the check before the ranks need the versions.
+    on_a_rank = precision is not None and not versions_only
+    found = discover_all(declared, components, imports=on_a_rank)
     gpu = None
-    if precision is not None and found.get("torch", Found(None)).version is not None:
+    if on_a_rank and found.get("torch", Found(None)).version is not None:
         gpu = discover_gpu(local_rank)
     issues = problems(declared, found, gpu, precision or "bf16")
     if issues:
@@ -291,12 +298,12 @@ def check_or_exit(
         sys.exit(2)
 
 
-def check_run(run_dir: str, rank: int = 0, local_rank: int = 0) -> None:
+def check_run(run_dir: str, rank: int = 0, local_rank: int = 0, versions_only: bool = False) -> None:
     """The check for a training rank of RUN_DIR (its config.yaml and plan.json)."""
     from common.run import load_run_or_exit
 
     run = load_run_or_exit(run_dir)  # the first reader of the run directory on a rank: one line, before anything starts
-    check_or_exit(run.config, precision_of(run.config, run.plan), rank, local_rank)
+    check_or_exit(run.config, precision_of(run.config, run.plan), rank, local_rank, versions_only=versions_only)
 
 
 def precision_of(cfg: Config, plan: Plan) -> str:
@@ -537,6 +544,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     check = sub.add_parser("check", help="exit 2 with one line when the stack does not match")
     check.add_argument("--run-dir", help="check for this run (its config.yaml and precision)")
+    check.add_argument(
+        "--versions-only",
+        action="store_true",
+        help="the versions from the installed packages' metadata: nothing imported where that tells, no GPU looked at",
+    )
     inst = sub.add_parser("install", help="pip-install what is missing or outside the declared range")
     inst.add_argument("--wheel-dir", help="install only from this directory of wheels (no package index)")
     inst.add_argument("--dry-run", action="store_true", help="print the pip command, install nothing")
@@ -549,9 +561,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         if args.run_dir:
-            check_run(args.run_dir)
+            check_run(args.run_dir, versions_only=args.versions_only)
         else:
-            check_or_exit(None, "bf16")
+            check_or_exit(None, "bf16", versions_only=args.versions_only)
         print("stack: ok")
         return 0
     declared = load_declared()

@@ -129,9 +129,10 @@ def job_chain_command(run_dir: Path, when: str, job_id: str) -> str:
 
 
 def stack_check_command(run_dir: Path) -> list[str]:
-    """The check every rank runs first (common/stack.py), once before the ranks start: a mismatch is then one
-    line and exit status 2 rather than one failure per rank."""
-    return ["python", "-m", "recipes.stack", "check", "--run-dir", str(run_dir)]
+    """The versions every rank checks first (common/stack.py), once before the ranks start: a mismatch is then one
+    line and exit status 2 rather than one failure per rank. Without importing the stack, which each rank does
+    next for its own check."""
+    return ["python", "-m", "recipes.stack", "check", "--run-dir", str(run_dir), "--versions-only"]
 
 
 def data_prep_command(run_dir: Path, shard: str | None = None) -> str:

@@ -12,5 +12,5 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export PYTHONUNBUFFERED=1
 
 # The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.
-python -m recipes.stack check --run-dir <TMP>/results/llama31_tiny_bf16_tp1_1gpu 2>&1 | keep_log -a <TMP>/results/llama31_tiny_bf16_tp1_1gpu/logs/eval_loss.log
+python -m recipes.stack check --run-dir <TMP>/results/llama31_tiny_bf16_tp1_1gpu --versions-only 2>&1 | keep_log -a <TMP>/results/llama31_tiny_bf16_tp1_1gpu/logs/eval_loss.log
 python -m torch.distributed.run --standalone --nproc-per-node 1 -m recipes.evaluate --run-dir <TMP>/results/llama31_tiny_bf16_tp1_1gpu 2>&1 | keep_log -a <TMP>/results/llama31_tiny_bf16_tp1_1gpu/logs/eval_loss.log

@@ -12,7 +12,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export PYTHONUNBUFFERED=1
 
 # The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.
-python -m recipes.stack check --run-dir <TMP>/results/llama31_tiny_bf16_tp1_2gpu 2>&1 | keep_log -a <TMP>/results/llama31_tiny_bf16_tp1_2gpu/logs/training.log
+python -m recipes.stack check --run-dir <TMP>/results/llama31_tiny_bf16_tp1_2gpu --versions-only 2>&1 | keep_log -a <TMP>/results/llama31_tiny_bf16_tp1_2gpu/logs/training.log
 python -m torch.distributed.run --standalone --nproc-per-node 2 --no-python bash -c 'mkdir -p <TMP>/results/llama31_tiny_bf16_tp1_2gpu/profile
 if [[ " 1 " == *" $RANK "* ]]; then
   command -v nsys >/dev/null || { echo "profile.tool=nsys: nsys (Nsight Systems) is not on PATH on $(hostname) for rank $RANK; install it in the job environment or use profile.tool=torch" >&2; exit 1; }

@@ -12,7 +12,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export PYTHONUNBUFFERED=1
 
 # The training stack (conf/stack.yaml) first: one line and exit status 2 on a mismatch.
-python -m recipes.stack check --run-dir <TMP>/results/llama31_tiny_bf16_tp1_1gpu 2>&1 | keep_log -a <TMP>/results/llama31_tiny_bf16_tp1_1gpu/logs/training.log
+python -m recipes.stack check --run-dir <TMP>/results/llama31_tiny_bf16_tp1_1gpu --versions-only 2>&1 | keep_log -a <TMP>/results/llama31_tiny_bf16_tp1_1gpu/logs/training.log
 python -m recipes.resilience.ft_launch --standalone --nnodes 1 --nproc-per-node 1 \
     --max-restarts 2 \
     --ft-rank-section-timeouts setup:1800,step:60,checkpointing:1800 \

@@ -188,12 +188,29 @@ def test_training_with_a_bad_stack_exits_2_with_one_line_before_the_model_is_bui
     for command in (
         ["-m", "recipes.train", "--run-dir", str(run_dir)],
         ["-m", "recipes.stack", "check", "--run-dir", str(run_dir)],
+        ["-m", "recipes.stack", "check", "--run-dir", str(run_dir), "--versions-only"],  # a local launch script's
     ):
         result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 2, result.stderr[-2000:]
         assert len(errors) == 1 and "megatron-core" in errors[0] and ">=99 needed" in errors[0], result.stderr
         assert "[recipes]" not in result.stdout  # the trainer printed nothing: it never started
+
+
+def test_the_check_before_the_ranks_imports_neither_torch_nor_megatron(tmp_path):
+    # The launch script's check before torchrun: each rank imports the stack next, and checks it then.
+    run_dir = _run_dir(tmp_path)
+    script = (
+        "import sys\n"
+        "from common import stack\n"
+        "try:\n"
+        f"    stack.main(['check', '--run-dir', {str(run_dir)!r}, '--versions-only'])\n"
+        "except SystemExit:\n"
+        "    pass  # whether this machine's stack matches is not the point\n"
+        "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout + result.stderr
 
 
 def test_data_preparation_with_a_bad_stack_exits_2(tmp_path):

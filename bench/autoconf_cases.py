@@ -386,7 +386,8 @@ def pick(all_cases: list[Case], which: str, shard: str | None) -> list[Case]:
         unknown = sorted(set(keys) - {c.key for c in all_cases})
         if unknown:
             raise SystemExit(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(c.key for c in all_cases)}")
-        chosen = [c for c in all_cases if c.key in keys]
+        by_key = {c.key: c for c in all_cases}
+        chosen = [by_key[key] for key in dict.fromkeys(keys)]  # in the order given: the first ones first
     if shard:
         index, count = _shard(shard)
         chosen = chosen[index - 1 :: count]
@@ -445,7 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=[1, 2, 4],
         help="the one-GPU (default), two-GPU or four-GPU cases; --rank: rows on these",
     )
-    parser.add_argument("--cases", default="default", help="default, all, or comma-separated keys (see --list)")
+    parser.add_argument(
+        "--cases", default="default", help="default, all, or comma-separated keys, run in that order (see --list)"
+    )
     parser.add_argument("--shard", default=None, help="I/N: every N-th case from the I-th, to split --cases all")
     parser.add_argument("--budget-s", type=float, default=560.0, help="skip cases that would end after this")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="kill a case's run after this")

@@ -94,6 +94,12 @@ def test_a_shard_of_the_two_gpu_cases_fits_a_nine_minute_command():
         cases.pick(TWO, "default", "5/4")
 
 
+def test_named_cases_run_in_the_order_given_once_each():
+    # A command that the device's time may cut short runs the cases its user put first.
+    last, first = TWO[-1].key, TWO[0].key
+    assert [c.key for c in cases.pick(TWO, f"{last},{first},{last}", None)] == [last, first]
+
+
 def test_cases_an_earlier_command_measured_are_not_run_again(tmp_path, monkeypatch, capsys):
     shard = cases.pick(TWO, "default", "2/4")
     earlier = [{**cases.pending_entry(c), "gpu": "h200", "step_time_s": 1.5} for c in shard]

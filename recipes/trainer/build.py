@@ -26,7 +26,7 @@ from recipes.runtime.ranks import rank_info
 from recipes.trainer import cadence, checkpoint, data, distributed, graphs, metrics, settings, wgrad_fallback
 from recipes.trainer.loop import Trainer
 from recipes.trainer.model import build_model_chunks, count_parameters, init_userbuffers, wrap_data_parallel
-from recipes.trainer.startup import StartupClock
+from recipes.trainer.phases import PhaseClock
 from recipes.trainer.steps import Steps, overlaps_param_gather, reads_data
 
 
@@ -42,7 +42,7 @@ def build_trainer(run_dir: str, started: float | None = None) -> Trainer:
     """Everything a run's loop works with. What was started before a failure here (the guard's monitor, the
     telemetry thread, an async writer) is released before the error goes on. `started`: when the training entry
     began (time.monotonic), the start of the start-up line's first phase; else now."""
-    clock = StartupClock(time.monotonic() if started is None else started)
+    clock = PhaseClock(time.monotonic() if started is None else started)
     clock.mark("stack check and imports")
     # Weight gradients accumulate straight into the DDP buffers (apex's kernel, or the stand-in). The training
     # entry installed it before megatron was imported; this covers a trainer built another way.
@@ -58,7 +58,7 @@ def build_trainer(run_dir: str, started: float | None = None) -> Trainer:
         raise
 
 
-def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks, clock: StartupClock) -> Trainer:
+def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks, clock: PhaseClock) -> Trainer:
     # Hang detection (under ft_launcher), the injected fault, straggler reports, the run's events.
     guard = RunGuard(run_dir, cfg.resilience, info.rank, info.world_size, info.local_rank)
     built.append(guard)
@@ -201,11 +201,17 @@ def _initial_state(cfg: Config, plan: Plan, checkpointer, chunks, optimizer, hf_
 
 
 def run(run_dir: str, started: float | None = None) -> int:
-    """Train RUN_DIR on this rank; the exit status (`started`: build_trainer's)."""
+    """Train RUN_DIR on this rank; the exit status (`started`: build_trainer's). Rank 0 ends with the end-of-run
+    line; what the process takes after it is the interpreter's and CUDA's exit."""
+    trainer = None
     try:
-        return build_trainer(run_dir, started).train()
+        trainer = build_trainer(run_dir, started)
+        return trainer.train()
     except Exception as err:
         record_failure(run_dir, rank_info().rank, err)  # the report tells a crash with a message from a silent one
         raise
     finally:
         distributed.shutdown()
+        if trainer is not None and trainer.end_of_run is not None:
+            trainer.end_of_run.mark("process groups")
+            trainer.say(trainer.end_of_run.line(rank_info().rank))

@@ -16,6 +16,7 @@ from recipes.runtime.callbacks import DIVERGED, ERROR, FINISHED, SIGNAL, TARGET,
 from recipes.runtime.distributed import any_rank
 from recipes.runtime.stop_signals import StopSignal
 from recipes.trainer import cadence, metrics
+from recipes.trainer.phases import PhaseClock
 
 
 def _print(message: str) -> None:
@@ -55,6 +56,9 @@ class Trainer:
         )
         self.evaluation = cadence.EvalPolicy.from_config(train)
         self._ended: Stop | None = None
+        # From the moment the run's end is known: where the time after the last step goes (the caller marks the
+        # process groups' release and prints it).
+        self.end_of_run: PhaseClock | None = None
 
     # ------------------------------------------------------------------ the run
     def train(self) -> int:
@@ -70,6 +74,7 @@ class Trainer:
             raise
         finally:
             self.callbacks.stops(stop)
+            self._mark_end_phase("observers and writers stopped")
         return stop.exit_code
 
     def _train(self) -> Stop:
@@ -119,6 +124,7 @@ class Trainer:
 
     def _end(self, stop: Stop) -> Stop:
         """The run's end is known (MLPerf's run_stop comes here, before the last save)."""
+        self.end_of_run = PhaseClock(self.clock(), what="end of the run", now=self.clock)
         self._ended = stop
         self.callbacks.run_ends(stop)
         return stop
@@ -155,6 +161,7 @@ class Trainer:
                 self.checkpointer.save(self.state, self.say, in_flight=self.callbacks.save_in_flight)
         finally:
             self.callbacks.save_ends(step)
+        self._mark_end_phase("last checkpoint")
 
     def _finish_saves(self) -> None:
         """Wait for an asynchronous save still being written, as part of saving (every rank: a collective)."""
@@ -164,6 +171,12 @@ class Trainer:
             self.checkpointer.wait()
         finally:
             self.callbacks.save_ends(step)
+        self._mark_end_phase("asynchronous writes")
+
+    def _mark_end_phase(self, phase: str) -> None:
+        """A phase of the end-of-run line, once the run's end is known (saves during the run are not in it)."""
+        if self.end_of_run is not None:
+            self.end_of_run.mark(phase)
 
     # ------------------------------------------------------------------ evaluation and logging
     def _validate(self) -> float | None:

@@ -397,6 +397,8 @@ def test_tiny_trains_and_resumes_after_a_crash(corpus, tmp_path):
     # Rank 0's start-up line: where the time before the first step went, by phase.
     startup = r"\[recipes\] start-up on rank 0: [\d.]+ s \(stack check and imports [\d.]+, "
     assert re.search(startup, run.stdout + run.stderr)
+    # And where the time after the last step went.
+    assert re.search(r"\[recipes\] end of the run on rank 0: [\d.]+ s \(", run.stdout + run.stderr)
     straight = read_metrics(tmp_path / "straight")
     assert sorted(straight) == list(range(1, 201))
     first = sum(straight[s]["loss"] for s in range(1, 11)) / 10

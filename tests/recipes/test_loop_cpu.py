@@ -329,6 +329,21 @@ def test_a_run_saves_after_evaluating_and_logging_and_stops_after_its_last_step(
     ]
 
 
+def test_the_end_of_run_line_times_what_follows_the_last_step_and_not_the_saves_before_it(tmp_path):
+    events: list[str] = []
+    overrides = [*SHORT, "training.checkpoint.save_initial=true"]
+    trainer, _ = fake_trainer(tmp_path, events, overrides, val_losses=[5.0, 4.0, 3.0])
+    assert trainer.train() == 0
+    # The saves at steps 0 and 3 are not in it; the clock (one tick a reading) counts each phase's readings.
+    assert trainer.end_of_run is not None
+    assert [phase for phase, _ in trainer.end_of_run.phases] == [
+        "last checkpoint",
+        "asynchronous writes",
+        "observers and writers stopped",
+    ]
+    assert trainer.end_of_run.line(0).startswith("end of the run on rank 0: 3.0 s (last checkpoint 1.0, ")
+
+
 def test_an_agreed_signal_ends_the_step_with_a_save_then_the_run(tmp_path):
     events: list[str] = []
     trainer, gbs = fake_trainer(tmp_path, events, SHORT, val_losses=[5.0, 4.0], signal_at=4)

@@ -1,5 +1,6 @@
-"""Where a rank's start-up goes: the seconds of each phase between the training entry's first line and the loop,
-printed by rank 0 as one line before the first step."""
+"""Where a rank's time outside the steps goes, one line each, printed by rank 0: the start-up (the seconds of each
+phase between the training entry's first line and the loop, before the first step) and the end of the run (from
+the moment the run's end is known, after its last step, to the process groups' release)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ SHOWN_FROM_S = 0.1
 
 
 @dataclass
-class StartupClock:
+class PhaseClock:
     """Marks the end of each phase; `sync` (torch.cuda.synchronize on a GPU) runs first, so kernels a phase queued
-    count in that phase and not in the next."""
+    count in that phase and not in the next. `what` names the line."""
 
     started: float
+    what: str = "start-up"
     now: Callable[[], float] = time.monotonic
     sync: Callable[[], None] | None = None
     phases: list[tuple[str, float]] = field(default_factory=list)
@@ -31,4 +33,4 @@ class StartupClock:
 
     def line(self, rank: int) -> str:
         shown = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in self.phases if seconds >= SHOWN_FROM_S)
-        return f"start-up on rank {rank}: {self.total_s():.1f} s ({shown or 'every phase under 0.1 s'})"
+        return f"{self.what} on rank {rank}: {self.total_s():.1f} s ({shown or 'every phase under 0.1 s'})"

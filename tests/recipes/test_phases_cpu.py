@@ -1,12 +1,12 @@
-"""The start-up line's clock (recipes/trainer/startup.py), on a clock the test moves."""
+"""The clock of the start-up and end-of-run lines (recipes/trainer/phases.py), on a clock the test moves."""
 
-from recipes.trainer.startup import StartupClock
+from recipes.trainer.phases import PhaseClock
 
 
-def clock_at(times: list[float]) -> StartupClock:
-    """A StartupClock started at 100.0 whose marks read `times` in turn."""
+def clock_at(times: list[float]) -> PhaseClock:
+    """A PhaseClock started at 100.0 whose marks read `times` in turn."""
     readings = iter(times)
-    return StartupClock(100.0, now=lambda: next(readings))
+    return PhaseClock(100.0, now=lambda: next(readings))
 
 
 def test_each_phase_is_the_time_since_the_mark_before_it():
@@ -40,7 +40,7 @@ def test_sync_runs_before_every_reading():
         calls.append("now")
         return next(readings)
 
-    clock = StartupClock(100.0, now=now, sync=lambda: calls.append("sync"))
+    clock = PhaseClock(100.0, now=now, sync=lambda: calls.append("sync"))
     clock.mark("a")
     clock.mark("b")
     assert calls == ["sync", "now", "sync", "now"]

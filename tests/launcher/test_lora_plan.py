@@ -11,7 +11,10 @@ import pytest
 from common.config import LoraConfig, LoraTarget
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
+from launcher.plan.checks import peft as peft_checks
+from launcher.plan.findings import Findings
 from launcher.plan.memory import GIB, estimate_memory_gib
+from launcher.plan.sizes import sizes_of
 from launcher.plan.table import format_plan
 
 BASE = ["training=llama31/8b", "cluster=bcm", "training.checkpoint.init_from=/checkpoints/base"]
@@ -122,3 +125,21 @@ def test_a_tied_embedding_is_one_frozen_matrix_under_lora():
     # Trained: its bf16 weight, fp32 gradient, fp32 main weight and Adam's m and v; frozen: its bf16 weight alone.
     assert more(None) == pytest.approx(matrix * (2 + 4 + 12) / GIB, abs=0.11)
     assert more(cfg.peft) == pytest.approx(matrix * 2 / GIB, abs=0.11)
+
+
+def lora_warnings(*overrides: str) -> list[str]:
+    cfg = compose(["cluster=bcm", "peft=lora", "peft.random_base=true", *overrides])
+    found = Findings(dry_run=True)
+    peft_checks.check(cfg, sizes_of(cfg), found)
+    return [w for w in found.warnings if w.startswith("peft=lora keeps")]
+
+
+def test_lora_on_a_pretraining_layout_names_the_models_lora_preset():
+    (warning,) = lora_warnings("training=llama31/70b")
+    assert "(64 GPUs, GBS 128)" in warning and "training=finetune/llama31_70b_lora " in warning
+    # The preset itself, the 8B (its pretraining layout is its LoRA preset's), a layout the user names, and a model
+    # with no LoRA preset: nothing to say.
+    assert lora_warnings("training=finetune/llama31_70b_lora") == []
+    assert lora_warnings("training=llama31/8b") == []
+    assert lora_warnings("training=llama31/70b", "parallelism=tp4_cp2", "parallelism.num_gpus=8") == []
+    assert lora_warnings("training=llama2/70b") == []

@@ -4,7 +4,11 @@ ranks with every other trained parameter's."""
 
 from __future__ import annotations
 
-from common.config import Config, LoraConfig, LoraInit, LoraTarget
+import yaml
+
+from common.config import Config, DefaultLayout, LoraConfig, LoraInit, LoraTarget
+from common.typed import from_plain
+from launcher.config.compose import CONF_DIR
 from launcher.plan.findings import Findings
 from launcher.plan.formulas import lora_smallest_dimensions
 from launcher.plan.sizes import Sizes
@@ -19,6 +23,27 @@ def check(cfg: Config, sizes: Sizes, found: Findings) -> None:
                 "peft.random_base=true: the frozen base is random weights (a speed benchmark such as "
                 "bench/bench_lora.py, not a fine-tuning run)"
             )
+        preset = _lora_preset_of_the_model(cfg)
+        if preset is not None:
+            found.warning(
+                f"peft=lora keeps the pretraining preset's layout and batch ({sizes.num_gpus} GPUs, GBS "
+                f"{sizes.global_batch_size}), sized for full training: training={preset} is this model's LoRA "
+                "preset (its layout on the fewest 8-GPU nodes that fit, batch, schedule and SFT data)"
+            )
+
+
+def _lora_preset_of_the_model(cfg: Config) -> str | None:
+    """The fine-tuning option conf/training/finetune/ holds for a pretraining option's model (training.name
+    NAME: finetune/NAME_lora), where the run takes the pretraining option's default layout and the preset lays the
+    model out otherwise; None where no preset exists, the run names its own layout or the two layouts agree."""
+    preset = f"finetune/{cfg.training.name}_lora"
+    path = CONF_DIR / "training" / f"{preset}.yaml"
+    if not path.is_file() or cfg.parallelism.name != cfg.training.default_layout.for_dtype(cfg.dtype):
+        return None
+    option = {"fp8": None, "nvfp4": None, **yaml.safe_load(path.read_text())["training"]["default_layout"]}
+    if from_plain(DefaultLayout, option, path=str(path)).for_dtype(cfg.dtype) == cfg.parallelism.name:
+        return None
+    return preset
 
 
 def lora_problems(cfg: Config, lora: LoraConfig) -> list[str]:

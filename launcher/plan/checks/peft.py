@@ -4,6 +4,8 @@ ranks with every other trained parameter's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import yaml
 
 from common.config import Config, DefaultLayout, LoraConfig, LoraInit, LoraTarget
@@ -40,7 +42,9 @@ def _lora_preset_of_the_model(cfg: Config) -> str | None:
     path = CONF_DIR / "training" / f"{preset}.yaml"
     if not path.is_file() or cfg.parallelism.name != cfg.training.default_layout.for_dtype(cfg.dtype):
         return None
-    option = {"fp8": None, "nvfp4": None, **yaml.safe_load(path.read_text())["training"]["default_layout"]}
+    # The keys the option leaves out are null, as the schema makes them when the option is composed.
+    unset = {f.name: None for f in dataclasses.fields(DefaultLayout)}
+    option = {**unset, **yaml.safe_load(path.read_text())["training"]["default_layout"]}
     if from_plain(DefaultLayout, option, path=str(path)).for_dtype(cfg.dtype) == cfg.parallelism.name:
         return None
     return preset

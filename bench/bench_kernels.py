@@ -391,7 +391,8 @@ def _rate(value: float | None, row: ClassGap) -> str:
 
 def format_join(rows: list[ClassGap], timeline: profile_breakdown.Breakdown | None = None, steps: int = 1) -> str:
     """The table; with `timeline` (the trace's breakdown over `steps` steps) also its span from first to last
-    kernel, its communication, the part of that exposed, and the idle time, per step."""
+    kernel, its communication, the part of that exposed, and the idle time, per step, then the communication
+    kernels with the most exposed time and the longest idle gaps."""
     header = (
         f"{'kernel class':<24} {'work per step':>14} {'trace ms':>9} {'achieved':>14} {'ceiling':>14} "
         f"{'at ceiling ms':>13} {'gap ms':>8}"
@@ -419,6 +420,7 @@ def format_join(rows: list[ClassGap], timeline: profile_breakdown.Breakdown | No
             ("idle (no kernel)", timeline.idle_ms),
         ):
             lines.append(f"{label:<24} {'':>14} {ms / steps:>9.1f}")
+        lines += profile_breakdown.where_the_wait_is(timeline, top=5, steps=steps)
     lines.append("per step of one GPU; at ceiling: each class's work at its ceiling, 'other' at its trace time")
     return "\n".join(lines)
 

@@ -6,6 +6,8 @@ Beside the groups, from the kernels' intervals: the communication kernels' time 
 userbuffers kernels, and peer-to-peer copies; inside "other"), the part of it no other kernel overlaps (exposed
 communication: what TP overlap or the gradient reduction's overlap leaves on the critical path), and the time within
 the span that no kernel runs at all (idle: launch gaps, the CPU, a pipeline bubble waiting on another rank).
+So that a step's loss to TP or pipelining can be placed, the exposed time is also split by communication kernel,
+and the longest idle gaps are listed with the kernel that ends each (the work the GPU waited for).
 
     python bench/profile_breakdown.py before=RUN_A/profile/rank0_steps6-6.pt.trace.json.gz \\
         after=RUN_B/profile/rank0_steps6-6.pt.trace.json.gz
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import gzip
 import json
 from pathlib import Path
+import bisect
 import re
 import sys
 from typing import Callable
@@ -76,6 +79,10 @@ class Breakdown:
     communication_ms: float = 0.0
     exposed_communication_ms: float = 0.0  # communication while no other kernel runs
     idle_ms: float = 0.0  # within the span, no kernel running
+    # Per communication kernel, its time under no compute kernel (two at once both count, so the sum can exceed
+    # exposed_communication_ms).
+    exposed_by_kernel: Counter = field(default_factory=Counter)
+    idle_gaps: list[tuple[float, str]] = field(default_factory=list)  # (ms, the kernel that ends it), longest first
 
     @property
     def total_ms(self) -> float:
@@ -99,9 +106,42 @@ def covered_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as disjoint ones, in order."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def uncovered_us(start: float, end: float, cover: list[tuple[float, float]]) -> float:
+    """How much of [start, end) lies outside `cover` (disjoint intervals in order, as merged() gives)."""
+    inside = 0.0
+    i = max(0, bisect.bisect_right(cover, (start, float("inf"))) - 1)
+    while i < len(cover) and cover[i][0] < end:
+        inside += max(0.0, min(end, cover[i][1]) - max(start, cover[i][0]))
+        i += 1
+    return end - start - inside
+
+
+def idle_gaps(spans: list[tuple[float, float, str]]) -> list[tuple[float, str]]:
+    """The gaps (ms) between kernels where none runs, each with the kernel that ends it, longest first."""
+    gaps: list[tuple[float, str]] = []
+    reach = None
+    for start, end, name in sorted(spans):
+        if reach is not None and start > reach:
+            gaps.append(((start - reach) / 1e3, name))
+        reach = end if reach is None else max(reach, end)
+    return sorted(gaps, reverse=True)
+
+
 def breakdown(events: list[dict]) -> Breakdown:
     out = Breakdown()
     compute, communication = [], []
+    spans: list[tuple[float, float, str]] = []
     for event in events:
         kernel = event.get("cat") == "kernel"
         if event.get("ph") != "X" or not (kernel or event.get("cat") == "gpu_memcpy"):
@@ -115,6 +155,12 @@ def breakdown(events: list[dict]) -> Breakdown:
             out.ms[group] += dur / 1e3
             out.kernels[group][name] += dur / 1e3
         (communication if communicates else compute).append((start, start + dur))
+        spans.append((start, start + dur, name))
+    compute_cover = merged(compute)
+    for start, end, name in spans:
+        if COMMUNICATION.search(name):
+            out.exposed_by_kernel[name] += uncovered_us(start, end, compute_cover) / 1e3
+    out.idle_gaps = idle_gaps(spans)
     every = compute + communication
     if every:
         out.span_ms = (max(end for _, end in every) - min(start for start, _ in every)) / 1e3
@@ -155,7 +201,18 @@ def format_breakdowns(named: list[tuple[str, Breakdown]], top: int = 3) -> str:
         for group in ORDER:
             for kernel, ms in b.kernels.get(group, Counter()).most_common(top):
                 lines.append(f"  {group:<24} {ms:>9.1f}  {kernel[:110]}")
+        lines += where_the_wait_is(b, top)
     return "\n".join(lines)
+
+
+def where_the_wait_is(b: Breakdown, top: int, steps: int = 1) -> list[str]:
+    """The communication kernels with the most exposed time and the longest idle gaps (per step over `steps`)."""
+    lines = [f"exposed communication, the {top} kernels with the most (ms per step, under no compute kernel):"]
+    exposed = [(kernel, ms) for kernel, ms in b.exposed_by_kernel.most_common(top) if ms > 0]
+    lines += [f"  {ms / steps:>9.1f}  {kernel[:110]}" for kernel, ms in exposed]
+    lines.append(f"idle, the {top} longest gaps (ms, each with the kernel that ends it):")
+    lines += [f"  {ms:>9.2f}  {kernel[:110]}" for ms, kernel in b.idle_gaps[:top]]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,9 +156,29 @@ def test_exposed_communication_is_what_no_other_kernel_overlaps_and_idle_what_no
     assert b.exposed_communication_ms == pytest.approx(2 + 1 + 2)  # 10-12, 21-22, 25-27
     assert b.idle_ms == pytest.approx(1 + 3)  # 20-21, 22-25
     assert b.ms["GEMM"] == pytest.approx(18) and b.total_ms == pytest.approx(18 + 10)  # the copy is no kernel
-    assert breakdown.main([str(path)]) == 0
+    # Split by kernel: each communication kernel's time outside both GEMMs; the 15-17 exchange has none.
+    assert dict(b.exposed_by_kernel) == pytest.approx(
+        {
+            "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": 2,
+            "userbuffers_fp16_sum_inplace_gpu_rr_rs": 0,
+            "Memcpy PtoP (Device -> Device)": 1,
+            "ncclDevKernel_AllGather_RING_LL": 2,
+        }
+    )
+    # The gaps, longest first, each named by the kernel after it.
+    assert [name for _, name in b.idle_gaps] == ["ncclDevKernel_AllGather_RING_LL", "Memcpy PtoP (Device -> Device)"]
+    assert [ms for ms, _ in b.idle_gaps] == pytest.approx([3, 1])
+    assert breakdown.main([str(path), "--top", "2"]) == 0
     out = capsys.readouterr().out
     assert next(line for line in out.splitlines() if line.startswith("  exposed")).split()[1:3] == ["5.0", "ms"]
+    listed = out.split("exposed communication, the 2 kernels with the most")[1].splitlines()[1:3]
+    assert [line.split()[0] for line in listed] == ["2.0", "2.0"]
+    assert {line.split()[1] for line in listed} == {
+        "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL",
+        "ncclDevKernel_AllGather_RING_LL",
+    }
+    gaps = out.split("idle, the 2 longest gaps")[1].splitlines()[1:3]
+    assert gaps[0].split() == ["3.00", "ncclDevKernel_AllGather_RING_LL"] and gaps[1].split()[0] == "1.00"
 
 
 def test_a_hung_case_is_killed_with_its_whole_process_group(tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ adapter-level difference that is ours. Then:
 - the negative control, alpha doubled on our side only, fails the same comparison;
 - all of that at TP1, and at TP2 with sequence parallelism on two GPUs;
 - the same comparison with PEFT through a pipeline (PP2, two virtual chunks per stage, the asymmetric split);
-- FP8 for the base's GEMMs: its evaluation loss within 0.05 of the same run in bf16, and beating the frozen base;
+- FP8 for the base's GEMMs, and with the base's weights stored in FP8 too (dtype.fp8_param_gather=true, loaded
+  from the Hugging Face base): each evaluation loss within 0.05 of the same run in bf16, and beating the frozen base;
 - the PEFT export on the base (peft) and the merged export (plain transformers) give the run's last evaluation
   loss within 0.01;
 - the run killed with SIGKILL after its step-50 checkpoint and started again gives the same losses bit for bit;
@@ -314,17 +315,28 @@ def test_a_pipeline_with_virtual_chunks_and_the_asymmetric_split_equals_peft(wor
     check_equal_to_peft(run_and_reference(work, "pp2_vp2_asym"), "pp2_vp2_asym")
 
 
-def test_fp8_base_gemms_train_the_adapters_as_bf16_does(work, tp1):
+# The base in bf16, its GEMMs in FP8, and its weights stored in FP8 as well (loaded from the Hugging Face base).
+BASE_PRECISIONS = {
+    "bf16": ["dtype=bf16"],
+    "fp8": ["dtype=fp8"],
+    "fp8_weights": ["dtype=fp8", "dtype.fp8_param_gather=true"],
+}
+
+
+def test_fp8_base_gemms_and_fp8_base_weights_train_the_adapters_as_bf16_does(work, tp1):
     root = work["root"]
     evals = {}
-    for dtype in ("bf16", "fp8"):
-        main_py(*lora_run(work["corpus"], root, f"lora_{dtype}", work["base"], f"dtype={dtype}", *LAYOUTS["tp1"]))
-        evals[dtype] = read_metrics(root / f"lora_{dtype}")[STEPS]["val_loss"]
+    for name, overrides in BASE_PRECISIONS.items():
+        main_py(*lora_run(work["corpus"], root, f"lora_{name}", work["base"], *overrides, *LAYOUTS["tp1"]))
+        evals[name] = read_metrics(root / f"lora_{name}")[STEPS]["val_loss"]
+    plan = json.loads((root / "lora_fp8_weights" / "plan.json").read_text())
+    assert plan["fp8_param_gather"] is True  # the weights really were FP8
     frozen = tp1["ref"]["base_eval_loss"]
     print(f"\nLoRA eval loss after {STEPS} steps: bf16 {evals['bf16']:.4f}, fp8 base GEMMs {evals['fp8']:.4f}, "
-          f"frozen base {frozen:.4f}")  # fmt: skip
-    assert abs(evals["fp8"] - evals["bf16"]) <= FP8_EVAL_ATOL
-    assert frozen - evals["fp8"] >= EVAL_GAIN
+          f"fp8 base weights {evals['fp8_weights']:.4f}, frozen base {frozen:.4f}")  # fmt: skip
+    for fp8 in ("fp8", "fp8_weights"):
+        assert abs(evals[fp8] - evals["bf16"]) <= FP8_EVAL_ATOL, fp8
+        assert frozen - evals[fp8] >= EVAL_GAIN, fp8
 
 
 def test_the_negative_control_alpha_doubled_fails_the_comparison(work):

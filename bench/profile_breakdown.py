@@ -16,12 +16,12 @@ and the longest idle gaps are listed with the kernel that ends each (the work th
 from __future__ import annotations
 
 import argparse
+import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 import gzip
 import json
 from pathlib import Path
-import bisect
 import re
 import sys
 from typing import Callable
@@ -141,7 +141,8 @@ def idle_gaps(spans: list[tuple[float, float, str]]) -> list[tuple[float, str]]:
 def breakdown(events: list[dict]) -> Breakdown:
     out = Breakdown()
     compute, communication = [], []
-    spans: list[tuple[float, float, str]] = []
+    spans: list[tuple[float, float, str]] = []  # every kernel and copy counted, named
+    named_communication: list[tuple[float, float, str]] = []
     for event in events:
         kernel = event.get("cat") == "kernel"
         if event.get("ph") != "X" or not (kernel or event.get("cat") == "gpu_memcpy"):
@@ -156,10 +157,11 @@ def breakdown(events: list[dict]) -> Breakdown:
             out.kernels[group][name] += dur / 1e3
         (communication if communicates else compute).append((start, start + dur))
         spans.append((start, start + dur, name))
+        if communicates:
+            named_communication.append(spans[-1])
     compute_cover = merged(compute)
-    for start, end, name in spans:
-        if COMMUNICATION.search(name):
-            out.exposed_by_kernel[name] += uncovered_us(start, end, compute_cover) / 1e3
+    for start, end, name in named_communication:
+        out.exposed_by_kernel[name] += uncovered_us(start, end, compute_cover) / 1e3
     out.idle_gaps = idle_gaps(spans)
     every = compute + communication
     if every:

@@ -96,16 +96,6 @@ def load_events(path: Path) -> list[dict]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def covered_us(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of [start, end) intervals."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
-
-
 def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The union of [start, end) intervals as disjoint ones, in order."""
     out: list[tuple[float, float]] = []
@@ -115,6 +105,11 @@ def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
         else:
             out.append((start, end))
     return out
+
+
+def covered_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end) intervals."""
+    return sum(end - start for start, end in merged(intervals))
 
 
 def uncovered_us(start: float, end: float, cover: list[tuple[float, float]]) -> float:
@@ -140,9 +135,8 @@ def idle_gaps(spans: list[tuple[float, float, str]]) -> list[tuple[float, str]]:
 
 def breakdown(events: list[dict]) -> Breakdown:
     out = Breakdown()
-    compute, communication = [], []
-    spans: list[tuple[float, float, str]] = []  # every kernel and copy counted, named
-    named_communication: list[tuple[float, float, str]] = []
+    compute: list[tuple[float, float, str]] = []  # (start, end, name) of every kernel and copy counted
+    communication: list[tuple[float, float, str]] = []
     for event in events:
         kernel = event.get("cat") == "kernel"
         if event.get("ph") != "X" or not (kernel or event.get("cat") == "gpu_memcpy"):
@@ -155,20 +149,19 @@ def breakdown(events: list[dict]) -> Breakdown:
             group = group_of(name)
             out.ms[group] += dur / 1e3
             out.kernels[group][name] += dur / 1e3
-        (communication if communicates else compute).append((start, start + dur))
-        spans.append((start, start + dur, name))
-        if communicates:
-            named_communication.append(spans[-1])
-    compute_cover = merged(compute)
-    for start, end, name in named_communication:
-        out.exposed_by_kernel[name] += uncovered_us(start, end, compute_cover) / 1e3
-    out.idle_gaps = idle_gaps(spans)
+        (communication if communicates else compute).append((start, start + dur, name))
     every = compute + communication
-    if every:
-        out.span_ms = (max(end for _, end in every) - min(start for start, _ in every)) / 1e3
-        out.communication_ms = sum(end - start for start, end in communication) / 1e3
-        out.exposed_communication_ms = (covered_us(every) - covered_us(compute)) / 1e3
-        out.idle_ms = out.span_ms - covered_us(every) / 1e3
+    if not every:
+        return out
+    compute_cover = merged([(start, end) for start, end, _ in compute])
+    for start, end, name in communication:
+        out.exposed_by_kernel[name] += uncovered_us(start, end, compute_cover) / 1e3
+    out.idle_gaps = idle_gaps(every)
+    out.span_ms = (max(end for _, end, _ in every) - min(start for start, _, _ in every)) / 1e3
+    out.communication_ms = sum(end - start for start, end, _ in communication) / 1e3
+    every_us = covered_us([(start, end) for start, end, _ in every])
+    out.exposed_communication_ms = (every_us - sum(end - start for start, end in compute_cover)) / 1e3
+    out.idle_ms = out.span_ms - every_us / 1e3
     return out
 
 

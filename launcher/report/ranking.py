@@ -120,23 +120,45 @@ def layout_of(check: Check) -> search.Layout:
     return search.Layout(p.tp, p.pp, p.cp, p.vp, p.micro_batch_size, recompute, bool(p.asymmetric_pipeline))
 
 
+def settings_besides_the_layout(check: Check) -> tuple[str, ...]:
+    """The row's overrides other than what the search ranks (the layout, the microbatch size, recomputation)."""
+    ranked = ("parallelism", "training.micro_batch_size")
+    return tuple(sorted(o for o in check.overrides if not any(r in o.split("=")[0] for r in ranked)))
+
+
+def _pinned(check: Check) -> tuple[str, ...]:
+    """The settings a row pins beyond its model, depth and dtype (a row measured before a default changed)."""
+    shape = ("training=", "training.model.num_layers=", "dtype=")
+    return tuple(o for o in settings_besides_the_layout(check) if not o.startswith(shape))
+
+
 def _group_key(check: Check) -> tuple:
+    # Rows that pin another setting (FP8 param gather, the loss) are not layouts the search chooses among: they
+    # rank in their own group.
     p = check.plan
-    return (p.model, sum(p.layers_per_pipeline_stage), p.dtype, p.gpu_type, p.num_gpus, p.global_batch_size)
+    return (
+        p.model,
+        sum(p.layers_per_pipeline_stage),
+        p.dtype,
+        _pinned(check),
+        p.gpu_type,
+        p.num_gpus,
+        p.global_batch_size,
+    )
 
 
 def rank_rows(checks: Sequence[Check]) -> list[RankedGroup]:
     """Groups of the measured rows (steptime.check_rows: predicted with auto.yaml's constants, which parallelism=auto
-    uses), each ranked by search.rank: the same predicted step times, ties within 0.5% broken by the memory
-    estimate, as parallelism=auto ranks its candidates."""
+    uses) that differ only in what the search chooses, each ranked by search.rank: the same predicted step times,
+    ties within 0.5% broken by the memory estimate, as parallelism=auto ranks its candidates."""
     groups: dict[tuple, list[Check]] = defaultdict(list)
     for check in checks:
         groups[_group_key(check)].append(check)
     out = []
-    for (model, layers, dtype, gpu, gpus, gbs), members in groups.items():
+    for (model, layers, dtype, pinned, gpu, gpus, gbs), members in groups.items():
         ranked = search.rank([search.Ranked(layout_of(c), c.plan, c.cfg, c.predicted) for c in members])
         by_plan = {id(r.plan): i for i, r in enumerate(ranked)}
-        label = f"{model} {layers}-layer {dtype} on {gpus} {gpu} GPUs, GBS {gbs}"
+        label = f"{model} {layers}-layer {dtype}{''.join(f' {o}' for o in pinned)} on {gpus} {gpu} GPUs, GBS {gbs}"
         out.append(
             RankedGroup(
                 label,

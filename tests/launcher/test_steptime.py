@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from common.typed import changed
-from launcher.autoconf import perfdata, stepfit, steptime
+from launcher.autoconf import perfdata, search, stepfit, steptime
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
+from launcher.report.ranking import settings_besides_the_layout
 
 from launcher_helpers import REPO, bench_script
 
@@ -75,12 +76,6 @@ def test_our_runs_on_h200_are_predicted_within_11_percent():
     assert len(ours) >= 10 and max(abs(c.error) for c in ours) < 0.11
 
 
-def _settings_besides_the_layout(check) -> tuple[str, ...]:
-    """The row's overrides other than what the model ranks (the layout, the microbatch size, recomputation)."""
-    ranked = ("parallelism", "training.micro_batch_size")
-    return tuple(sorted(o for o in check.overrides if not any(r in o.split("=")[0] for r in ranked)))
-
-
 def test_layouts_measured_on_the_same_machine_keep_their_measured_order():
     groups = defaultdict(list)  # the same model (and depth), dtype, other settings, GPUs and batch -> checks
     for check in CHECKS:
@@ -90,30 +85,32 @@ def test_layouts_measured_on_the_same_machine_keep_their_measured_order():
                 p.model,
                 sum(p.layers_per_pipeline_stage),
                 p.dtype,
-                _settings_besides_the_layout(check),
+                settings_besides_the_layout(check),
                 p.gpu_type,
                 p.num_gpus,
                 p.global_batch_size,
             )
         ].append(check)
-    compared, swapped = 0, set()
+    # A pair predicted within the search's tie width is a tie the search breaks by the memory estimate, not an order
+    # the model claims: every pair that differs only in MBS (the model's only MBS term, the per-microbatch overhead,
+    # puts them within 0.13%; measured, MBS 1 is 0.2-3.3% faster without recomputation, and either is up to 2.8%
+    # faster with it) and the 70B proxy's TP2 x CP2 against PP2 VP5 x DP2 on 4 GPUs (0.4% predicted). Every other
+    # pair is held.
+    separated, swapped = 0, set()
     for checks in groups.values():
-        if len(checks) < 2:
-            continue
         measured = sorted(checks, key=lambda c: -c.measured)
-        predicted = sorted(checks, key=lambda c: -c.predicted.tokens_per_s_per_gpu)
-        rank = {c.name: i for i, c in enumerate(predicted)}
         for i, faster in enumerate(measured):
             for slower in measured[i + 1 :]:
-                if rank[faster.name] > rank[slower.name]:
+                predicted = faster.predicted.total_s / slower.predicted.total_s
+                if abs(predicted - 1) < search.TIE:
+                    continue
+                separated += 1
+                if predicted > 1:
                     swapped.add((faster.name, slower.name))
-        compared += len(checks)
-    assert compared >= 20  # 8B DP2 / CP2 / TP2 on 2 H200, DP4 / CP2 DP2 on 4 H200, the two-GPU proxies' 15 layouts
-    # Every pair is ordered as measured but two of the two-GPU proxies' (docs/autoconf.md's ranking table): 8B's TP2
-    # with and without userbuffer overlap, measured 0.3% apart in single runs, where the model charges the overlap
-    # more GEMM slowdown than the communication it hides; and 70B's DP2 MBS 2, predicted 0.1% faster than MBS 1 and
-    # measured 1.5% slower, a tie the search's ranking breaks by the memory estimate (MBS 1 first, as measured); the
-    # same pair on one H200, predicted 0.1% apart and measured 0.2% apart.
+    assert separated >= 120  # 135 on the rows of 2026-12-02
+    # Every separated pair is ordered as measured but one of the two-GPU proxies' (docs/autoconf.md's ranking table):
+    # 8B's TP2 with and without userbuffer overlap, measured 0.3% apart in single runs, where the model charges the
+    # overlap more GEMM slowdown than the communication it hides (0.55% predicted).
     # And two of the four-GPU ones, each measured closer than a run's spread: 8B's TP2 and CP2 x DP2, 0.6% apart in
     # single runs, where the model puts CP2 4% ahead; and 70B's PP2 VP5 with CP2 or with DP2, 0.2% apart in runs of
     # different days, where the model gives CP2's chunked attention 2% more time. And 8B's DP4 with full
@@ -121,8 +118,6 @@ def test_layouts_measured_on_the_same_machine_keep_their_measured_order():
     # the four-GPU rows, and puts it 5% ahead.
     assert swapped == {
         ("8b 16-layer bf16 tp2 sp overlap (2 GPUs)", "8b 16-layer bf16 tp2 sp (2 GPUs)"),
-        ("70b 2-layer bf16 dp2 (2 GPUs)", "70b 2-layer bf16 dp2 mbs2 (2 GPUs)"),
-        ("70b 2-layer bf16 mbs1 (1 H200)", "70b 2-layer bf16 mbs2 (1 H200)"),
         ("8b 16-layer bf16 tp2 sp overlap (4 GPUs)", "8b 16-layer bf16 cp2 (4 GPUs)"),
         ("8b 16-layer bf16 dp4 full recompute (4 GPUs)", "8b 16-layer bf16 tp4 sp overlap (4 GPUs)"),
         ("70b 10-layer bf16 pp2 cp2 vp5 (4 GPUs)", "70b 10-layer bf16 pp2 vp5 dp2 (4 H200)"),
@@ -277,12 +272,14 @@ def test_the_pending_cases_are_the_ones_bench_autoconf_cases_measures():
             assert (row["split"], ran, row["gpus_per_node"]) == (c.split, c.overrides, c.gpus), c.name
             assert set(row["overrides"][len(c.overrides) :]) <= pins, c.name
     scripted = [(c.name, c.split, c.overrides) for c in cases.cases()]
-    # 8B and 70B proxies x bf16 / fp8 x MBS 1 / 2 x three recomputations, and the 405B one only where it fits.
-    assert len(scripted) == 24 + sum(name.startswith("405b") for name, _, _ in scripted)
+    # 8B and 70B proxies x bf16 / fp8 x MBS 1 / 2 x three recomputations, each leaving the search's headroom free.
+    assert len(scripted) == 24
     assert all(cases.fits_one_gpu(overrides) for _, _, overrides in scripted)
     # MBS 2 is held out of the fit, MBS 1 fits.
     assert all((split == "held_out") == ("training.micro_batch_size=2" in o) for _, split, o in scripted)
-    assert not cases.fits_one_gpu(cases._case("405b", 1, "bf16", 1, "none").overrides)
+    # One layer of the 405B shape: bf16 is estimated over the GPU, and fp8, estimated under it but inside the
+    # headroom, ran out of memory on an H200.
+    assert not any(cases.fits_one_gpu(cases._case("405b", 1, dtype, 1, "none").overrides) for dtype in ("bf16", "fp8"))
     default = cases.pick(cases.cases(), "default", None)
     assert len(default) >= 8 and sum(c.estimate_s for c in default) <= 560
     shards = [cases.pick(cases.cases(), "all", f"{i}/4") for i in range(1, 5)]

@@ -1067,7 +1067,9 @@ class Config:
         "evaluation.model alone, container_<image> for the image alone"
     )
     seed: int = key("random seed", within=SEED)
-    memory_check: bool = key("fail when the memory estimate exceeds the GPU; false accepts the risk")
+    memory_check: bool = key(
+        "fail when the memory estimate exceeds the GPU, warn within 5% under it; false accepts the risk"
+    )
     stack_check: bool = key("ranks and data preparation check the training stack first; false accepts the risk")
 
 

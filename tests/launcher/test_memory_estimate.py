@@ -9,8 +9,13 @@ import pytest
 from launcher.autoconf.perfdata import measured_rows, row_overrides
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
+from launcher.plan.checks import memory
+from launcher.plan.checks.memory import NEAR_LIMIT_SHARE
+from launcher.plan.findings import Findings
 from launcher.plan.formulas import num_parameters
+from launcher.plan.hardware import gpu_spec
 from launcher.plan.memory import GIB, estimate_memory_gib, microbatches_in_flight
+from launcher.plan.sizes import sizes_of
 
 WITH_PEAK = [row for row in measured_rows() if row.get("peak_memory_gib")]
 PROXY_405B = [
@@ -148,3 +153,36 @@ def test_microbatches_in_flight_follow_megatrons_1f1b_warmup(pp, vp, num_microba
         )
         chunks_alive = total if all_warmup else warmup + 1
         assert microbatches_in_flight(pp, stage, vp, num_microbatches) == pytest.approx(chunks_alive / (vp or 1))
+
+
+# The one-layer 405B proxy on one H200: bf16 is estimated over the GPU, fp8 just under it (and ran out of memory).
+ONE_LAYER_405B = [
+    "training=llama31/405b",
+    "training.model.num_layers=1",
+    "parallelism=tp1",
+    "parallelism.num_gpus=1",
+    "cluster=bcm",
+    "cluster.gpu_type=h200",
+    "cluster.gpus_per_node=1",
+    "training.global_batch_size=8",
+]
+
+
+def _memory_findings(*overrides: str) -> tuple[list[str], list[str], float]:
+    cfg = compose([*ONE_LAYER_405B, *overrides])
+    plan, found = build_plan(cfg), Findings()
+    memory.check(cfg, sizes_of(cfg, None), plan, found)
+    return found.problems, found.warnings, plan.est_memory_gib_per_gpu
+
+
+def test_an_estimate_within_the_near_limit_share_of_the_gpu_is_warned_of_and_one_over_it_refused():
+    h200 = gpu_spec("h200").memory_gib
+    problems, warnings, fp8 = _memory_findings("dtype=fp8")
+    assert (1 - NEAR_LIMIT_SHARE) * h200 < fp8 <= h200 and not problems
+    assert len(warnings) == 1 and f"estimated {fp8} GiB per GPU is within 5% of the {h200} GiB" in warnings[0]
+    problems, warnings, bf16 = _memory_findings("dtype=bf16")
+    assert bf16 > h200 and len(problems) == 1 and "exceeds" in problems[0] and not warnings
+    # Well under the GPU (a quarter of the FFN width): nothing; memory_check=false: nothing either.
+    problems, warnings, small = _memory_findings("dtype=fp8", "training.model.ffn_hidden_size=13312")
+    assert small <= (1 - NEAR_LIMIT_SHARE) * h200 and not problems and not warnings
+    assert _memory_findings("dtype=fp8", "memory_check=false")[:2] == ([], [])

@@ -120,21 +120,19 @@ def layout_of(check: Check) -> search.Layout:
     return search.Layout(p.tp, p.pp, p.cp, p.vp, p.micro_batch_size, recompute, bool(p.asymmetric_pipeline))
 
 
-def settings_besides_the_layout(check: Check) -> tuple[str, ...]:
-    """The row's overrides other than what the search ranks (the layout, the microbatch size, recomputation)."""
-    ranked = ("parallelism", "training.micro_batch_size")
-    return tuple(sorted(o for o in check.overrides if not any(r in o.split("=")[0] for r in ranked)))
-
-
 def _pinned(check: Check) -> tuple[str, ...]:
-    """The settings a row pins beyond its model, depth and dtype (a row measured before a default changed)."""
+    """The row's overrides besides what the search chooses (the layout, the microbatch size, recomputation) and its
+    shape (model, depth, dtype): what a row measured before a default changed pins."""
+    chosen = ("parallelism", "training.micro_batch_size")
     shape = ("training=", "training.model.num_layers=", "dtype=")
-    return tuple(o for o in settings_besides_the_layout(check) if not o.startswith(shape))
+    return tuple(
+        sorted(o for o in check.overrides if not o.startswith(shape) and not any(r in o.split("=")[0] for r in chosen))
+    )
 
 
-def _group_key(check: Check) -> tuple:
-    # Rows that pin another setting (FP8 param gather, the loss) are not layouts the search chooses among: they
-    # rank in their own group.
+def group_key(check: Check) -> tuple:
+    """Rows of one key differ only in what the search chooses. Rows that pin another setting (FP8 param gather, the
+    loss) are not layouts the search chooses among: they rank in their own group."""
     p = check.plan
     return (
         p.model,
@@ -153,7 +151,7 @@ def rank_rows(checks: Sequence[Check]) -> list[RankedGroup]:
     ties within 0.5% broken by the memory estimate, as parallelism=auto ranks its candidates."""
     groups: dict[tuple, list[Check]] = defaultdict(list)
     for check in checks:
-        groups[_group_key(check)].append(check)
+        groups[group_key(check)].append(check)
     out = []
     for (model, layers, dtype, pinned, gpu, gpus, gbs), members in groups.items():
         ranked = search.rank([search.Ranked(layout_of(c), c.plan, c.cfg, c.predicted) for c in members])

@@ -18,7 +18,7 @@ from common.typed import changed
 from launcher.autoconf import perfdata, search, stepfit, steptime
 from launcher.config.compose import compose
 from launcher.plan.build import build_plan
-from launcher.report.ranking import settings_besides_the_layout
+from launcher.report.ranking import group_key
 
 from launcher_helpers import REPO, bench_script
 
@@ -77,20 +77,9 @@ def test_our_runs_on_h200_are_predicted_within_11_percent():
 
 
 def test_layouts_measured_on_the_same_machine_keep_their_measured_order():
-    groups = defaultdict(list)  # the same model (and depth), dtype, other settings, GPUs and batch -> checks
+    groups = defaultdict(list)  # the same model (and depth), dtype, pinned settings, GPUs and batch -> checks
     for check in CHECKS:
-        p = check.plan
-        groups[
-            (
-                p.model,
-                sum(p.layers_per_pipeline_stage),
-                p.dtype,
-                settings_besides_the_layout(check),
-                p.gpu_type,
-                p.num_gpus,
-                p.global_batch_size,
-            )
-        ].append(check)
+        groups[group_key(check)].append(check)
     # A pair predicted within the search's tie width is a tie the search breaks by the memory estimate, not an order
     # the model claims: every pair that differs only in MBS (the model's only MBS term, the per-microbatch overhead,
     # puts them within 0.13%; measured, MBS 1 is 0.2-3.3% faster without recomputation, and either is up to 2.8%

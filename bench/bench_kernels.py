@@ -5,7 +5,8 @@ gated MLP, each forward, input gradient and weight gradient) and of the output l
 timed alone with CUDA events after warm-up (bf16 through torch.matmul; fp8 through Transformer Engine's GEMM on FP8
 tensors, E4M3 x E4M3 forward and E5M2 gradients backward, the weight gradient accumulated in fp32 as
 megatron-core's main_grad; the output layer in bf16 as megatron-core runs it); attention forward and backward alone
-through Transformer Engine's DotProductAttention (causal, bf16, the model's heads and key/value groups; the backend
+through Transformer Engine's DotProductAttention (causal, the model's heads and key/value groups, in FP8 where the
+run trains FP8 attention, which --dtype fp8 does by default as the plan does, bf16 otherwise; the backend
 Transformer Engine picked is printed); and a large copy, the bandwidth memory-bound kernels can reach:
 
     python bench/bench_kernels.py --model llama31/8b --tp 1 --seq 8192 --mbs 1 --dtype fp8 --json OUT/kernels.json
@@ -126,6 +127,7 @@ class Attention:
     groups: int  # key/value heads
     head_dim: int
     seq: int
+    fp8: bool = False  # Transformer Engine's FP8 attention (dtype.fp8_dot_product_attention)
 
     @property
     def fwd_flops(self) -> float:
@@ -138,13 +140,14 @@ class Attention:
 
     @property
     def shape(self) -> str:
-        return f"b{self.batch} s{self.seq} heads {self.heads}/{self.groups} d{self.head_dim} causal bf16"
+        precision = "fp8" if self.fp8 else "bf16"
+        return f"b{self.batch} s{self.seq} heads {self.heads}/{self.groups} d{self.head_dim} causal {precision}"
 
 
-def layer_attention(model: ModelConfig, tp: int, mbs: int, seq: int) -> Attention:
+def layer_attention(model: ModelConfig, tp: int, mbs: int, seq: int, fp8: bool = False) -> Attention:
     heads = _whole(model.num_attention_heads / tp, "the attention heads / tp")
     groups = _whole(model.num_query_groups / tp, "the key/value groups / tp")
-    return Attention(mbs, heads, groups, model.kv_channels, seq)
+    return Attention(mbs, heads, groups, model.kv_channels, seq, fp8)
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ class StepShape:
     padded_vocab: int
     # LoRA: the base's weights (the decoder layers' and the output layer's) are frozen and get no weight gradients.
     frozen_base: bool = False
+    fp8_attention: bool = False  # the plan's fp8_dot_product_attention
 
     @property
     def tokens(self) -> int:
@@ -188,6 +192,7 @@ def shape_of_run(plan: Plan, rank: int, frozen_base: bool = False) -> StepShape:
         sequence_parallel=plan.sequence_parallel,
         padded_vocab=plan.padded_vocab_size,
         frozen_base=frozen_base,
+        fp8_attention=bool(plan.fp8_dot_product_attention),
     )
 
 
@@ -282,7 +287,7 @@ def wanted_kernels(model: ModelConfig, shape: StepShape) -> tuple[list[Gemm], At
     gemms = layer_gemms(model, shape.tp, shape.tokens, shape.fp8)
     if shape.last_stage:
         gemms += output_gemms(model, shape.tp, shape.tokens, shape.padded_vocab)
-    return trained(gemms, shape), layer_attention(model, shape.tp, shape.mbs, shape.seq)
+    return trained(gemms, shape), layer_attention(model, shape.tp, shape.mbs, shape.seq, shape.fp8_attention)
 
 
 def peak_ceilings(gemms: list[Gemm], attention: Attention, spec: GpuSpec, hbm_gb_s: float) -> Ceilings:
@@ -294,8 +299,9 @@ def peak_ceilings(gemms: list[Gemm], attention: Attention, spec: GpuSpec, hbm_gb
         )
         for g in gemms
     ]
+    attention_peak = fp8_peak if attention.fp8 else spec.bf16_peak_flops
     for cls, flops in ((ATTN_FWD, attention.fwd_flops), (ATTN_BWD, attention.bwd_flops)):
-        kernels.append(Measured(cls, cls, flops / spec.bf16_peak_flops * 1e3, flops=flops, shape=attention.shape))
+        kernels.append(Measured(cls, cls, flops / attention_peak * 1e3, flops=flops, shape=attention.shape))
     kernels.append(Measured(COPY, COPY, 1e3, bytes=hbm_gb_s * GB))
     return Ceilings(f"{spec.name} (datasheet)", kernels, ["ceilings: datasheet peaks and HBM bandwidth, not measured"])
 
@@ -309,7 +315,7 @@ def check_shapes(ceilings: Ceilings, gemms: list[Gemm], attention: Attention, so
             there = "nothing" if got is None else got.shape
             raise SystemExit(
                 f"{source} holds {there} for {name}, this run needs {shape}: measure this run's shapes "
-                "(bench_kernels.py --trace without --ceilings, or --tp/--seq/--mbs/--dtype as the run)"
+                "(bench_kernels.py --trace without --ceilings, or --tp/--seq/--mbs/--dtype/--attention as the run)"
             )
     if not any(m.cls == COPY for m in ceilings.kernels):
         raise SystemExit(f"{source} has no copy bandwidth: measure again with bench_kernels.py")
@@ -571,6 +577,22 @@ def attention_backend(kernels: list[str]) -> str:
     return f"{kind}: {', '.join(k[:70] for k in attention[:3]) or 'no attention kernels'}"
 
 
+def _attention_precision(fp8: bool) -> Any:
+    """A context for the attention's forward: FP8 attention as the training runs it (delayed scaling with
+    fp8_dpa: Transformer Engine casts q, k and v to FP8, the output stays bf16), or nothing for bf16."""
+    import contextlib
+
+    if not fp8:
+        return contextlib.nullcontext()
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    recipe = DelayedScaling(fp8_format=Format.HYBRID, fp8_dpa=True)
+    if hasattr(te, "autocast"):  # Transformer Engine 2.8 and later; fp8_autocast is its deprecated name
+        return te.autocast(enabled=True, recipe=recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe)
+
+
 def measure_attention(att: Attention, warmup: int, iters: int) -> tuple[Measured, Measured]:
     import torch
     import transformer_engine.pytorch as te
@@ -595,7 +617,8 @@ def measure_attention(att: Attention, warmup: int, iters: int) -> tuple[Measured
     def forward() -> Any:
         for x in (q, k, v):
             x.grad = None
-        return dpa(q, k, v)
+        with _attention_precision(att.fp8):
+            return dpa(q, k, v)
 
     backend = attention_backend(_cuda_kernel_names(lambda: forward().backward(grad)))
     fwd_ms = _median_ms(lambda _: forward(), None, warmup, iters)
@@ -644,7 +667,9 @@ def _hbm_gb_s(spec: GpuSpec | None) -> float | None:
 
 def standalone_shape(args: argparse.Namespace, model: ModelConfig) -> StepShape:
     vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, args.tp)
-    return StepShape(args.tp, 1, args.mbs, args.seq, 1, 1, True, args.dtype == "fp8", args.tp > 1, vocab)
+    fp8 = args.dtype == "fp8"
+    fp8_attention = fp8 if args.attention is None else args.attention == "fp8"
+    return StepShape(args.tp, 1, args.mbs, args.seq, 1, 1, True, fp8, args.tp > 1, vocab, fp8_attention=fp8_attention)
 
 
 def run_trace(args: argparse.Namespace) -> int:
@@ -717,6 +742,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--mbs", type=int, default=1)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"], help="of the decoder layers' GEMMs")
+    parser.add_argument(
+        "--attention",
+        default=None,
+        choices=["bf16", "fp8"],
+        help="attention's precision; default: fp8 with --dtype fp8 (the plan's default where FP8 attention trains)",
+    )
     parser.add_argument("--trace", default=None, help="join a profile.tool=torch trace with the ceilings")
     parser.add_argument("--ceilings", default=None, help="with --trace: a --json file of a measurement, or 'peak'")
     parser.add_argument("--warmup", type=int, default=10)
@@ -729,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{key} {getattr(args, key)}: give a positive number")
     if args.ceilings and not args.trace:
         parser.error("--ceilings goes with --trace")
+    if args.attention == "fp8" and args.dtype != "fp8":
+        parser.error("--attention fp8 needs --dtype fp8 (FP8 attention runs only in FP8 training)")
     return run_trace(args) if args.trace else run_standalone(args)
 
 

@@ -198,18 +198,26 @@ def test_a_measurement_of_other_shapes_is_refused_in_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"holds 8192x6144x4096 bf16 for qkv fwd, this run needs 8192x6144x4096 fp8"):
         kernels.check_shapes(kernels.read_ceilings(path), gemms, attention, str(path))
     kernels.check_shapes(kernels.read_ceilings(path), *bf16, str(path))  # the same shapes pass
+    fp8_attention = dataclasses.replace(attention, fp8=True)
+    fp8_gemms_only = _synthetic_ceilings(gemms, attention)
+    path.write_text(json.dumps({"gpu": "x", "kernels": [dataclasses.asdict(m) for m in fp8_gemms_only.kernels]}))
+    with pytest.raises(SystemExit, match=r"holds b1 s8192 heads 32/8 d128 causal bf16 for attention fwd, this run"):
+        kernels.check_shapes(kernels.read_ceilings(path), gemms, fp8_attention, str(path))
     path.write_text("{}")
     with pytest.raises(SystemExit, match="not a bench_kernels.py --json file"):
         kernels.read_ceilings(path)
 
 
+def _dry_run(tmp_path, *overrides: str):
+    """These overrides prepared as a dry run on cluster=bcm with H200s."""
+    where = [f"results_dir={tmp_path}", "run_name=r", "dry_run=true"]
+    return prepare(compose([*overrides, "cluster=bcm", "cluster.gpu_type=h200", *where]))
+
+
 def _join_of_a_dry_run(tmp_path, *overrides: str):
     """A run directory of these overrides (a dry run, cluster=bcm on H200) with a two-step trace of TWO_STEPS,
     joined with the datasheet peaks: the prepared run and the join's rows by class."""
-    cfg = compose(
-        [*overrides, "cluster=bcm", "cluster.gpu_type=h200", f"results_dir={tmp_path}", "run_name=r", "dry_run=true"]
-    )
-    prepared = prepare(cfg)
+    prepared = _dry_run(tmp_path, *overrides)
     write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs, prepared.platform)
     trace = _trace(prepared.run_dir / "profile" / "rank0_steps6-7.pt.trace.json.gz", TWO_STEPS)
     out_json = tmp_path / "join.json"
@@ -238,6 +246,9 @@ def test_a_trace_of_a_run_directory_joins_with_the_datasheet_peaks(tmp_path, cap
         work["GEMM"].calls[g.name] * g.flops / (h200.fp8_peak_flops if g.fp8 else h200.bf16_peak_flops) for g in gemms
     )
     assert rows["GEMM"]["ceiling_ms"] == pytest.approx(at_peak * 1e3)
+    # The plan trains FP8 attention here (FP8 on an H200, heads of 128), so attention's peak is FP8's.
+    assert prepared.plan.fp8_dot_product_attention
+    assert rows["attention fwd"]["ceiling_ms"] == pytest.approx(work["attention fwd"].flops / h200.fp8_peak_flops * 1e3)
     assert rows["FP8 cast/transpose/amax"]["trace_ms"] == 0.0 and rows["FP8 cast/transpose/amax"]["bytes"] > 0
     with pytest.raises(SystemExit, match="not a profile.tool=torch trace"):
         kernels.main(["--trace", str(tmp_path / "x.json.gz"), "--ceilings", "peak"])
@@ -274,16 +285,41 @@ def test_the_attention_backend_is_named_from_its_kernels():
     assert "no attention kernels" in kernels.attention_backend(["nvjet_gemm"])
 
 
-def test_a_standalone_measurement_has_the_shapes_of_a_run_with_the_same_layout():
-    args = kernels.main.__globals__["argparse"].Namespace(tp=1, mbs=1, seq=8192, dtype="fp8")
-    gemms, attention = kernels.wanted_kernels(MODEL_8B, kernels.standalone_shape(args, MODEL_8B))
-    run_gemms, run_attention = kernels.wanted_kernels(MODEL_8B, _shape(MODEL_8B, layers=16, microbatches=8, fp8=True))
-    assert gemms == run_gemms and attention == run_attention
-    assert [g.fp8 for g in gemms].count(False) == 3  # the output layer's three
+@pytest.mark.parametrize(
+    "dtype, attention, run_overrides",
+    [
+        ("fp8", None, []),  # the plan's default: FP8 attention where it trains, as on an H200 with heads of 128
+        ("fp8", "bf16", ["dtype.fp8_dot_product_attention=false"]),
+        ("bf16", None, []),
+    ],
+)
+def test_a_standalone_measurement_has_the_shapes_of_a_run_with_the_same_layout(
+    tmp_path, dtype, attention, run_overrides
+):
+    args = kernels.main.__globals__["argparse"].Namespace(tp=1, mbs=1, seq=8192, dtype=dtype, attention=attention)
+    gemms, attention_kernel = kernels.wanted_kernels(MODEL_8B, kernels.standalone_shape(args, MODEL_8B))
+    run = _dry_run(
+        tmp_path,
+        "training=llama31/8b",
+        "training.model.num_layers=16",
+        "parallelism=tp1",
+        "parallelism.num_gpus=1",
+        "cluster.gpus_per_node=1",
+        "training.global_batch_size=8",
+        f"dtype={dtype}",
+        *run_overrides,
+    )
+    run_gemms, run_attention = kernels.wanted_kernels(run.cfg.training.model, kernels.shape_of_run(run.plan, 0))
+    assert gemms == run_gemms and attention_kernel == run_attention
+    assert attention_kernel.fp8 == (dtype == "fp8" and attention is None)
+    assert [g.fp8 for g in gemms].count(False) == (3 if dtype == "fp8" else len(gemms))  # fp8: the output layer's
 
 
-def test_bad_input_is_one_line_before_any_gpu_work():
+def test_bad_input_is_one_line_before_any_gpu_work(capsys):
     with pytest.raises(SystemExit, match=r"^--model llama31/9b: .*training/llama31/9b.* \(a training config"):
         kernels.main(["--model", "llama31/9b"])
     with pytest.raises(SystemExit, match="qkv.s outputs / tp is 1228.8: the tensor-parallel size must divide it"):
         kernels.main(["--model", "llama31/8b", "--tp", "5"])
+    with pytest.raises(SystemExit):
+        kernels.main(["--attention", "fp8"])  # the default --dtype bf16
+    assert "--attention fp8 needs --dtype fp8" in capsys.readouterr().err

@@ -148,8 +148,12 @@ CASES = [
     ),
     (
         ["dtype=fp8", "dtype.te_op_fuser=true"],
-        "data-parallel ranks: the fused MLP's weights skip megatron-core's parameter-gather hooks; set "
+        "the distributed optimizer: the fused MLP's weights skip megatron-core's parameter-gather hooks; set "
         "parallelism.overlap_param_gather=false",
+    ),
+    (  # one rank too: its distributed optimizer gathers through the same hooks (measured on one H200)
+        ["dtype=fp8", "dtype.te_op_fuser=true", "parallelism=tp1", "parallelism.num_gpus=1", "cluster.gpus_per_node=1"],
+        "dtype.te_op_fuser=true with parallelism.overlap_param_gather=true and the distributed optimizer",
     ),
     ([*LORA, "dtype=fp8", "dtype.te_op_fuser=true"], "linear_fc1 and linear_fc2 needs dtype.te_op_fuser=false"),
     # Data preparation settings, checked when the run is planned (not inside the job).

@@ -5,10 +5,11 @@ bench/bench_train.py run:
     python bench/two_gpu_fp8.py profiled --results OUTDIR/profiled --json OUTDIR/profiled.json
 
 `variants`: the FP8 defaults beside each variant they rest on (FP8 param gather on, FP8 attention off, CUDA graphs
-per layer and full iteration, the op fuser on, the tensorwise recipe), every case --repeat times interleaved (3 by
-default) with a table of medians against the defaults. At DP2 the plan leaves FP8 param gather off (bf16 weights
-fit) and turns FP8 attention on (delayed scaling, heads of 128), so the defaults are the "off" side of the one and
-the "on" side of the other, as they are graphs off, the delayed recipe and the op fuser off.
+per layer and full iteration, the op fuser on, the tensorwise recipe, Transformer Engine's loss and SwiGLU), every
+case --repeat times interleaved (3 by default) with a table of medians against the defaults. At DP2 the plan leaves
+FP8 param gather off (bf16 weights fit) and turns FP8 attention on (delayed scaling, heads of 128), so the defaults
+are the "off" side of the one and the "on" side of the other, as they are graphs off, the delayed recipe, the op
+fuser off and megatron-core's native loss and SwiGLU.
 `profiled`: one bf16 and one FP8 run with the torch profiler on step 4, before the timing window, for
 bench/bench_kernels.py --trace (RUN/profile/rank0_steps4-4.pt.trace.json.gz). bench_train.py's `--only NAME`
 (repeatable) keeps the defaults and the named variants, so that two GPU pairs of one host can each measure half of
@@ -41,10 +42,13 @@ VARIANTS: dict[str, str] = {
     "fp8-attention-off": f"{FP8} dtype.fp8_dot_product_attention=false",
     "fp8-graphs-per-layer": f"{FP8} training.cuda_graphs=per_layer",
     "fp8-graphs-full": f"{FP8} training.cuda_graphs=full_iteration",
-    # The plan refuses the fused MLP with the overlapped parameter gather over several ranks (its weights skip the
-    # gather's hooks), so the op fuser runs with the gather after the optimizer step instead.
+    # The plan refuses the fused MLP with the overlapped parameter gather (its weights skip the gather's hooks), so
+    # the op fuser runs with the gather after the optimizer step instead.
     "fp8-op-fuser": f"{FP8} dtype.te_op_fuser=true parallelism.overlap_param_gather=false",
     "fp8-tensorwise": f"{FP8} dtype.fp8_recipe=tensorwise",
+    # The kernel changes that were faster on one H200 (docs/performance.md): Transformer Engine's loss and SwiGLU.
+    "fp8-te-loss": f"{FP8} training.model.cross_entropy_fusion=te",
+    "fp8-te-activation": f"{FP8} dtype.te_activation_func=true",
 }
 # Step 4 profiled: after warm-up, before the window (steps 6-8), so the profiler's overhead stays out of it.
 PROFILE = " ".join(bench_train.PROFILE)

@@ -243,27 +243,30 @@ def test_every_two_gpu_case_plans_and_fits_two_h100s(name, overrides):
 def test_the_two_gpu_variants_compare_with_the_defaults_and_keep_the_callers_arguments():
     argv = two_gpu.bench_argv("variants", ["--repeat", "5", "--budget-s", "540"])
     cases = [argv[i + 1] for i, a in enumerate(argv) if a == "--case"]
-    assert cases[0] == "fp8" and len(cases) == 7
+    assert cases[0] == "fp8" and len(cases) == 9
     assert argv[argv.index("--repeat") + 1] == "3" and argv[-4:] == ["--repeat", "5", "--budget-s", "540"]
     # At DP2 the plan leaves FP8 param gather off (bf16 weights fit): the defaults are its "off" side.
-    plan = build_plan(
-        compose(
-            [
-                "training=llama31/8b",
-                *two_gpu.VARIANTS["fp8"].split(),
-                "cluster=bcm",
-                "cluster.gpu_type=h100",
-                "cluster.gpus_per_node=2",
-                "parallelism.num_gpus=2",
-                "training.global_batch_size=16",
-            ]
-        )
+    defaults = compose(
+        [
+            "training=llama31/8b",
+            *two_gpu.VARIANTS["fp8"].split(),
+            "cluster=bcm",
+            "cluster.gpu_type=h100",
+            "cluster.gpus_per_node=2",
+            "parallelism.num_gpus=2",
+            "training.global_batch_size=16",
+        ]
     )
+    plan = build_plan(defaults)
     assert not plan.fp8_param_gather and plan.cuda_graphs == "none"
     assert "dtype.fp8_param_gather=true" in two_gpu.VARIANTS["fp8-param-gather-on"]
     # FP8 attention is on in the defaults (delayed scaling, heads of 128): the variant is its "off" side.
     assert plan.fp8_dot_product_attention
     assert "dtype.fp8_dot_product_attention=false" in two_gpu.VARIANTS["fp8-attention-off"]
+    # The defaults take megatron-core's loss and SwiGLU kernels: the two last variants are Transformer Engine's.
+    assert defaults.training.model.cross_entropy_fusion == "native" and not defaults.dtype.te_activation_func
+    assert "cross_entropy_fusion=te" in two_gpu.VARIANTS["fp8-te-loss"]
+    assert "te_activation_func=true" in two_gpu.VARIANTS["fp8-te-activation"]
 
 
 def test_only_keeps_the_defaults_beside_the_named_variants_and_refuses_an_unknown_name(tmp_path, monkeypatch, capsys):

@@ -87,3 +87,49 @@ def test_megatron_llama_matches_transformers(single_rank):
     for key, value in back.items():
         rows = slice(0, vocab) if key in ("embedding.word_embeddings.weight", "output_layer.weight") else slice(None)
         assert torch.equal(value[rows], state[key][rows]), key
+
+
+@pytest.mark.parametrize("fusion", ["native", "te", "none"])
+def test_each_loss_kernel_matches_an_fp32_reference_loss_and_gradient(single_rank, fusion):
+    """training.model.cross_entropy_fusion's kernels, as megatron-core's language model calls them, on bf16 logits of
+    Llama 3's vocabulary at the scale trained models reach: the per-token loss within fp32 rounding of torch's
+    cross entropy in fp32 on the same values, and the logits' gradient within bf16 rounding of its fp32 one
+    (Transformer Engine's kernel once kept an intermediate gradient in the bf16 input buffer, which this catches)."""
+    import torch
+    from megatron.core import parallel_state as ps, tensor_parallel
+    from megatron.core.extensions.transformer_engine import te_parallel_cross_entropy
+    from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+
+    from recipes.trainer import settings
+
+    kernels = {
+        "native": lambda logits, labels, tp: fused_vocab_parallel_cross_entropy(logits, labels, tp),
+        "te": lambda logits, labels, tp: te_parallel_cross_entropy(logits, labels, tp, False),
+        "none": lambda logits, labels, tp: tensor_parallel.vocab_parallel_cross_entropy(logits, labels, tp_group=tp),
+    }
+    fused, impl = settings.CROSS_ENTROPY[fusion]  # what the config key sets in megatron-core's TransformerConfig
+    kernel = kernels[impl if fused else "none"]
+    torch.manual_seed(0)
+    seq, batch, vocab = 4096, 2, 128256
+    # Logits of a trained model: a few large ones per position over a spread-out rest.
+    logits = (torch.randn(seq, batch, vocab, device="cuda") * 3).to(torch.bfloat16)
+    labels = torch.randint(0, vocab, (seq, batch), device="cuda")
+    # The trainer's per-token loss: each token's loss summed, then divided by the token count (a mask of padding).
+    weights = (torch.rand(seq, batch, device="cuda") > 0.1).float() / (seq * batch)
+
+    reference_logits = logits.float().requires_grad_()
+    reference = torch.nn.functional.cross_entropy(
+        reference_logits.view(-1, vocab), labels.view(-1), reduction="none"
+    ).view(seq, batch)
+    (reference * weights).sum().backward()
+
+    ours_logits = logits.clone().requires_grad_()
+    loss = kernel(ours_logits, labels, ps.get_tensor_model_parallel_group())
+    (loss.float() * weights).sum().backward()
+
+    loss_error = (loss.float() - reference).abs().max().item()
+    grad, reference_grad = ours_logits.grad.float(), reference_logits.grad
+    grad_error = ((grad - reference_grad).norm() / reference_grad.norm()).item()
+    print(f"\n{fusion}: max |loss - fp32| {loss_error:.2e}; logits' gradient, relative error {grad_error:.2e}")
+    assert loss_error < 1e-3 * reference.abs().max().item()
+    assert grad_error < 2**-8  # bf16 keeps 8 bits of mantissa: rounding alone is under half of that

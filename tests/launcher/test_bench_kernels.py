@@ -199,8 +199,8 @@ def test_a_measurement_of_other_shapes_is_refused_in_one_line(tmp_path):
         kernels.check_shapes(kernels.read_ceilings(path), gemms, attention, str(path))
     kernels.check_shapes(kernels.read_ceilings(path), *bf16, str(path))  # the same shapes pass
     fp8_attention = dataclasses.replace(attention, fp8=True)
-    fp8_gemms_only = _synthetic_ceilings(gemms, attention)
-    path.write_text(json.dumps({"gpu": "x", "kernels": [dataclasses.asdict(m) for m in fp8_gemms_only.kernels]}))
+    bf16_attention = _synthetic_ceilings(gemms, attention)
+    path.write_text(json.dumps({"gpu": "x", "kernels": [dataclasses.asdict(m) for m in bf16_attention.kernels]}))
     with pytest.raises(SystemExit, match=r"holds b1 s8192 heads 32/8 d128 causal bf16 for attention fwd, this run"):
         kernels.check_shapes(kernels.read_ceilings(path), gemms, fp8_attention, str(path))
     path.write_text("{}")

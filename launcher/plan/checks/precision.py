@@ -79,7 +79,8 @@ def _op_fuser_param_gather(cfg: Config, found: Findings) -> None:
     if cfg.dtype.te_op_fuser and par.overlap_param_gather and par.use_distributed_optimizer:
         found.problem(
             "dtype.te_op_fuser=true with parallelism.overlap_param_gather=true and the distributed optimizer: the "
-            "fused MLP's weights skip megatron-core's parameter-gather hooks; set parallelism.overlap_param_gather=false"
+            "fused MLP's weights skip megatron-core's parameter-gather hooks; set "
+            "parallelism.overlap_param_gather=false"
         )
 
 

@@ -91,24 +91,22 @@ def test_megatron_llama_matches_transformers(single_rank):
 
 @pytest.mark.parametrize("fusion", ["native", "te", "none"])
 def test_each_loss_kernel_matches_an_fp32_reference_loss_and_gradient(single_rank, fusion):
-    """training.model.cross_entropy_fusion's kernels, as megatron-core's language model calls them, on bf16 logits of
+    """training.model.cross_entropy_fusion's kernels, through the TransformerConfig the trainer builds and
+    megatron-core's LanguageModule.compute_language_model_loss (which picks the kernel from it), on bf16 logits of
     Llama 3's vocabulary at the scale trained models reach: the per-token loss within fp32 rounding of torch's
     cross entropy in fp32 on the same values, and the logits' gradient within bf16 rounding of its fp32 one
     (Transformer Engine's kernel once kept an intermediate gradient in the bf16 input buffer, which this catches)."""
     import torch
-    from megatron.core import parallel_state as ps, tensor_parallel
-    from megatron.core.extensions.transformer_engine import te_parallel_cross_entropy
-    from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+    from megatron.core.models.common.language_module.language_module import LanguageModule
 
     from recipes.trainer import settings
 
-    kernels = {
-        "native": lambda logits, labels, tp: fused_vocab_parallel_cross_entropy(logits, labels, tp),
-        "te": lambda logits, labels, tp: te_parallel_cross_entropy(logits, labels, tp, False),
-        "none": lambda logits, labels, tp: tensor_parallel.vocab_parallel_cross_entropy(logits, labels, tp_group=tp),
-    }
-    fused, impl = settings.CROSS_ENTROPY[fusion]  # what the config key sets in megatron-core's TransformerConfig
-    kernel = kernels[impl if fused else "none"]
+    cfg = compose(
+        [f"training.model.cross_entropy_fusion={fusion}", "training.model.num_layers=1", "cluster.gpus_per_node=1"]
+    )
+    config = settings.transformer_config(cfg, build_plan(cfg, LocalGpus(1, "h100", ("gpu",))), grad_accum_fusion=False)
+    assert (config.cross_entropy_loss_fusion, config.cross_entropy_fusion_impl) == settings.CROSS_ENTROPY[fusion]
+    language_model = LanguageModule(config)
     torch.manual_seed(0)
     seq, batch, vocab = 4096, 2, 128256
     # Logits of a trained model: a few large ones per position over a spread-out rest.
@@ -124,7 +122,7 @@ def test_each_loss_kernel_matches_an_fp32_reference_loss_and_gradient(single_ran
     (reference * weights).sum().backward()
 
     ours_logits = logits.clone().requires_grad_()
-    loss = kernel(ours_logits, labels, ps.get_tensor_model_parallel_group())
+    loss = language_model.compute_language_model_loss(labels.t(), ours_logits).t()  # it takes [b, s], gives [b, s]
     (loss.float() * weights).sum().backward()
 
     loss_error = (loss.float() - reference).abs().max().item()

@@ -67,7 +67,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_train import PROFILE, PROFILED_STEP, print_join_commands  # noqa: E402
+from bench_train import OP_FUSER, PROFILE, PROFILED_STEP, print_join_commands  # noqa: E402
 
 SEQ, GBS, RANK, ALPHA, DROPOUT = 8192, 8, 16, 32, 0.1
 MODEL_LAYERS = 80  # Llama 2 70B
@@ -86,9 +86,8 @@ FP8_VARIANTS: dict[str, list[str]] = {
     "fp8": [],
     "fp8-amax-history-1024": ["dtype.fp8_amax_history_len=1024"],
     "fp8-attention-off": ["dtype.fp8_dot_product_attention=false"],
-    # The plan refuses the fused MLP with the overlapped parameter gather over several optimizer shards (CP2 is two);
-    # with LoRA only the small adapters are gathered, so gathering after the step costs nothing here.
-    "fp8-op-fuser": ["dtype.te_op_fuser=true", "parallelism.overlap_param_gather=false"],
+    # With LoRA only the small adapters are gathered, so gathering after the step (OP_FUSER) costs nothing here.
+    "fp8-op-fuser": OP_FUSER,
     "fp8-graphs-per-layer": ["training.cuda_graphs=per_layer"],
     # The frozen base's weights stored in FP8: no cast of them in any step, and half their memory.
     "fp8-params": ["dtype.fp8_param_gather=true"],

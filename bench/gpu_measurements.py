@@ -32,8 +32,6 @@ TINY = ["parallelism=tp1"]
 PROFILE = ["profile.enabled=true", "profile.start_step=6", "profile.end_step=7"]
 # What dtype=fp8 meant before the single-GPU defaults: FP8 weights gathered in FP8, Transformer Engine's loss.
 OLD_FP8 = ["dtype=fp8", "dtype.fp8_param_gather=true", "training.model.cross_entropy_fusion=te"]
-# The fused MLP skips the overlapped parameter gather's hooks, one rank too: the gather runs after the optimizer step.
-OP_FUSER = ["dtype.te_op_fuser=true", "parallelism.overlap_param_gather=false"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ CASES: list[Case] = [
     Case("8b16-bf16", "llama31/8b", [*PROXY_8B, "dtype=bf16"], 70, 1),
     Case("8b16-fp8", "llama31/8b", [*PROXY_8B, "dtype=fp8", *PROFILE], 70, 1, profile="after"),
     Case("8b16-fp8-old-default", "llama31/8b", [*PROXY_8B, *OLD_FP8, *PROFILE], 75, 1, profile="before"),
-    Case("8b16-fp8-op-fuser", "llama31/8b", [*PROXY_8B, "dtype=fp8", *OP_FUSER], 70, 1),
+    Case("8b16-fp8-op-fuser", "llama31/8b", [*PROXY_8B, "dtype=fp8", *bench_train.OP_FUSER], 70, 1),
     Case("70b2-bf16", "llama31/70b", [*PROXY_70B, "dtype=bf16"], 55, 1),
     Case("70b2-fp8", "llama31/70b", [*PROXY_70B, "dtype=fp8"], 50, 1),
     Case("tiny-graphs-none", "llama31/tiny", [*TINY, "training.cuda_graphs=none"], 35, 1, steps=40, window=20),
@@ -86,7 +84,7 @@ CASES: list[Case] = [
     Case(
         "8b16-fp8-op-fuser-fp8w",
         "llama31/8b",
-        [*PROXY_8B, "dtype=fp8", *OP_FUSER, "dtype.fp8_param_gather=true"],
+        [*PROXY_8B, "dtype=fp8", *bench_train.OP_FUSER, "dtype.fp8_param_gather=true"],
         70,
         2,
     ),

@@ -42,9 +42,7 @@ VARIANTS: dict[str, str] = {
     "fp8-attention-off": f"{FP8} dtype.fp8_dot_product_attention=false",
     "fp8-graphs-per-layer": f"{FP8} training.cuda_graphs=per_layer",
     "fp8-graphs-full": f"{FP8} training.cuda_graphs=full_iteration",
-    # The plan refuses the fused MLP with the overlapped parameter gather (its weights skip the gather's hooks), so
-    # the op fuser runs with the gather after the optimizer step instead.
-    "fp8-op-fuser": f"{FP8} dtype.te_op_fuser=true parallelism.overlap_param_gather=false",
+    "fp8-op-fuser": " ".join([FP8, *bench_train.OP_FUSER]),
     "fp8-tensorwise": f"{FP8} dtype.fp8_recipe=tensorwise",
     # The kernel changes that were faster on one H200 (docs/performance.md): Transformer Engine's loss and SwiGLU.
     "fp8-te-loss": f"{FP8} training.model.cross_entropy_fusion=te",

@@ -1,13 +1,15 @@
 """What each kernel class of a training step can reach on this GPU, and how far a profiled step is from it.
 
 Measure (one GPU with torch and Transformer Engine): the GEMMs of one decoder layer (qkv, proj, fc1 and fc2 of the
-gated MLP, each forward, input gradient and weight gradient) and of the output layer at the model's shapes, each
-timed alone with CUDA events after warm-up (bf16 through torch.matmul; fp8 through Transformer Engine's GEMM on FP8
-tensors, E4M3 x E4M3 forward and E5M2 gradients backward, the weight gradient accumulated in fp32 as
-megatron-core's main_grad; the output layer in bf16 as megatron-core runs it); attention forward and backward alone
-through Transformer Engine's DotProductAttention (causal, the model's heads and key/value groups, in FP8 where the
-run trains FP8 attention, which --dtype fp8 does by default as the plan does, bf16 otherwise; the backend
-Transformer Engine picked is printed); and a large copy, the bandwidth memory-bound kernels can reach:
+gated MLP, each forward, input gradient and weight gradient) and of the output layer at the model's shapes, through
+Transformer Engine's GEMM at the layouts its Linear runs (bf16, or FP8 tensors: E4M3 x E4M3 forward and E5M2
+gradients backward; the weight gradient accumulated in fp32 as megatron-core's main_grad; the output layer in bf16
+as megatron-core runs it); attention forward and backward through Transformer Engine's DotProductAttention
+(causal, the model's heads and key/value groups, in FP8 where the run trains FP8 attention, which --dtype fp8 does
+by default as the plan does, bf16 otherwise; the backend Transformer Engine picked is printed); and a large copy,
+the bandwidth memory-bound kernels can reach. Each is timed alone (single calls after a spin kernel), and the GEMMs
+and the copy also back to back for --sustained-s seconds, at the clock the GPU holds under that load; the SM clock
+and power of both (NVML) are in the table:
 
     python bench/bench_kernels.py --model llama31/8b --tp 1 --seq 8192 --mbs 1 --dtype fp8 --json OUT/kernels.json
 
@@ -19,8 +21,9 @@ no weight gradients, so its step has no wgrad GEMMs, and the adapters' own small
     python bench/bench_kernels.py --trace RUN/profile/rank0_steps6-6.pt.trace.json.gz --ceilings OUT/kernels.json
 
 Without --ceilings the join measures the run's shapes first (needs the GPU); --ceilings peak takes the datasheet
-peaks and the HBM bandwidth instead. FLOPs: a GEMM 2mnk; attention the causal half of the score and value products,
-the backward twice the forward (no recomputation), so the GEMMs plus twice attention give the MFU formula's FLOPs.
+peaks and the HBM bandwidth instead; --sustained joins against the back-to-back times where they were measured.
+FLOPs: a GEMM 2mnk; attention the causal half of the score and value products, the backward twice the forward (no
+recomputation), so the GEMMs plus twice attention give the MFU formula's FLOPs.
 Bytes of the memory-bound classes (norm/RoPE/SwiGLU, FP8 casts, loss) are the step-time model's
 (launcher/autoconf/steptime.py, parallelism.auto.step_time): an estimate, not a count of the kernels' traffic.
 """
@@ -28,12 +31,16 @@ Bytes of the memory-bound classes (norm/RoPE/SwiGLU, FP8 casts, loss) are the st
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, field
+import contextlib
+from dataclasses import asdict, dataclass, field, replace
 import json
+import math
 from pathlib import Path
 import re
 import statistics
 import sys
+import tempfile
+import time
 from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
@@ -259,11 +266,22 @@ class Measured:
     bytes: float = 0.0
     shape: str = ""
     backend: str = ""
+    # The GPU's median SM clock and power while the calls were timed (NVML; None where it could not say).
+    sm_mhz: float | None = None
+    power_w: float | None = None
+    # The same kernel called back to back for --sustained-s seconds: its time per call at the clock the GPU holds
+    # under that load, and that clock and power (GEMMs and the copy; None where not measured).
+    sustained_ms: float | None = None
+    sustained_sm_mhz: float | None = None
+    sustained_power_w: float | None = None
 
     @property
     def rate(self) -> float:
         """TFLOP/s for a FLOP kernel, GB/s for a copy."""
-        return (self.flops / 1e12 if self.flops else self.bytes / GB) / (self.time_ms / 1e3)
+        return self.rate_at(self.time_ms)
+
+    def rate_at(self, ms: float) -> float:
+        return (self.flops / 1e12 if self.flops else self.bytes / GB) / (ms / 1e3)
 
 
 @dataclass
@@ -280,6 +298,15 @@ class Ceilings:
     @property
     def copy_gb_s(self) -> float:
         return next(m.rate for m in self.kernels if m.cls == COPY)
+
+    def sustained(self) -> "Ceilings":
+        """The ceilings of kernels run back to back, at the clock the GPU holds under a step's load: each kernel's
+        sustained time where it was measured (GEMMs, the copy), its time alone otherwise (attention)."""
+        if not any(m.sustained_ms for m in self.kernels):
+            raise SystemExit("these ceilings hold no sustained times: measure them again with bench_kernels.py")
+        kernels = [replace(m, time_ms=m.sustained_ms) if m.sustained_ms else m for m in self.kernels]
+        note = "ceilings: sustained (back-to-back calls) where measured, attention's alone"
+        return Ceilings(self.gpu, kernels, [*self.notes, note])
 
 
 def wanted_kernels(model: ModelConfig, shape: StepShape) -> tuple[list[Gemm], Attention]:
@@ -431,21 +458,37 @@ def format_join(rows: list[ClassGap], timeline: profile_breakdown.Breakdown | No
     return "\n".join(lines)
 
 
+def _pair(alone: float | None, sustained: float | None) -> str:
+    """'1,980/1,755': a number alone and back to back; '-' for one not measured."""
+    return "/".join("-" if v is None else f"{v:,.0f}" for v in (alone, sustained))
+
+
 def format_ceilings(ceilings: Ceilings, spec: GpuSpec | None, hbm_gb_s: float | None) -> str:
-    """The standalone kernels: time, achieved rate and the datasheet peak it compares with."""
-    header = f"{'class':<14} {'kernel':<16} {'shape':<36} {'work':>12} {'ms':>8} {'achieved':>14} {'of peak':>8}"
+    """The standalone kernels: time, achieved rate and the datasheet peak it compares with, alone and back to back
+    (sustained), with the SM clock and power of each."""
+    header = (
+        f"{'class':<14} {'kernel':<16} {'shape':<36} {'work':>12} {'ms':>8} {'achieved':>14} {'of peak':>8} "
+        f"{'sustained':>14} {'of peak':>8} {'SM MHz':>11} {'W':>9}"
+    )
     lines = [f"GPU: {ceilings.gpu}", header, "-" * len(header)]
     for m in ceilings.kernels:
         work = f"{m.flops / 1e12:.2f} TFLOP" if m.flops else f"{m.bytes / GB:.2f} GB"
-        rate = f"{m.rate:,.0f} TFLOP/s" if m.flops else f"{m.rate:,.0f} GB/s"
+        unit = "TFLOP/s" if m.flops else "GB/s"
         peak = None
         if spec is not None and m.flops:
             peak = spec.fp8_peak_flops if m.shape.endswith("fp8") and spec.fp8_peak_flops else spec.bf16_peak_flops
             peak /= 1e12
         elif hbm_gb_s and m.bytes:
             peak = hbm_gb_s
-        share = "-" if peak is None else f"{m.rate / peak * 100:.1f}%"
-        lines.append(f"{m.cls:<14} {m.name:<16} {m.shape:<36} {work:>12} {m.time_ms:>8.3f} {rate:>14} {share:>8}")
+        rates = [m.rate, m.rate_at(m.sustained_ms) if m.sustained_ms else None]
+        shown = ["-" if r is None else f"{r:,.0f} {unit}" for r in rates]
+        shares = ["-" if r is None or peak is None else f"{r / peak * 100:.1f}%" for r in rates]
+        lines.append(
+            f"{m.cls:<14} {m.name:<16} {m.shape:<36} {work:>12} {m.time_ms:>8.3f} {shown[0]:>14} {shares[0]:>8} "
+            f"{shown[1]:>14} {shares[1]:>8} {_pair(m.sm_mhz, m.sustained_sm_mhz):>11} "
+            f"{_pair(m.power_w, m.sustained_power_w):>9}"
+        )
+    lines.append("SM MHz, W: medians while timed alone / back to back (NVML)")
     lines += ceilings.notes
     return "\n".join(lines)
 
@@ -489,75 +532,171 @@ def _median_ms(run: Callable[[Any], Any], setup: Callable[[], Any] | None, warmu
     return statistics.median(times)
 
 
-def _bf16_gemm(g: Gemm) -> Callable[[Any], Any]:
-    """The layouts training uses: forward X W^T, input gradient dY W, weight gradient dY^T X."""
+def _sustained_ms(run: Callable[[Any], Any], seconds: float, per_call_ms: float) -> float:
+    """Time per call of `run` called back to back for about `seconds`, over the second half of the calls: the
+    GPU's clock has settled to what it holds under this load by then, as in a step's seconds of GEMMs."""
+    import torch
+
+    calls = max(2, math.ceil(seconds * 1e3 / per_call_ms))
+    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    for i in range(calls):
+        if i == calls // 2:
+            middle.record()
+        run(None)
+    end.record()
+    end.synchronize()
+    return middle.elapsed_time(end) / (calls - calls // 2)
+
+
+# NVML samples a second while a kernel is timed: enough for a median over its fraction of a second.
+CLOCK_INTERVAL_S = 0.02
+
+
+def _clock_sampler(folder: str) -> Any:
+    """The trainer's telemetry sampler (NVML) on this process's GPU 0, every CLOCK_INTERVAL_S; None where NVML is
+    missing or fails (the timing goes on without clocks)."""
+    try:
+        from recipes.observability import telemetry as sampling
+
+        return sampling.start(folder, CLOCK_INTERVAL_S, sampling.job_gpu_ids(1), node="gpu")
+    except Exception:  # noqa: BLE001 - no pynvml, no NVML
+        return None
+
+
+@contextlib.contextmanager
+def _gpu_clocks(into: dict[str, float | None]):
+    """GPU 0's median SM clock (`into["sm_mhz"]`) and power (`into["power_w"]`) over the second half of the block
+    (the clock settles after the load starts); nothing where NVML cannot say."""
+    from launcher.report.telemetry import read_csv
+    from recipes.observability.telemetry import csv_path
+
+    folder = tempfile.mkdtemp(prefix="bench_kernels_clocks_")
+    sampler = _clock_sampler(folder)
+    began = time.time()
+    try:
+        yield
+    finally:
+        if sampler is not None:
+            sampler.stop()
+            middle = (began + time.time()) / 2
+            late = [x for x in read_csv(Path(csv_path(folder, "gpu"))) if x.time >= middle]
+            for key, field_name in (("sm_mhz", "sm_clock_mhz"), ("power_w", "power_w")):
+                values = [getattr(x, field_name) for x in late if getattr(x, field_name) is not None]
+                into[key] = statistics.median(values) if values else None
+
+
+def _timed(
+    m: Measured, run: Callable[[Any], Any], setup: Callable[[], Any] | None, warmup: int, iters: int, sustained_s: float
+) -> Measured:
+    """`m` with its time alone (the median of single calls), the clock and power then, and where `sustained_s` and
+    no `setup`, its time back to back with that clock and power."""
+    clocks: dict[str, float | None] = {}
+    with _gpu_clocks(clocks):
+        m.time_ms = _median_ms(run, setup, warmup, iters)
+    m.sm_mhz, m.power_w = clocks.get("sm_mhz"), clocks.get("power_w")
+    if sustained_s > 0 and setup is None:
+        clocks = {}
+        with _gpu_clocks(clocks):
+            m.sustained_ms = _sustained_ms(run, sustained_s, m.time_ms)
+        m.sustained_sm_mhz, m.sustained_power_w = clocks.get("sm_mhz"), clocks.get("power_w")
+    return m
+
+
+def _te_operands(g: Gemm, device: str = "cuda") -> tuple[Any, Any, str]:
+    """(A, B, layout) as Transformer Engine's Linear hands them to general_gemm, which computes op(B) op(A) (T: the
+    operand transposed). bf16: forward (W, X, TN), input gradient (W, dY, NN), weight gradient (X, dY, NT). FP8 on
+    Hopper takes only TN (Transformer Engine keeps transposed FP8 copies): A [n, k], B [m, k] for every pass."""
     import torch
 
     def randn(*size: int) -> Any:
-        return torch.randn(*size, device="cuda", dtype=torch.bfloat16)
+        return torch.randn(*size, device=device, dtype=torch.bfloat16)
 
-    out = torch.empty(g.m, g.n, device="cuda", dtype=torch.bfloat16)
-    if g.pass_ == "fwd":
-        a, b = randn(g.m, g.k), randn(g.n, g.k).t()
-    elif g.pass_ == "dgrad":
-        a, b = randn(g.m, g.k), randn(g.k, g.n)
-    else:
-        a, b = randn(g.k, g.m).t(), randn(g.k, g.n)
-    return lambda _: torch.matmul(a, b, out=out)
+    if g.fp8 or g.pass_ == "fwd":
+        return randn(g.n, g.k), randn(g.m, g.k), "TN"
+    if g.pass_ == "dgrad":
+        return randn(g.k, g.n), randn(g.m, g.k), "NN"
+    return randn(g.k, g.n), randn(g.k, g.m), "NT"
 
 
-def _fp8_gemm(g: Gemm) -> tuple[Callable[[Any], Any], str]:
-    """Transformer Engine's GEMM on FP8 tensors as on Hopper (TN: both operands row-major along k): E4M3 x E4M3
-    forward, E5M2 gradients x E4M3 backward, split accumulation backward as its recipes set it, the weight gradient
-    accumulated into fp32 as megatron-core's main_grad. torch._scaled_mm (the same cuBLASLt) where Transformer
-    Engine's Python API differs from the one used here."""
+def _factors(a: Any, b: Any, layout: str) -> tuple[Any, Any]:
+    """general_gemm(a, b, layout) computes left @ right of these (views, no copies)."""
+    return (b.t() if layout[1] == "T" else b), (a.t() if layout[0] == "T" else a)
+
+
+def _te_gemm(g: Gemm) -> Callable[[Any], Any]:
+    """Transformer Engine's GEMM at the layouts its Linear runs: bf16, or FP8 as on Hopper (E4M3 x E4M3 forward,
+    E5M2 gradients x E4M3 backward, split accumulation backward as its recipes set it); the weight gradient
+    accumulated into fp32 as megatron-core's main_grad. Checked once against torch's fp32 product of the same
+    operands, so a layout Transformer Engine reads otherwise fails here instead of timing another GEMM."""
     import torch
 
-    grad = g.pass_ != "fwd"
-    wgrad = g.pass_ == "wgrad"
-    a_bf16 = torch.randn(g.m, g.k, device="cuda", dtype=torch.bfloat16)
-    b_bf16 = torch.randn(g.n, g.k, device="cuda", dtype=torch.bfloat16)
-    out = (torch.zeros if wgrad else torch.empty)(
-        g.m, g.n, device="cuda", dtype=torch.float32 if wgrad else torch.bfloat16
-    )
-    try:
-        # The extension module is loaded by transformer_engine.pytorch, not found on the path by its own name.
-        import transformer_engine.pytorch  # noqa: F401
-        import transformer_engine_torch as tex
-        from transformer_engine.pytorch.cpp_extensions import general_gemm
-        from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer
+    # The extension module is loaded by transformer_engine.pytorch, not found on the path by its own name.
+    import transformer_engine.pytorch  # noqa: F401
+    import transformer_engine_torch as tex
+    from transformer_engine.pytorch.cpp_extensions import general_gemm
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer
+
+    grad, wgrad = g.pass_ != "fwd", g.pass_ == "wgrad"
+    a, b, layout = _te_operands(g)
+    if g.fp8:
 
         def quantize(x: Any, dtype: Any) -> Any:
             scale, amax = torch.ones(1, device="cuda"), torch.zeros(1, device="cuda")
             return Float8Quantizer(scale, amax, dtype, rowwise=True, columnwise=False)(x)
 
-        a = quantize(a_bf16, tex.DType.kFloat8E5M2 if grad else tex.DType.kFloat8E4M3)
-        b = quantize(b_bf16, tex.DType.kFloat8E4M3)
-
-        def run(_: Any) -> Any:
-            # general_gemm(A, B) with layout TN computes B A^T: here a [m, k] times b [n, k]^T. It takes its cuBLAS
-            # workspace itself (Transformer Engine 2.20: no workspace argument).
-            return general_gemm(
-                b, a, out_dtype=out.dtype, layout="TN", out=out, accumulate=wgrad, use_split_accumulator=grad
-            )
-
-        run(None)
-        torch.cuda.synchronize()
-        return run, "te"
-    except Exception as err:  # noqa: BLE001 - any API difference: fall back, and say so in the table
-        reason = f"torch._scaled_mm (Transformer Engine: {type(err).__name__}: {str(err)[:80]})"
-    a8 = a_bf16.to(torch.float8_e5m2 if grad else torch.float8_e4m3fn)
-    b8 = b_bf16.to(torch.float8_e4m3fn)
-    one = torch.ones((), device="cuda", dtype=torch.float32)
-    return (
-        lambda _: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=out.dtype, use_fast_accum=not grad),
-        reason,
+        a = quantize(a, tex.DType.kFloat8E4M3)
+        b = quantize(b, tex.DType.kFloat8E5M2 if grad else tex.DType.kFloat8E4M3)
+    out = (torch.zeros if wgrad else torch.empty)(
+        g.m, g.n, device="cuda", dtype=torch.float32 if wgrad else torch.bfloat16
     )
 
+    def run(_: Any) -> Any:
+        # It takes its cuBLAS workspace itself (Transformer Engine 2.20: no workspace argument).
+        return general_gemm(
+            a, b, out_dtype=out.dtype, layout=layout, out=out, accumulate=wgrad, use_split_accumulator=grad and g.fp8
+        )
 
-def measure_gemm(g: Gemm, warmup: int, iters: int) -> Measured:
-    run, backend = _fp8_gemm(g) if g.fp8 else (_bf16_gemm(g), "torch.matmul")
-    return Measured(GEMM, g.name, _median_ms(run, None, warmup, iters), flops=g.flops, shape=g.shape, backend=backend)
+    run(None)  # into zeros: the weight gradient's first accumulation is the product itself
+    plain = [x.dequantize() if g.fp8 else x for x in (a, b)]
+    left, right = _factors(*plain, layout)
+    want = left.float() @ right.float()
+    error = float((out.float() - want).norm() / want.norm())
+    if error > 1e-2:
+        raise ValueError(f"general_gemm({layout}) is {error:.1e} off torch's product")
+    return run
+
+
+def _fallback_gemm(g: Gemm) -> Callable[[Any], Any]:
+    """torch.matmul (bf16) or torch._scaled_mm (FP8), cuBLASLt without Transformer Engine, for a Transformer Engine
+    whose Python API differs from the one used here."""
+    import torch
+
+    a, b, layout = _te_operands(g)
+    if not g.fp8:
+        left, right = _factors(a, b, layout)
+        out = torch.empty(g.m, g.n, device="cuda", dtype=torch.bfloat16)
+        return lambda _: torch.matmul(left, right, out=out)
+    grad = g.pass_ != "fwd"
+    b8 = b.to(torch.float8_e5m2 if grad else torch.float8_e4m3fn)
+    a8 = a.to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    dtype = torch.float32 if g.pass_ == "wgrad" else torch.bfloat16
+    return lambda _: torch._scaled_mm(b8, a8.t(), scale_a=one, scale_b=one, out_dtype=dtype, use_fast_accum=not grad)
+
+
+def _gemm(g: Gemm) -> tuple[Callable[[Any], Any], str]:
+    try:
+        return _te_gemm(g), "te"
+    except Exception as err:  # noqa: BLE001 - any API difference: fall back, and say so in the table
+        name = "torch._scaled_mm" if g.fp8 else "torch.matmul"
+        return _fallback_gemm(g), f"{name} (Transformer Engine: {type(err).__name__}: {str(err)[:80]})"
+
+
+def measure_gemm(g: Gemm, warmup: int, iters: int, sustained_s: float) -> Measured:
+    run, backend = _gemm(g)
+    measured = Measured(GEMM, g.name, 0.0, flops=g.flops, shape=g.shape, backend=backend)
+    return _timed(measured, run, None, warmup, iters, sustained_s)
 
 
 def _cuda_kernel_names(fn: Callable[[], Any]) -> list[str]:
@@ -632,22 +771,24 @@ def measure_attention(att: Attention, warmup: int, iters: int) -> tuple[Measured
             return dpa(q, k, v)
 
     backend = attention_backend(_cuda_kernel_names(lambda: forward().backward(grad)))
-    fwd_ms = _median_ms(lambda _: forward(), None, warmup, iters)
-    bwd_ms = _median_ms(lambda out: out.backward(grad), forward, warmup, iters)
+    # Alone only: FP8 attention's forward launches for about as long as it runs, so back to back it would time
+    # the host.
+    fwd = Measured(ATTN_FWD, ATTN_FWD, 0.0, flops=att.fwd_flops, shape=att.shape, backend=backend)
+    bwd = Measured(ATTN_BWD, ATTN_BWD, 0.0, flops=att.bwd_flops, shape=att.shape, backend=backend)
     return (
-        Measured(ATTN_FWD, ATTN_FWD, fwd_ms, flops=att.fwd_flops, shape=att.shape, backend=backend),
-        Measured(ATTN_BWD, ATTN_BWD, bwd_ms, flops=att.bwd_flops, shape=att.shape, backend=backend),
+        _timed(fwd, lambda _: forward(), None, warmup, iters, sustained_s=0.0),
+        _timed(bwd, lambda out: out.backward(grad), forward, warmup, iters, sustained_s=0.0),
     )
 
 
-def measure_copy(gib: float, warmup: int, iters: int) -> Measured:
+def measure_copy(gib: float, warmup: int, iters: int, sustained_s: float) -> Measured:
     """A device-to-device copy: what memory-bound kernels can reach (bytes read plus bytes written)."""
     import torch
 
     x = torch.empty(int(gib * 2**30) // 2, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
-    ms = _median_ms(lambda _: y.copy_(x), None, warmup, iters)
-    return Measured(COPY, COPY, ms, bytes=2.0 * x.numel() * x.element_size(), shape=f"{gib:g} GiB bf16")
+    m = Measured(COPY, COPY, 0.0, bytes=2.0 * x.numel() * x.element_size(), shape=f"{gib:g} GiB bf16")
+    return _timed(m, lambda _: y.copy_(x), None, warmup, iters, sustained_s)
 
 
 def this_gpu() -> tuple[str, GpuSpec | None]:
@@ -658,14 +799,16 @@ def this_gpu() -> tuple[str, GpuSpec | None]:
     return name, gpu_spec(known) if known else None
 
 
-def measure(gemms: list[Gemm], attention: Attention, warmup: int, iters: int, copy_gib: float) -> Ceilings:
+def measure(
+    gemms: list[Gemm], attention: Attention, warmup: int, iters: int, copy_gib: float, sustained_s: float
+) -> Ceilings:
     import torch
 
     name, _ = this_gpu()
     torch.manual_seed(0)
-    kernels = [measure_gemm(g, warmup, iters) for g in gemms]
+    kernels = [measure_gemm(g, warmup, iters, sustained_s) for g in gemms]
     kernels += measure_attention(attention, warmup, iters)
-    kernels.append(measure_copy(copy_gib, warmup, iters))
+    kernels.append(measure_copy(copy_gib, warmup, iters, sustained_s))
     backends = dict.fromkeys(f"{m.cls}: {m.backend}" for m in kernels if m.backend)
     return Ceilings(name, kernels, [f"backend {b}" for b in backends])
 
@@ -704,8 +847,10 @@ def run_trace(args: argparse.Namespace) -> int:
         ceilings = read_ceilings(Path(args.ceilings))
         check_shapes(ceilings, gemms, attention, args.ceilings)
     else:
-        ceilings = measure(gemms, attention, args.warmup, args.iters, args.copy_gib)
+        ceilings = measure(gemms, attention, args.warmup, args.iters, args.copy_gib, args.sustained_s)
         print(format_ceilings(ceilings, this_gpu()[1], _hbm_gb_s(this_gpu()[1])), "\n")
+    if args.sustained:
+        ceilings = ceilings.sustained()
     b = profile_breakdown.breakdown(profile_breakdown.load_events(trace))
     rows = join(step_work(model, shape, default_constants()), trace_class_ms(b, steps), ceilings)
     print(
@@ -732,7 +877,7 @@ def run_standalone(args: argparse.Namespace) -> int:
             f"--model {args.model}: {str(err).splitlines()[0]} (a training config, e.g. llama31/8b)"
         ) from None
     gemms, attention = wanted_kernels(model, standalone_shape(args, model))
-    ceilings = measure(gemms, attention, args.warmup, args.iters, args.copy_gib)
+    ceilings = measure(gemms, attention, args.warmup, args.iters, args.copy_gib, args.sustained_s)
     _, spec = this_gpu()
     print(f"{args.model}, TP{args.tp}, seq {args.seq}, micro batch {args.mbs}, {args.dtype}")
     print(format_ceilings(ceilings, spec, _hbm_gb_s(spec)))
@@ -764,6 +909,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copied buffer")
+    parser.add_argument(
+        "--sustained-s",
+        type=float,
+        default=1.0,
+        help="also time each GEMM and the copy back to back for this long, at the clock the GPU holds then (0: off)",
+    )
+    parser.add_argument(
+        "--sustained",
+        action="store_true",
+        help="with --trace: join against the sustained ceilings (back-to-back calls) where measured",
+    )
     parser.add_argument("--json", default=None, help="also write the measurement (or the join) here")
     args = parser.parse_args(argv)
     for key in ("tp", "seq", "mbs", "warmup", "iters"):
@@ -771,6 +927,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{key} {getattr(args, key)}: give a positive number")
     if args.ceilings and not args.trace:
         parser.error("--ceilings goes with --trace")
+    if args.sustained_s < 0:
+        parser.error(f"--sustained-s {args.sustained_s}: give 0 (off) or a number of seconds")
+    if args.sustained and not args.trace:
+        parser.error("--sustained goes with --trace")
+    if args.sustained and args.ceilings == "peak":
+        parser.error("--sustained needs measured ceilings, not the datasheet's")
     if args.attention == "fp8" and args.dtype != "fp8":
         parser.error("--attention fp8 needs --dtype fp8 (FP8 attention runs only in FP8 training)")
     return run_trace(args) if args.trace else run_standalone(args)

@@ -43,7 +43,8 @@ from common.run import trace_path  # noqa: E402
 from launcher.autoconf.perfdata import Reference, nvidia_reference, training_model  # noqa: E402
 from launcher.plan.hardware import gpu_spec  # noqa: E402
 from launcher.plan.table import layout  # noqa: E402
-from launcher.report.throughput import RunInfo, read_metrics, summarize  # noqa: E402
+from launcher.report import telemetry  # noqa: E402
+from launcher.report.throughput import RunInfo, StepRecord, read_metrics, summarize  # noqa: E402
 
 PROFILED_STEP = 4
 PROFILE = ["profile.enabled=true", "profile.tool=torch", f"profile.start_step={PROFILED_STEP}",
@@ -109,7 +110,8 @@ def table_row(name: str, run_dir: Path, window: int) -> dict:
         gpu.bf16_peak_flops,
         f"{gpu.name} bf16",
     )
-    report = summarize(info, records, window=(max(0, len(records) - window), len(records)))
+    first = max(0, len(records) - window)
+    report = summarize(info, records, window=(first, len(records)))
     reference = nvidia_reference(plan.model, plan.dtype)
     return {
         "case": name,
@@ -126,7 +128,29 @@ def table_row(name: str, run_dir: Path, window: int) -> dict:
         **_versus(report.mfu, reference),
         "peak_memory_gib": max((r.peak_memory_gib or 0) for r in records),
         "final_loss": records[-1].loss,
+        **window_clocks(run_dir, records[first:]),
         "run_dir": str(run_dir),
+    }
+
+
+def window_clocks(run_dir: Path, timed: list[StepRecord]) -> dict:
+    """The GPUs' median SM clock and power while the timed steps ran, from the run's telemetry (telemetry.enabled,
+    one sample every telemetry.interval_s), and the clock event reasons of those samples with their share: whether
+    the steps ran at full clock or under the power cap. None where the run sampled nothing."""
+    steps = {r.step for r in timed}
+    # A sample's step is the last one finished when it was taken: it fell in the step after.
+    samples = [s for s in telemetry.load(run_dir) if not s.activity and s.step is not None and int(s.step) + 1 in steps]
+    clocks = [s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None]
+    power = [s.power_w for s in samples if s.power_w is not None]
+    reasons: dict[str, int] = {}
+    for s in samples:
+        for reason in filter(None, s.clock_events.split("+")):
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return {
+        "sm_clock_mhz": statistics.median(clocks) if clocks else None,
+        "power_w": statistics.median(power) if power else None,
+        "clock_events": ", ".join(f"{r} {n / len(samples):.0%}" for r, n in sorted(reasons.items())) or None,
+        "telemetry_samples": len(samples),
     }
 
 
@@ -150,7 +174,8 @@ def _pct(value: float | None) -> str:
 def print_table(rows: list[dict]) -> None:
     header = (
         f"{'case':<22} {'model':<13} {'layout':<28} {'dtype':<5} {'GPUs':>4} {'GBS':>4} {'step s':>8} "
-        f"{'tok/s/GPU':>10} {'MFU(bf16)':>9} {'MFU(fp8)':>8} {'vs NVIDIA':>9} {'mem GiB':>8}"
+        f"{'tok/s/GPU':>10} {'MFU(bf16)':>9} {'MFU(fp8)':>8} {'vs NVIDIA':>9} {'mem GiB':>8} {'SM MHz':>7} "
+        f"{'W':>5}"
     )
     print(header)
     print("-" * len(header))
@@ -162,8 +187,16 @@ def print_table(rows: list[dict]) -> None:
         print(
             f"{r['case']:<22} {r['model']:<13} {r['layout']:<28} {r['dtype']:<5} {r['gpus']:>4} {r['gbs']:>4} "
             f"{r['step_time_s']:>8.3f} {r['tokens_per_s_per_gpu']:>10,.0f} {_pct(r['mfu_bf16']):>9} "
-            f"{_pct(r['mfu_fp8']):>8} {versus:>9} {r['peak_memory_gib']:>8.1f}"
+            f"{_pct(r['mfu_fp8']):>8} {versus:>9} {r['peak_memory_gib']:>8.1f} {_number(r.get('sm_clock_mhz')):>7} "
+            f"{_number(r.get('power_w')):>5}"
         )
+    events = {r["case"]: r["clock_events"] for r in rows if r.get("clock_events")}
+    for case, reasons in events.items():
+        print(f"  {case}: clock events in the timed steps' samples: {reasons}")
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def print_references(rows: list[dict]) -> None:
@@ -209,6 +242,8 @@ class RepeatSummary:
     tokens_max: float | None = None
     mfu_bf16: float | None = None  # median
     vs_first: float | None = None  # median tokens/s over the first case's, minus 1
+    sm_clock_mhz: float | None = None  # median of the runs' timed-step medians
+    power_w: float | None = None
 
     @property
     def spread(self) -> float | None:
@@ -228,7 +263,14 @@ def summarize_case(case: str, rows: list[dict]) -> RepeatSummary:
         summary.tokens_per_s_per_gpu = statistics.median(tokens)
         summary.tokens_min, summary.tokens_max = min(tokens), max(tokens)
         summary.mfu_bf16 = statistics.median(r["mfu_bf16"] for r in good)
+        summary.sm_clock_mhz = _median_of(good, "sm_clock_mhz")
+        summary.power_w = _median_of(good, "power_w")
     return summary
+
+
+def _median_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def summarize_repeats(cases: list[str], rows: list[dict]) -> list[RepeatSummary]:
@@ -245,7 +287,7 @@ def summarize_repeats(cases: list[str], rows: list[dict]) -> list[RepeatSummary]
 def format_repeats(summaries: list[RepeatSummary], repeat: int) -> str:
     header = (
         f"{'case':<26} {'runs':>5} {'step s':>8} {'tok/s/GPU':>10} {'min-max':>15} {'spread':>7} "
-        f"{'MFU(bf16)':>9} {'vs first':>9}"
+        f"{'MFU(bf16)':>9} {'vs first':>9} {'SM MHz':>7} {'W':>5}"
     )
     lines = [f"median of {repeat} interleaved runs per case; vs first: against {summaries[0].case}", header]
     lines.append("-" * len(header))
@@ -258,7 +300,8 @@ def format_repeats(summaries: list[RepeatSummary], repeat: int) -> str:
         versus = "-" if s.vs_first is None else f"{s.vs_first * 100:+.1f}%"
         lines.append(
             f"{s.case:<26} {runs:>5} {s.step_time_s:>8.3f} {s.tokens_per_s_per_gpu:>10,.0f} {span:>15} "
-            f"{_pct(s.spread):>7} {_pct(s.mfu_bf16):>9} {versus:>9}"
+            f"{_pct(s.spread):>7} {_pct(s.mfu_bf16):>9} {versus:>9} {_number(s.sm_clock_mhz):>7} "
+            f"{_number(s.power_w):>5}"
         )
     return "\n".join(lines)
 

@@ -254,6 +254,28 @@ def test_a_trace_of_a_run_directory_joins_with_the_datasheet_peaks(tmp_path, cap
         kernels.main(["--trace", str(tmp_path / "x.json.gz"), "--ceilings", "peak"])
 
 
+def test_sustained_joins_a_trace_with_the_back_to_back_ceilings(tmp_path, capsys):
+    prepared = _dry_run(
+        tmp_path, "training=llama31/8b", "training.model.num_layers=2", "parallelism=tp1", "parallelism.num_gpus=1",
+        "dtype=bf16", "cluster.gpus_per_node=1", "training.global_batch_size=4",
+    )  # fmt: skip
+    write_run_dir(prepared.run_dir, prepared.cfg, prepared.plan, prepared.stages.jobs, prepared.platform)
+    trace = _trace(prepared.run_dir / "profile" / "rank0_steps6-7.pt.trace.json.gz", TWO_STEPS)
+    gemms, attention = kernels.wanted_kernels(prepared.cfg.training.model, kernels.shape_of_run(prepared.plan, 0))
+    ceilings = _synthetic_ceilings(gemms, attention)  # GEMMs 1 ms alone, 1.25 ms back to back
+    measured = [dataclasses.replace(m, sustained_ms=1.25) if m.cls == "GEMM" else m for m in ceilings.kernels]
+    path = tmp_path / "kernels.json"
+    path.write_text(json.dumps({"gpu": "x", "kernels": [dataclasses.asdict(m) for m in measured]}))
+    joined = {}
+    for flags in ([], ["--sustained"]):
+        out_json = tmp_path / "join.json"
+        assert kernels.main(["--trace", str(trace), "--ceilings", str(path), "--json", str(out_json), *flags]) == 0
+        joined[bool(flags)] = {r["cls"]: r for r in json.loads(out_json.read_text())}
+    assert joined[True]["GEMM"]["ceiling_ms"] == pytest.approx(1.25 * joined[False]["GEMM"]["ceiling_ms"])
+    assert joined[True]["attention fwd"]["ceiling_ms"] == joined[False]["attention fwd"]["ceiling_ms"]
+    assert "ceilings: sustained" in capsys.readouterr().out
+
+
 def test_a_lora_runs_trace_joins_without_the_bases_weight_gradients(tmp_path, capsys):
     prepared, rows = _join_of_a_dry_run(
         tmp_path,
@@ -315,6 +337,72 @@ def test_a_standalone_measurement_has_the_shapes_of_a_run_with_the_same_layout(
     assert [g.fp8 for g in gemms].count(False) == (3 if dtype == "fp8" else len(gemms))  # fp8: the output layer's
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gemm_operands_are_what_transformer_engines_linear_passes_and_give_the_passes_product(fp8):
+    torch = pytest.importorskip("torch")
+    tokens, outputs, inputs = 3, 5, 7
+    for g in kernels.linear_gemms("fc", tokens, outputs, inputs, fp8):
+        a, b, layout = kernels._te_operands(g, device="cpu")
+        left, right = kernels._factors(a, b, layout)
+        got = left.float() @ right.float()
+        a, b = a.float(), b.float()
+        if fp8:  # Hopper's FP8 GEMMs take TN only: A [n, k], B [m, k], out = B A^T
+            assert layout == "TN" and a.shape == (g.n, g.k) and b.shape == (g.m, g.k)
+            want = b @ a.t()
+        elif g.pass_ == "fwd":  # general_gemm(weight, input, TN): Y = X W^T
+            assert layout == "TN" and a.shape == (outputs, inputs) and b.shape == (tokens, inputs)
+            want = b @ a.t()
+        elif g.pass_ == "dgrad":  # general_gemm(weight, grad_output, NN): dX = dY W
+            assert layout == "NN" and a.shape == (outputs, inputs) and b.shape == (tokens, outputs)
+            want = b @ a
+        else:  # general_gemm(input, grad_output, NT) into main_grad: dW = dY^T X
+            assert layout == "NT" and a.shape == (tokens, inputs) and b.shape == (tokens, outputs)
+            want = b.t() @ a
+        assert got.shape == (g.m, g.n)
+        torch.testing.assert_close(got, want)
+
+
+def _clocked(name, ms, sustained_ms=None, **clocks):
+    return kernels.Measured("GEMM", name, ms, flops=2e12, shape="s", sustained_ms=sustained_ms, **clocks)
+
+
+def test_sustained_ceilings_take_the_back_to_back_times_where_measured(tmp_path):
+    ceilings = kernels.Ceilings(
+        "GPU",
+        [
+            _clocked("qkv fwd", 2.0, 2.5),
+            kernels.Measured("attention fwd", "attention fwd", 3.0, flops=1e12, shape="a"),
+            kernels.Measured("copy", "copy", 1000.0, bytes=4000e9, sustained_ms=1100.0),
+        ],
+    )
+    sustained = ceilings.sustained()
+    assert [m.time_ms for m in sustained.kernels] == [2.5, 3.0, 1100.0]
+    assert sustained.copy_gb_s == pytest.approx(4000 / 1.1)
+    assert [m.time_ms for m in ceilings.kernels] == [2.0, 3.0, 1000.0]  # the burst ceilings are left as they were
+    assert "sustained" in sustained.notes[-1]
+    with pytest.raises(SystemExit, match="no sustained times"):
+        kernels.Ceilings("GPU", [_clocked("qkv fwd", 2.0)]).sustained()
+
+
+def test_ceilings_of_an_earlier_measurement_read_without_clocks(tmp_path):
+    path = tmp_path / "old.json"
+    old = {"cls": "GEMM", "name": "qkv fwd", "time_ms": 2.0, "flops": 2e12, "bytes": 0, "shape": "s", "backend": "te"}
+    path.write_text(json.dumps({"gpu": "x", "kernels": [old]}))
+    (m,) = kernels.read_ceilings(path).kernels
+    assert m.sustained_ms is None and m.sm_mhz is None and m.rate == pytest.approx(1000.0)
+
+
+def test_the_ceilings_table_shows_both_rates_with_their_clocks():
+    measured = _clocked("qkv fwd", 2.0, 2.5, sm_mhz=1980.0, power_w=300.0, sustained_sm_mhz=1755.0,
+                        sustained_power_w=690.0)  # fmt: skip
+    table = kernels.format_ceilings(kernels.Ceilings("GPU", [measured, _clocked("proj fwd", 1.0)]), gpu_spec("h200"),
+                                    4800.0)  # fmt: skip
+    qkv, proj = (line.split() for line in table.splitlines() if line.startswith("GEMM"))
+    # 2 TFLOP in 2 ms alone, 2.5 ms back to back, of the H200's 989 TFLOP/s bf16 peak.
+    assert qkv[-8:] == ["1,000", "TFLOP/s", "101.1%", "800", "TFLOP/s", "80.9%", "1,980/1,755", "300/690"]
+    assert proj[-4:] == ["-", "-", "-/-", "-/-"]
+
+
 def test_bad_input_is_one_line_before_any_gpu_work(capsys):
     with pytest.raises(SystemExit, match=r"^--model llama31/9b: .*training/llama31/9b.* \(a training config"):
         kernels.main(["--model", "llama31/9b"])
@@ -323,3 +411,9 @@ def test_bad_input_is_one_line_before_any_gpu_work(capsys):
     with pytest.raises(SystemExit):
         kernels.main(["--attention", "fp8"])  # the default --dtype bf16
     assert "--attention fp8 needs --dtype fp8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kernels.main(["--sustained"])
+    assert "--sustained goes with --trace" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kernels.main(["--sustained-s", "-1"])
+    assert "--sustained-s -1.0: give 0 (off) or a number of seconds" in capsys.readouterr().err

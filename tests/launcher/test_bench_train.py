@@ -94,7 +94,54 @@ def test_rows_without_a_reference_print_a_dash(tmp_path, capsys):
     bench.print_table([row])
     bench.print_references([row])
     line = capsys.readouterr().out.splitlines()[-1]
-    assert line.split()[-2] == "-" and "vs NVIDIA" not in line
+    # vs NVIDIA, then memory, SM clock and power (no telemetry here: dashes).
+    assert line.split()[-4] == "-" and line.split()[-2:] == ["-", "-"] and "vs NVIDIA" not in line
+
+
+def _telemetry(run_dir, samples):
+    """A telemetry CSV as recipes/observability/telemetry.py writes it: (step, SM MHz, W, reasons, activity)."""
+    (run_dir / "telemetry").mkdir()
+    lines = ["time,node,step,gpu,util_pct,mem_util_pct,mem_used_mib,mem_total_mib,power_w,temp_c,sm_clock_mhz,"
+             "sm_clock_max_mhz,clock_events,activity"]  # fmt: skip
+    for i, (step, mhz, watts, reasons, activity) in enumerate(samples):
+        lines.append(f"{i}.0,n0,{step},0,100,50,1000,80000,{watts},60,{mhz},1980,{reasons},{activity}")
+    (run_dir / "telemetry" / "n0.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_a_row_has_the_clock_and_power_of_the_timed_steps_only(tmp_path, capsys):
+    _run_dir(tmp_path, ["training=llama31/tiny", "parallelism=tp1"], 0.1)
+    # Steps 1-4, window 2: steps 3 and 4, so samples taken after step 2 or 3 ended (their step column 2 or 3).
+    _telemetry(
+        tmp_path,
+        [
+            (0, 1980, 100, "", "startup"),
+            (1, 1980, 300, "", ""),
+            (2, 1700, 690, "sw_power_cap", ""),
+            (2, 1750, 700, "sw_power_cap", ""),
+            (2, 1800, 650, "", "checkpoint"),  # not a step's sample
+            (3, 1900, 600, "", ""),
+            (4, 1980, 90, "gpu_idle", ""),  # after the last step
+        ],
+    )
+    bench = bench_script("bench_train")
+    row = bench.table_row("tiny", tmp_path, window=2)
+    assert row["telemetry_samples"] == 3
+    assert row["sm_clock_mhz"] == 1750 and row["power_w"] == 690
+    assert row["clock_events"] == "sw_power_cap 67%"
+    bench.print_table([row])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].split()[-2:] == ["1,750", "690"]
+    assert out[-1] == "  tiny: clock events in the timed steps' samples: sw_power_cap 67%"
+
+
+def test_repeats_take_the_median_clock_of_the_runs_that_sampled():
+    rows = [
+        {**_row("a-r1", 100.0, 1.0, "a"), "sm_clock_mhz": 1700.0, "power_w": 700.0},
+        {**_row("a-r2", 101.0, 1.0, "a"), "sm_clock_mhz": 1800.0, "power_w": None},
+        _row("a-r3", 102.0, 1.0, "a"),
+    ]
+    (summary,) = bench_script("bench_train").summarize_repeats(["a"], rows)
+    assert summary.sm_clock_mhz == 1750.0 and summary.power_w == 700.0
 
 
 def _row(case, tokens, step_time, base=None, mfu=0.5):
@@ -124,7 +171,7 @@ def test_repeats_give_medians_spread_and_the_change_against_the_first_case():
     assert variant.vs_first == pytest.approx(94.5 / 100 - 1)
     table = bench.format_repeats([defaults, variant], 3)
     line = next(x for x in table.splitlines() if x.startswith("variant"))
-    assert "2/3" in line and "90-99" in line and line.rstrip().endswith("-5.5%")
+    assert "2/3" in line and "90-99" in line and line.split()[-3] == "-5.5%"
 
 
 def test_a_case_without_a_finished_run_has_no_median():

@@ -299,9 +299,9 @@ class ModelConfig:
     max_position_embeddings: int = key("context length an exported config.json declares", within=COUNT)
     attention_backend: AttentionBackend = key("Transformer Engine attention backend: auto, fused, flash or unfused")
     init_method_std: float = key("standard deviation of the random weight initialisation", within=POSITIVE)
-    cross_entropy_fusion: CrossEntropyFusion = key(
-        "fused loss kernel: native (megatron-core's), te (Transformer "
-        "Engine's, known stability issues) or none (unfused)"
+    cross_entropy_fusion: Optional[CrossEntropyFusion] = key(
+        "fused loss kernel: native (megatron-core's), te (Transformer Engine's) or none (unfused); null: te with one "
+        "tensor-parallel rank or in deterministic runs, native otherwise (plan.json cross_entropy_fusion)"
     )
     from_hf: bool = key(
         "take the architecture from training.checkpoint.init_from_hf's config.json instead of these keys"

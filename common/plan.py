@@ -49,6 +49,8 @@ class Plan:
     rank_order: str = "tp-cp-ep-dp-pp"
     # training.cuda_graphs: none, per_layer or full_iteration (the environment and the seeds depend on it).
     cuda_graphs: str = "none"
+    # The loss kernel training.model.cross_entropy_fusion resolves to: native, te or none.
+    cross_entropy_fusion: str = "native"
     env: dict[str, str] = field(default_factory=dict)
     command: str = ""
     # Why this plan will not train here (e.g. cluster=local on a machine with no GPU); None when it can.

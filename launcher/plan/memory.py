@@ -6,17 +6,17 @@ from common.config import LoraConfig, ModelConfig, PeftConfig, Recompute
 from launcher.plan.formulas import lora_layer_parameters, lora_target_features, stage_parameters
 
 GIB = 1024**3
-# Bytes per logit (tokens x padded vocabulary / TP) that megatron-core's native fused cross entropy
-# (megatron/core/fusions/fused_cross_entropy.py, the default training.model.cross_entropy_fusion) holds at once on
-# the last stage. Forward: the output layer's bf16 logits (2) and `calculate_logits_max`'s `.float()` copy (4), which
-# the compiled functions turn in place into the softmax that `save_for_backward` keeps (4). Backward:
-# `calculate_gradients` is torch.compile'd, so its in-place edits of the saved fp32 softmax (subtract 1 at the target,
-# scale by the loss gradient) are functionalised into a new fp32 tensor (4) before its bf16 cast (2) is returned: 4 +
-# 4 + 2. Counting only the bf16 logits and one fp32 copy (6) left the two-GPU DP2 rows 5-14% under their measured
-# peaks (70B 2-layer DP2 MBS 2: 58.1 against 67.6 GiB); with 10 they are within 2.6%. Transformer Engine's loss
-# (cross_entropy_fusion=te, which deterministic runs take) needs less: the full 8B DP2 and TP2 rows peaked 5.9 and
-# 3.0 GiB (6 bytes a logit) lower with it than with the native loss; the estimate keeps the native count for both.
-LOGIT_BYTES = 10
+# Bytes per logit (tokens x padded vocabulary / TP) that each loss kernel (plan.cross_entropy_fusion) holds at once on
+# the last stage. megatron-core's native fused cross entropy (megatron/core/fusions/fused_cross_entropy.py): forward,
+# the output layer's bf16 logits (2) and `calculate_logits_max`'s `.float()` copy (4), which the compiled functions
+# turn in place into the softmax that `save_for_backward` keeps (4); backward, `calculate_gradients` is
+# torch.compile'd, so its in-place edits of the saved fp32 softmax (subtract 1 at the target, scale by the loss
+# gradient) are functionalised into a new fp32 tensor (4) before its bf16 cast (2) is returned: 4 + 4 + 2. Counting
+# only the bf16 logits and one fp32 copy (6) left the two-GPU DP2 rows 5-14% under their measured peaks (70B 2-layer
+# DP2 MBS 2: 58.1 against 67.6 GiB); with 10 they are within 2.6%. Transformer Engine's loss keeps 6 bytes a logit
+# less: the full 8B DP2 and TP2 rows peaked 5.9 and 3.0 GiB lower with it, the 8B proxy on one H200 5.9 GiB (90.2
+# against 96.1 bf16, 93.2 against 99.1 fp8). The unfused loss is not measured; it is counted as the native one.
+LOGIT_BYTES = {"native": 10, "te": 4, "none": 10}
 # Bytes per weight of a Transformer Engine linear layer that FP8 training keeps beside bf16 weights (no FP8 param
 # gather): the FP8 copy for the forward GEMM and its transpose for the backward's (Hopper's FP8 GEMMs take no
 # transposed operand), cast at a step's first microbatch and cached for the rest (is_first_microbatch). Without
@@ -65,6 +65,7 @@ def estimate_memory_gib(
     defer_embedding_wgrad: bool = False,
     wgrad_deferral_limit: int = 0,
     fp32: bool = False,
+    cross_entropy_fusion: str = "native",
 ) -> float:
     """Peak memory of the most loaded GPU, roughly: weights, gradient buffer and optimizer shard, plus the larger
     of two transient peaks, and a fixed allowance for the CUDA context and workspaces:
@@ -109,7 +110,7 @@ def estimate_memory_gib(
         if recompute == Recompute.full:
             per_layer = element * tokens * h / tp
         activation_bytes = per_layer * n_layers * microbatches_in_flight(pp, stage, vp, num_microbatches)
-        logits_bytes = tokens * padded_vocab / tp * LOGIT_BYTES if last else 0.0
+        logits_bytes = tokens * padded_vocab / tp * LOGIT_BYTES[cross_entropy_fusion] if last else 0.0
         # defer_embedding_wgrad_compute: the output layer keeps each microbatch's input (the final norm's output,
         # sequence-parallel shard) and bf16 output gradient, up to wgrad_deferral_limit of them (0: all), for the
         # weight-gradient GEMMs the schedule drains after the last backward (megatron/core/tensor_parallel/

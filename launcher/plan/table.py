@@ -39,6 +39,7 @@ def format_plan(plan: Plan, cfg: Config) -> str:
             ),
             ("data-parallel-last ranks", plan.rank_order.endswith("-dp")),
             (f"CUDA graphs {plan.cuda_graphs}", plan.cuda_graphs != "none"),
+            (f"{plan.cross_entropy_fusion} loss kernel", True),
         )
         if on
     ]

@@ -77,7 +77,7 @@ def _build(run_dir: str, cfg: Config, plan: Plan, info, built: Callbacks, clock:
     say = _rank_zero_says(info.rank)
     if deterministic:
         fixed = " ".join(f"{k}={v}" for k, v in settings.DETERMINISTIC_ENV.items())
-        say(f"deterministic mode: {fixed}; loss kernel {settings.cross_entropy_fusion(cfg)}")
+        say(f"deterministic mode: {fixed}; loss kernel {plan.cross_entropy_fusion}")
     is_last_rank = info.rank == info.world_size - 1
     if is_last_rank:
         built.append(metrics.MetricsFile(os.path.join(run_dir, "metrics.jsonl")))

@@ -263,9 +263,10 @@ def test_the_two_gpu_variants_compare_with_the_defaults_and_keep_the_callers_arg
     # FP8 attention is on in the defaults (delayed scaling, heads of 128): the variant is its "off" side.
     assert plan.fp8_dot_product_attention
     assert "dtype.fp8_dot_product_attention=false" in two_gpu.VARIANTS["fp8-attention-off"]
-    # The defaults take megatron-core's loss and SwiGLU kernels: the two last variants are Transformer Engine's.
-    assert defaults.training.model.cross_entropy_fusion == "native" and not defaults.dtype.te_activation_func
-    assert "cross_entropy_fusion=te" in two_gpu.VARIANTS["fp8-te-loss"]
+    # The defaults take Transformer Engine's loss (one tensor-parallel rank) and megatron-core's SwiGLU: the two
+    # last variants are the other kernel of each.
+    assert plan.cross_entropy_fusion == "te" and not defaults.dtype.te_activation_func
+    assert "cross_entropy_fusion=native" in two_gpu.VARIANTS["fp8-native-loss"]
     assert "te_activation_func=true" in two_gpu.VARIANTS["fp8-te-activation"]
 
 

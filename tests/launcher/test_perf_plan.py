@@ -273,10 +273,63 @@ def test_dp_last_with_pipeline_and_context_parallelism_is_refused_in_one_line(cf
 
 
 # ----------------------------------------------------------------------------- the loss
-def test_the_native_loss_fusion_is_the_default_everywhere(cfg_for):
+def test_the_loss_kernel_is_left_to_the_plan_everywhere(cfg_for):
     for model in ("tiny", "8b", "70b", "405b"):
-        assert cfg_for(f"training=llama31/{model}").training.model.cross_entropy_fusion == "native"
-    assert cfg_for("training=mlperf/llama31_8b").training.model.cross_entropy_fusion == "native"
+        assert cfg_for(f"training=llama31/{model}").training.model.cross_entropy_fusion is None
+    assert cfg_for("training=mlperf/llama31_8b").training.model.cross_entropy_fusion is None
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # One tensor-parallel rank: Transformer Engine's kernel, measured faster with the same validation loss.
+        (["parallelism=tp1", "parallelism.num_gpus=2"], "te"),
+        (["parallelism=tp1_cp2", "parallelism.num_gpus=2"], "te"),
+        # Several: the native kernel until Transformer Engine's reduction over the group is measured.
+        (["parallelism=tp2_sp"], "native"),
+        # The user's value wins either way.
+        (["parallelism=tp1", "parallelism.num_gpus=2", "training.model.cross_entropy_fusion=native"], "native"),
+        (["parallelism=tp2_sp", "training.model.cross_entropy_fusion=te"], "te"),
+        (["parallelism=tp1", "parallelism.num_gpus=2", "training.model.cross_entropy_fusion=none"], "none"),
+        # Deterministic runs never take the native fusion (its compiled kernels round per process).
+        (["parallelism=tp2_sp", "training.deterministic=true"], "te"),
+        (
+            [
+                "parallelism=tp1",
+                "parallelism.num_gpus=2",
+                "training.deterministic=true",
+                "training.model.cross_entropy_fusion=native",
+            ],
+            "te",
+        ),
+        (
+            [
+                "parallelism=tp1",
+                "parallelism.num_gpus=2",
+                "training.deterministic=true",
+                "training.model.cross_entropy_fusion=none",
+            ],
+            "none",
+        ),
+    ],
+)
+def test_the_loss_kernel_is_decided_per_layout_and_recorded(cfg_for, overrides, expected):
+    plan = planned(cfg_for("cluster=bcm", "cluster.gpu_type=h200", "training=llama31/8b", *overrides))
+    assert plan.cross_entropy_fusion == expected
+    assert json.loads(json.dumps(plan.to_json_dict()))["cross_entropy_fusion"] == expected
+
+
+def test_the_memory_estimate_follows_the_loss_kernel(cfg_for):
+    one_gpu = ["training=llama31/8b", "training.model.num_layers=16", "parallelism=tp1", "parallelism.num_gpus=1"]
+    one_gpu += ["cluster=bcm", "cluster.gpu_type=h200"]
+    native = build_plan(cfg_for(*one_gpu, "training.model.cross_entropy_fusion=native"))
+    te = build_plan(cfg_for(*one_gpu))
+    assert te.cross_entropy_fusion == "te"
+    # 6 bytes a logit less: 8192 tokens x 128,256 vocabulary x 6 bytes is 5.9 GiB, what the 8B proxy's peak on one
+    # H200 dropped by with Transformer Engine's loss (96.1 to 90.2 GiB in bf16).
+    assert native.est_memory_gib_per_gpu - te.est_memory_gib_per_gpu == pytest.approx(
+        8192 * 128256 * 6 / 2**30, abs=0.1
+    )
 
 
 TWO_H200_DP2 = ("training=llama31/8b", "parallelism=tp1", "parallelism.num_gpus=2", "cluster.gpu_type=h200")

@@ -163,17 +163,17 @@ def test_rows_measured_as_the_model_predicts_match_and_a_swapped_top_three_does_
 
 
 def test_a_row_that_pins_another_setting_ranks_in_its_own_group(eight_b_bf16):
-    # The same DP2 layout with the loss pinned to Transformer Engine's, as a row measured before a default changed:
-    # not a layout the search chooses among, so it is not ranked against the others.
+    # The same DP2 layout with Transformer Engine's SwiGLU pinned, as a row measured before a default changed: not a
+    # layout the search chooses among, so it is not ranked against the others.
     dp2 = next(c for c in TWO if c.key == "8b-bf16-dp2")
-    row = {**cases.pending_entry(dp2), "name": "8b dp2 te loss", "step_time_s": 0.5}
-    row["overrides"] = [*row["overrides"], "training.model.cross_entropy_fusion=te"]
+    row = {**cases.pending_entry(dp2), "name": "8b dp2 te swiglu", "step_time_s": 0.5}
+    row["overrides"] = [*row["overrides"], "dtype.te_activation_func=true"]
     (pinned,) = steptime.check_rows(rows=[row])
     groups = ranking.rank_rows([*eight_b_bf16, pinned])
     assert sorted(len(g.measured) for g in groups) == [1, len(eight_b_bf16)]
     (alone,) = [g for g in groups if len(g.measured) == 1]
     assert alone.measured == [pinned]
-    assert alone.label == "llama31_8b 16-layer bf16 training.model.cross_entropy_fusion=te on 2 h100 GPUs, GBS 8"
+    assert alone.label == "llama31_8b 16-layer bf16 dtype.te_activation_func=true on 2 h100 GPUs, GBS 8"
 
 
 def test_the_table_reads_the_benchs_rows_and_groups_them_by_proxy(tmp_path, capsys, eight_b_bf16):

@@ -35,17 +35,18 @@ def config_kwargs(*overrides: str) -> dict:
 
 
 def config_for(*overrides: str):
-    """(TransformerConfig, the warnings megatron-core raised building it) for a composed and planned config."""
+    """(TransformerConfig, the warnings building it raised) for a composed and planned config, built as the
+    trainer builds it."""
     kwargs = config_kwargs(*overrides)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        config = TransformerConfig(**kwargs)
+        config = settings.make_transformer_config(kwargs)
     return config, [str(w.message) for w in caught]
 
 
-def test_defaults_give_the_native_loss_fusion_and_no_warning_about_it():
+def test_defaults_give_transformer_engines_loss_with_one_tensor_parallel_rank_and_no_warning():
     config, caught = config_for()
-    assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == "native"
+    assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == "te"
     assert not any("stability issues" in w for w in caught)
     assert not any("full scope is deprecated" in w for w in caught)
     assert config.cuda_graph_impl == "none" and not config.use_te_rng_tracker
@@ -53,10 +54,20 @@ def test_defaults_give_the_native_loss_fusion_and_no_warning_about_it():
     assert config.bias_activation_fusion
 
 
+def test_the_trainer_hides_only_megatrons_warning_about_the_te_loss():
+    # megatron-core itself still warns (the trainer's filter is what hides it), and the filter is gone afterwards.
+    kwargs = config_kwargs()
+    assert kwargs["cross_entropy_fusion_impl"] == "te"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        settings.make_transformer_config(kwargs)
+        TransformerConfig(**kwargs)
+    assert sum(settings.TE_LOSS_WARNING in str(w.message) for w in caught) == 1
+
+
 def test_the_loss_fusion_key():
-    te, caught = config_for("training.model.cross_entropy_fusion=te")
-    assert te.cross_entropy_loss_fusion and te.cross_entropy_fusion_impl == "te"
-    assert any("stability issues" in w for w in caught)  # megatron-core's warning, now only when asked for
+    native, _ = config_for("training.model.cross_entropy_fusion=native")
+    assert native.cross_entropy_loss_fusion and native.cross_entropy_fusion_impl == "native"
     none, _ = config_for("training.model.cross_entropy_fusion=none")
     assert not none.cross_entropy_loss_fusion
 
@@ -67,6 +78,8 @@ def test_a_deterministic_run_takes_the_loss_kernel_with_one_fixed_reduction_orde
     deterministic, _ = config_for("training.deterministic=true")
     assert deterministic.cross_entropy_loss_fusion and deterministic.cross_entropy_fusion_impl == "te"
     assert deterministic.deterministic_mode
+    asked, _ = config_for("training.deterministic=true", "training.model.cross_entropy_fusion=native")
+    assert asked.cross_entropy_fusion_impl == "te"
     unfused, _ = config_for("training.deterministic=true", "training.model.cross_entropy_fusion=none")
     assert not unfused.cross_entropy_loss_fusion  # another kernel the user chose stays
 

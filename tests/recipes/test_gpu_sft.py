@@ -178,10 +178,8 @@ def test_a_packed_batch_gives_each_sample_its_padded_loss(dtype, single_rank):  
         kwargs.update(
             bf16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32, autocast_dtype=torch.float32
         )
-    from megatron.core.transformer import TransformerConfig
-
     try:
-        model = model_lib.build_model_chunks(TransformerConfig(**kwargs), cfg, plan)[0].eval()
+        model = model_lib.build_model_chunks(settings.make_transformer_config(kwargs), cfg, plan)[0].eval()
     except Exception as err:
         if dtype == "fp32":  # "where it runs": megatron-core or Transformer Engine may refuse an fp32 model
             pytest.skip(f"an fp32 model does not build here: {str(err).splitlines()[0]}")
